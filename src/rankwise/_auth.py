@@ -1,0 +1,151 @@
+"""Mutual HMAC challenge that every rankwise connection (store and data) passes first.
+
+Why: a rendezvous port is reachable by anyone on the network, and what arrives on it
+steers a training job. With a shared token (``token=`` or ``RANKWISE_TOKEN``) each side
+proves it knows the token without sending it, and a wrong token ends in ``AuthError``
+on the connecting side at once, never in a hang.
+
+Protocol (all on a blocking socket whose timeout the caller has set)::
+
+    client -> server   MAGIC | purpose-len | purpose | has_token(1) | client_nonce(16)
+    server -> client   MAGIC | status(1) | server_nonce(16)
+                       status: 0 ok, 1 token settings differ, 2 purpose differs
+    with a token:
+    client -> server   HMAC(token, "c" | purpose | server_nonce | client_nonce)
+    server -> client   status(1) | HMAC(token, "s" | purpose | client_nonce | server_nonce)
+
+The purpose string ("store", "mesh:<job>") keeps a proof made for one kind of
+connection from being replayed on another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+
+from .errors import AuthError, DistNetworkError
+
+__all__ = ["client_handshake", "recv_exact", "resolve_token", "server_handshake"]
+
+_MAGIC = b"RWAUTH01"
+_NONCE = 16
+_MAC = 32
+_OK, _TOKEN_SETTINGS_DIFFER, _PURPOSE_DIFFERS, _BAD_PROOF = 0, 1, 2, 3
+TOKEN_ENV = "RANKWISE_TOKEN"
+
+
+def resolve_token(token: str | bytes | None) -> bytes | None:
+    """The token to use: the explicit argument, else ``RANKWISE_TOKEN``, else none."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is None:
+        return None
+    raw = token.encode() if isinstance(token, str) else bytes(token)
+    if not raw:
+        return None
+    return raw
+
+
+def recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
+    """Read exactly ``n`` bytes or raise ``DistNetworkError`` naming ``what``."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:])
+        except socket.timeout as exc:
+            raise DistNetworkError(f"timed out reading {what}") from exc
+        except OSError as exc:
+            raise DistNetworkError(f"connection failed while reading {what}: {exc}") from exc
+        if k == 0:
+            raise DistNetworkError(f"connection closed while reading {what}")
+        got += k
+    return bytes(buf)
+
+
+def _send(sock: socket.socket, data: bytes, what: str) -> None:
+    try:
+        sock.sendall(data)
+    except OSError as exc:
+        raise DistNetworkError(f"connection failed while sending {what}: {exc}") from exc
+
+
+def _mac(token: bytes, side: bytes, purpose: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(token, side + purpose + a + b, hashlib.sha256).digest()
+
+
+def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
+    """Prove our token to the server at ``peer`` and check its proof in return."""
+    purpose_b = purpose.encode()
+    client_nonce = secrets.token_bytes(_NONCE)
+    _send(
+        sock,
+        _MAGIC + bytes([len(purpose_b)]) + purpose_b + bytes([token is not None]) + client_nonce,
+        "handshake",
+    )
+    reply = recv_exact(sock, len(_MAGIC) + 1 + _NONCE, f"handshake reply from {peer}")
+    if reply[: len(_MAGIC)] != _MAGIC:
+        raise AuthError(f"{peer} is not a rankwise endpoint (unexpected handshake bytes)")
+    status = reply[len(_MAGIC)]
+    server_nonce = reply[len(_MAGIC) + 1 :]
+    if status == _TOKEN_SETTINGS_DIFFER:
+        mine = "set" if token is not None else "not set"
+        raise AuthError(
+            f"{peer} refused the connection: the shared token is {mine} here but "
+            f"{'not set' if token is not None else 'required'} there. Give every process the "
+            f"same RANKWISE_TOKEN (or token= argument)."
+        )
+    if status == _PURPOSE_DIFFERS:
+        raise AuthError(f"{peer} serves a different kind of rankwise connection than {purpose!r}")
+    if status != _OK:
+        raise AuthError(f"{peer} refused the handshake (status {status})")
+    if token is None:
+        return
+    _send(sock, _mac(token, b"c", purpose_b, server_nonce, client_nonce), "token proof")
+    answer = recv_exact(sock, 1 + _MAC, f"token verdict from {peer}")
+    if answer[0] != _OK:
+        raise AuthError(
+            f"{peer} rejected our token: the shared token differs between processes. "
+            f"Give every process the same RANKWISE_TOKEN (or token= argument)."
+        )
+    expected = _mac(token, b"s", purpose_b, client_nonce, server_nonce)
+    if not hmac.compare_digest(answer[1:], expected):
+        raise AuthError(f"{peer} could not prove it holds the shared token; refusing to talk to it")
+
+
+def server_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
+    """Check the proof of a connecting client; raise ``AuthError`` if it fails.
+
+    The failing client is told why (so it raises a clear error of its own) before
+    the caller closes the socket.
+    """
+    head = recv_exact(sock, len(_MAGIC) + 1, f"handshake from {peer}")
+    if head[: len(_MAGIC)] != _MAGIC:
+        raise AuthError(f"{peer} is not a rankwise client (unexpected handshake bytes)")
+    purpose_b = recv_exact(sock, head[len(_MAGIC)], f"handshake purpose from {peer}")
+    rest = recv_exact(sock, 1 + _NONCE, f"handshake from {peer}")
+    client_has_token = bool(rest[0])
+    client_nonce = rest[1:]
+    server_nonce = secrets.token_bytes(_NONCE)
+    status = _OK
+    if purpose_b != purpose.encode():
+        status = _PURPOSE_DIFFERS
+    elif client_has_token != (token is not None):
+        status = _TOKEN_SETTINGS_DIFFER
+    _send(sock, _MAGIC + bytes([status]) + server_nonce, "handshake reply")
+    if status == _PURPOSE_DIFFERS:
+        raise AuthError(f"{peer} asked for a {purpose_b!r} connection on a {purpose!r} endpoint")
+    if status == _TOKEN_SETTINGS_DIFFER:
+        raise AuthError(f"{peer} connected {'without' if token else 'with'} a token; refused")
+    if token is None:
+        return
+    proof = recv_exact(sock, _MAC, f"token proof from {peer}")
+    expected = _mac(token, b"c", purpose.encode(), server_nonce, client_nonce)
+    if not hmac.compare_digest(proof, expected):
+        _send(sock, bytes([_BAD_PROOF]) + bytes(_MAC), "token verdict")
+        raise AuthError(f"{peer} presented a wrong token; connection refused")
+    _send(sock, bytes([_OK]) + _mac(token, b"s", purpose.encode(), client_nonce, server_nonce), "verdict")

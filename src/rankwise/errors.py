@@ -1,0 +1,95 @@
+"""The exceptions rankwise raises.
+
+Every failure a user can meet is one of these, so that ``except rankwise.DistError``
+catches all of them and nothing from the socket layer leaks through unexplained::
+
+    DistError (RuntimeError)
+     ├─ DistTimeout                a bounded wait ran out; carries the who-is-where report
+     ├─ PeerFailure                another rank died, raised, or left; carries its rank
+     ├─ CollectiveMismatch         ranks called different collectives/shapes/dtypes/roots/ops
+     ├─ DistNetworkError           connect/listen/send failures (port in use, unreachable master)
+     ├─ RendezvousError            init could not form the group (missing or duplicate ranks,
+     │                             disagreeing world sizes)
+     ├─ StoreError                 the rendezvous store failed or refused a request
+     │   └─ AuthError              a peer did not prove it holds the shared token
+     └─ InvalidArgument (also ValueError)   misuse caught locally, before any I/O
+
+Lower-level exceptions (``OSError``, ``socket.timeout``) are translated at the transport
+edge with ``raise ... from exc`` so the original stays visible in the traceback.
+Messages name the ranks, the operation, the sequence number and the user's file:line
+where they are known, and say what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "CollectiveMismatch",
+    "DistError",
+    "DistNetworkError",
+    "DistTimeout",
+    "InvalidArgument",
+    "PeerFailure",
+    "RendezvousError",
+    "StoreError",
+]
+
+
+class DistError(RuntimeError):
+    """Base class of every rankwise error."""
+
+
+class DistTimeout(DistError, TimeoutError):
+    """A bounded wait ran out.
+
+    ``report`` holds the who-is-where table gathered from the other ranks when it
+    could be gathered, else an empty string.
+    """
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message + (f"\n{report}" if report else ""))
+        self.report = report
+
+
+class PeerFailure(DistError):
+    """Another rank failed (raised, crashed, was killed) or left while we needed it.
+
+    ``rank`` is the global rank of the failed peer, ``remote_traceback`` the text of
+    its exception when it could send one, ``last_collective`` its last recorded call.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        remote_traceback: str = "",
+        last_collective: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        self.last_collective = last_collective
+
+
+class CollectiveMismatch(DistError):
+    """Ranks made different calls at the same point of a group's collective sequence."""
+
+
+class DistNetworkError(DistError):
+    """A connection could not be made, kept or used."""
+
+
+class RendezvousError(DistError):
+    """``init_process_group`` could not assemble a consistent group."""
+
+
+class StoreError(DistError):
+    """The rendezvous key-value store failed or refused a request."""
+
+
+class AuthError(StoreError):
+    """A connection failed the shared-token challenge (wrong or missing token)."""
+
+
+class InvalidArgument(DistError, ValueError):
+    """A call was misused; detected locally before any communication happened."""
