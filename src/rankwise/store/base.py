@@ -1,0 +1,225 @@
+"""The abstract ``Store``: argument checking and error wording shared by every backend.
+
+Why a template class: each backend (in-memory, file, TCP, prefix) only implements a
+handful of primitives on raw ``bytes`` keys. Checking the caller's arguments, turning
+``str`` into ``bytes``, enforcing the size limits and wording ``DistTimeout`` messages
+happen here once, so every store rejects the same misuse with the same
+``InvalidArgument`` *before any I/O*, and times out with the same kind of message.
+
+Keys starting with NUL (``"\\0"``) are reserved for the stores' own bookkeeping (for
+instance the TCP store's worker counter); they are refused from callers and not counted
+by ``num_keys``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ..errors import DistTimeout, InvalidArgument
+from .protocol import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, Limits
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "to_seconds"]
+
+DEFAULT_TIMEOUT = timedelta(seconds=300)
+RESERVED_PREFIX = b"\x00"
+
+
+def to_seconds(timeout: timedelta | float, what: str = "timeout") -> float:
+    """A non-negative number of seconds from a ``timedelta`` or a number."""
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise InvalidArgument(f"{what} must be a timedelta or seconds, got {type(timeout).__name__}")
+    if not seconds >= 0.0:  # also rejects NaN
+        raise InvalidArgument(f"{what} must be >= 0 seconds, got {seconds}")
+    return seconds
+
+
+def _fmt_seconds(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+class Store(abc.ABC):
+    """Key-value store used for rendezvous, with the API of torch.distributed's stores.
+
+    Keys are ``str`` (sent as UTF-8); values are ``bytes`` (a ``str`` value is encoded
+    as UTF-8). ``get`` and ``wait`` block until the keys exist, bounded by ``timeout``.
+    """
+
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT, limits: Limits = DEFAULT_LIMITS):
+        if not isinstance(limits, Limits):
+            raise InvalidArgument(f"limits must be a Limits, got {type(limits).__name__}")
+        self._timeout_s = to_seconds(timeout)
+        self._limits = limits
+
+    # ----------------------------------------------------------------- primitives
+    @abc.abstractmethod
+    def _set(self, key: bytes, value: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def _get(self, key: bytes, timeout_s: float) -> bytes | None:
+        """The value, or ``None`` when ``timeout_s`` passed without the key appearing."""
+
+    @abc.abstractmethod
+    def _add(self, key: bytes, amount: int) -> int: ...
+
+    @abc.abstractmethod
+    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes: ...
+
+    @abc.abstractmethod
+    def _wait(self, keys: list[bytes], timeout_s: float) -> list[bytes]:
+        """The keys still missing after waiting up to ``timeout_s`` (empty: all there)."""
+
+    @abc.abstractmethod
+    def _check(self, keys: list[bytes]) -> bool: ...
+
+    @abc.abstractmethod
+    def _delete_key(self, key: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def _num_keys(self) -> int: ...
+
+    def _describe(self) -> str:
+        """Where this store lives, for error messages."""
+        return type(self).__name__
+
+    # ----------------------------------------------------------- argument checks
+    def _key(self, key: object) -> bytes:
+        if not isinstance(key, str):
+            raise InvalidArgument(f"store keys must be str, got {type(key).__name__}")
+        raw = key.encode("utf-8")
+        if raw.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(f"store keys starting with NUL are reserved, got {key!r}")
+        if len(raw) > self._limits.max_key_bytes:
+            raise InvalidArgument(
+                f"store key of {len(raw)} bytes exceeds the limit of "
+                f"{self._limits.max_key_bytes} bytes: {key[:40]!r}..."
+            )
+        return raw
+
+    def _keys(self, keys: object) -> list[bytes]:
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise InvalidArgument(f"keys must be a list of str, got {type(keys).__name__}")
+        if len(keys) > self._limits.max_keys:
+            raise InvalidArgument(
+                f"{len(keys)} keys in one request exceed the limit of {self._limits.max_keys}"
+            )
+        return [self._key(k) for k in keys]
+
+    def _value(self, value: object, what: str = "value") -> bytes:
+        if isinstance(value, str):
+            raw = value.encode("utf-8")
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+        else:
+            raise InvalidArgument(f"store {what} must be bytes or str, got {type(value).__name__}")
+        if len(raw) > self._limits.max_value_bytes:
+            raise InvalidArgument(
+                f"store {what} of {len(raw)} bytes exceeds the limit of "
+                f"{self._limits.max_value_bytes} bytes"
+            )
+        return raw
+
+    # ---------------------------------------------------------------- public API
+    @property
+    def timeout(self) -> timedelta:
+        """How long ``get``/``wait`` (and connecting) may block."""
+        return timedelta(seconds=self._timeout_seconds())
+
+    def _timeout_seconds(self) -> float:
+        """The default bound in seconds (a wrapping store defers to the wrapped one)."""
+        return self._timeout_s
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        """Change the default bound of blocking calls."""
+        self._timeout_s = to_seconds(timeout)
+
+    def set(self, key: str, value: bytes | str) -> None:
+        """Store ``value`` under ``key``, waking everyone blocked on it."""
+        self._set(self._key(key), self._value(value))
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, blocking until it is set; ``DistTimeout`` after ``timeout``."""
+        raw = self._key(key)
+        timeout_s = self._timeout_seconds()
+        value = self._get(raw, timeout_s)
+        if value is None:
+            raise DistTimeout(
+                f"store get({key!r}) on {self._describe()} timed out after "
+                f"{_fmt_seconds(timeout_s)}: no process set that key. Check that every rank "
+                f"reached the same point (a rank may have crashed or be stuck earlier), or "
+                f"raise the timeout."
+            )
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0)."""
+        raw = self._key(key)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise InvalidArgument(f"add amount must be an int, got {type(amount).__name__}")
+        if not INT64_MIN <= amount <= INT64_MAX:
+            raise InvalidArgument(f"add amount {amount} does not fit in 64 bits")
+        return self._add(raw, amount)
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        """Set ``key`` to ``desired`` if it currently holds ``expected``; return what it holds.
+
+        torch semantics: a missing key counts as matching an *empty* ``expected``. When
+        the key is missing and ``expected`` is not empty nothing is stored and
+        ``expected`` is returned.
+        """
+        raw = self._key(key)
+        return self._compare_set(
+            raw, self._value(expected, "expected value"), self._value(desired, "desired value")
+        )
+
+    def wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
+        """Block until every key exists; ``DistTimeout`` naming the missing ones."""
+        raw = self._keys(keys)
+        timeout_s = self._timeout_seconds() if timeout is None else to_seconds(timeout)
+        if not raw:
+            return
+        missing = self._wait(raw, timeout_s)
+        if missing:
+            names = [m.decode("utf-8", "replace") for m in missing]
+            raise DistTimeout(
+                f"store wait on {self._describe()} timed out after {_fmt_seconds(timeout_s)}: "
+                f"{len(names)} of {len(raw)} keys still missing: {names!r}. The processes "
+                f"that should set them may have crashed or be stuck."
+            )
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key exists, without waiting."""
+        raw = self._keys(keys)
+        return self._check(raw) if raw else True
+
+    def delete_key(self, key: str) -> bool:
+        """Remove ``key``; whether it existed."""
+        return self._delete_key(self._key(key))
+
+    def num_keys(self) -> int:
+        """How many keys the store holds (reserved bookkeeping keys excluded)."""
+        return self._num_keys()
+
+    def close(self) -> None:
+        """Release connections/files; the base store holds none."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

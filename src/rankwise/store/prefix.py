@@ -1,0 +1,85 @@
+"""``PrefixStore``: a namespace inside another store.
+
+Why: several process groups (and the launcher's own bookkeeping) share one rendezvous
+store; giving each a prefix keeps their keys from colliding without a second server.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from ..errors import InvalidArgument
+from .base import Store, to_seconds
+
+__all__ = ["PrefixStore"]
+
+
+class PrefixStore(Store):
+    """Every key ``k`` is stored in ``store`` as ``f"{prefix}/{k}"``.
+
+    Timeout and size limits are those of the wrapped store (changing the timeout here
+    changes it there), so a prefix never loosens a bound the underlying store enforces.
+    """
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be str, got {type(prefix).__name__}")
+        if not isinstance(store, Store):
+            raise InvalidArgument(f"store must be a Store, got {type(store).__name__}")
+        super().__init__(store.timeout, store._limits)
+        self._prefix_str = prefix
+        self._prefix = prefix.encode("utf-8") + b"/"
+        self._store = store
+
+    @property
+    def underlying_store(self) -> Store:
+        """The wrapped store."""
+        return self._store
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix_str
+
+    def _timeout_seconds(self) -> float:
+        return self._store._timeout_seconds()
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        self._store.set_timeout(to_seconds(timeout))
+
+    def _key(self, key: object) -> bytes:
+        raw = self._prefix + super()._key(key)
+        if len(raw) > self._limits.max_key_bytes:
+            raise InvalidArgument(
+                f"store key with prefix {self._prefix_str!r} is {len(raw)} bytes, over the "
+                f"limit of {self._limits.max_key_bytes} bytes"
+            )
+        return raw
+
+    def _describe(self) -> str:
+        return f"PrefixStore({self._prefix_str!r}) over {self._store._describe()}"
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        self._store._set(key, value)
+
+    def _get(self, key: bytes, timeout_s: float) -> bytes | None:
+        return self._store._get(key, timeout_s)
+
+    def _add(self, key: bytes, amount: int) -> int:
+        return self._store._add(key, amount)
+
+    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        return self._store._compare_set(key, expected, desired)
+
+    def _wait(self, keys: list[bytes], timeout_s: float) -> list[bytes]:
+        return self._store._wait(keys, timeout_s)
+
+    def _check(self, keys: list[bytes]) -> bool:
+        return self._store._check(keys)
+
+    def _delete_key(self, key: bytes) -> bool:
+        return self._store._delete_key(key)
+
+    def _num_keys(self) -> int:
+        # torch counts the whole underlying store too; a per-prefix count would need a
+        # key listing the TCP protocol deliberately does not offer.
+        return self._store._num_keys()

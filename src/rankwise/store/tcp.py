@@ -1,0 +1,302 @@
+"""``TCPStore``: the rendezvous store client (and, on the master, its server).
+
+Why it is built this way:
+
+* Connecting retries with backoff until the store timeout, because rank 0 (or the
+  launcher) may open the port after the workers start. A later *re*connect, after a
+  connection broke, tries once: the server is then known to have gone away and
+  waiting the full timeout again would only hide that.
+* A wrong or missing token ends in ``AuthError`` on the first attempt; it is never
+  retried, so it surfaces in milliseconds, not after the timeout.
+* One lock serialises request/response pairs, so one client object may be shared by
+  threads (a thread blocked in ``get`` holds it; use one client per thread for
+  independent blocking waits).
+* ``get``/``wait`` send their timeout to the server, which answers ``TIMEOUT`` in time;
+  the connection therefore stays in sync and usable afterwards. The socket timeout is a
+  safety net a little longer than that; if it fires the connection is dropped and
+  re-established on the next call.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from .._auth import client_handshake, resolve_token
+from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
+from .base import DEFAULT_TIMEOUT, Store
+from .protocol import (
+    DEFAULT_LIMITS,
+    INT64_MAX,
+    Limits,
+    Op,
+    ProtocolError,
+    Response,
+    Status,
+    decode_int,
+    encode_int,
+    encode_request,
+    read_response,
+)
+from .tcp_server import PURPOSE, TCPStoreServer
+
+__all__ = ["TCPStore", "connect_store_socket"]
+
+_REPLY_GRACE_S = 10.0  # how much longer than a server-side wait the socket may block
+_WORKERS_KEY = b"\x00rankwise/store/workers"
+_WORKERS_DONE_KEY = b"\x00rankwise/store/workers_done"
+_LOCAL_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def connect_store_socket(
+    host: str, port: int, token: bytes | None, timeout_s: float, retry: bool = True
+) -> socket.socket:
+    """An authenticated socket to the store at ``host:port``.
+
+    Retries refused/unreachable connects with backoff (10 ms doubling to 1 s) until
+    ``timeout_s`` has passed when ``retry``; raises ``DistNetworkError`` saying what to
+    check, or ``AuthError`` as soon as the handshake is refused.
+    """
+    peer = f"{host}:{port}"
+    start = time.monotonic()
+    deadline = start + timeout_s
+    delay = 0.01
+    attempts = 0
+    while True:
+        attempts += 1
+        remaining = deadline - time.monotonic()
+        try:
+            sock = socket.create_connection((host, port), timeout=max(0.05, min(remaining, 10.0)))
+        except OSError as exc:
+            last: Exception = exc
+        else:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(max(remaining, 1.0))
+                client_handshake(sock, token, PURPOSE, f"the store at {peer}")
+                return sock
+            except AuthError:
+                sock.close()
+                raise
+            except (DistNetworkError, OSError) as exc:
+                sock.close()
+                last = exc
+        remaining = deadline - time.monotonic()
+        if not retry or remaining <= 0:
+            raise DistNetworkError(
+                f"could not connect to the rankwise store at {peer} after trying for "
+                f"{time.monotonic() - start:.1f}s ({attempts} attempts; last error: {last}). "
+                f"Check that MASTER_ADDR/MASTER_PORT point at rank 0 or the launcher, that it "
+                f"is running and listening there, and that no firewall blocks the port."
+            ) from last
+        time.sleep(min(delay, remaining))  # backoff between attempts, not synchronisation
+        delay = min(delay * 2, 1.0)
+
+
+class TCPStore(Store):
+    """A store served over TCP, API-compatible with ``torch.distributed.TCPStore``.
+
+    With ``is_master=True`` this process also runs the server (a daemon thread bound to
+    ``host_name``'s address only; ``port=0`` picks a free port, see ``.port``). With
+    ``world_size`` every client counts itself in on connect, and a master with
+    ``wait_for_workers=True`` blocks until ``world_size`` clients have joined.
+    ``token`` (else ``RANKWISE_TOKEN``) must match on every side.
+    """
+
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        wait_for_workers: bool = False,
+        token: str | bytes | None = None,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        super().__init__(timeout, limits)
+        if not isinstance(host_name, str) or not host_name:
+            raise InvalidArgument(f"host_name must be a non-empty str, got {host_name!r}")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+        if port == 0 and not is_master:
+            raise InvalidArgument("port 0 (pick a free port) only makes sense with is_master=True")
+        if world_size is not None and (
+            not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1
+        ):
+            raise InvalidArgument(f"world_size must be a positive int or None, got {world_size!r}")
+        if token is not None and not isinstance(token, (str, bytes)):
+            raise InvalidArgument(f"token must be str, bytes or None, got {type(token).__name__}")
+        self._host = host_name
+        self._world_size = world_size
+        self._is_master = is_master
+        self._token = resolve_token(token)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._closed = False
+        self._server: TCPStoreServer | None = None
+        if is_master:
+            self._server = TCPStoreServer(host_name, port, token, limits=limits).start()
+            port = self._server.port
+        self._port = port
+        self._connect_host = _LOCAL_FOR_WILDCARD.get(host_name, host_name)
+        self._peer = f"{host_name}:{port}"
+        try:
+            self._sock = connect_store_socket(
+                self._connect_host, port, self._token, self._timeout_s
+            )
+            if world_size is not None:
+                self._join(world_size, is_master and wait_for_workers)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The server's port (the one chosen when the master passed ``port=0``)."""
+        return self._port
+
+    @property
+    def world_size(self) -> int | None:
+        return self._world_size
+
+    @property
+    def server(self) -> TCPStoreServer | None:
+        """The server this process hosts (master only)."""
+        return self._server
+
+    def _describe(self) -> str:
+        return f"TCPStore({self._peer})"
+
+    def _join(self, world_size: int, wait_for_all: bool) -> None:
+        """Count this client in; the last to arrive marks the group complete."""
+        if self._add(_WORKERS_KEY, 1) == world_size:
+            self._set(_WORKERS_DONE_KEY, b"1")
+        if wait_for_all and self._wait([_WORKERS_DONE_KEY], self._timeout_s):
+            joined = self._add(_WORKERS_KEY, 0)
+            raise DistTimeout(
+                f"only {joined} of {world_size} workers connected to the store at "
+                f"{self._peer} within {self._timeout_s:g}s. Check that every rank was started "
+                f"with the same MASTER_ADDR/MASTER_PORT and world size."
+            )
+
+    def _call(self, op: Op, fields: list[bytes], what: str, wait_s: float = 0.0) -> Response:
+        """Send one request and read its reply, translating every failure.
+
+        ``wait_s`` is how long the server may legitimately take (a blocking get/wait).
+        """
+        frame = encode_request(op, fields, self._limits)  # InvalidArgument before any I/O
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"{what} on a closed TCPStore ({self._peer})")
+            if self._sock is None:
+                self._sock = connect_store_socket(
+                    self._connect_host, self._port, self._token, self._timeout_s, retry=False
+                )
+            sock = self._sock
+            reply_s = max(wait_s, self._timeout_s) + _REPLY_GRACE_S
+            try:
+                sock.settimeout(reply_s)
+                sock.sendall(frame)
+                response = read_response(sock, self._limits, self._peer)
+            except BaseException as exc:
+                self._drop()  # the stream is out of sync now; reconnect on the next call
+                if isinstance(exc, socket.timeout) or isinstance(exc.__cause__, socket.timeout):
+                    raise DistTimeout(
+                        f"store {what} at {self._peer}: no reply within {reply_s:g}s; the "
+                        f"store server is stuck or unreachable"
+                    ) from exc
+                if isinstance(exc, (OSError, DistNetworkError, ProtocolError)):
+                    raise StoreError(
+                        f"lost the connection to the store at {self._peer} during {what}: "
+                        f"{exc}. The process hosting the store (rank 0 or the launcher) may "
+                        f"have exited."
+                    ) from exc
+                raise
+            if response.status is Status.CLOSED:
+                self._drop()
+                raise StoreError(
+                    f"the store at {self._peer} went away during {what}: its server shut down"
+                )
+        if response.status is Status.ERROR:
+            message = response.fields[0].decode("utf-8", "replace") if response.fields else ""
+            raise StoreError(f"store at {self._peer} refused {what}: {message}")
+        return response
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    @staticmethod
+    def _one(response: Response, what: str) -> bytes:
+        if len(response.fields) != 1:
+            raise StoreError(f"malformed store reply to {what}: {len(response.fields)} fields")
+        return response.fields[0]
+
+    # --------------------------------------------------------------- primitives
+    def _set(self, key: bytes, value: bytes) -> None:
+        self._call(Op.SET, [key, value], f"set({_show(key)})")
+
+    def _get(self, key: bytes, timeout_s: float) -> bytes | None:
+        what = f"get({_show(key)})"
+        response = self._call(Op.GET, [key, encode_int(_ms(timeout_s))], what, timeout_s)
+        if response.status is Status.TIMEOUT:
+            return None
+        return self._one(response, what)
+
+    def _add(self, key: bytes, amount: int) -> int:
+        what = f"add({_show(key)})"
+        return decode_int(self._one(self._call(Op.ADD, [key, encode_int(amount)], what), what))
+
+    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        what = f"compare_set({_show(key)})"
+        return self._one(self._call(Op.COMPARE_SET, [key, expected, desired], what), what)
+
+    def _wait(self, keys: list[bytes], timeout_s: float) -> list[bytes]:
+        response = self._call(
+            Op.WAIT, [encode_int(_ms(timeout_s)), *keys], f"wait({len(keys)} keys)", timeout_s
+        )
+        return list(response.fields) if response.status is Status.TIMEOUT else []
+
+    def _check(self, keys: list[bytes]) -> bool:
+        return bool(decode_int(self._one(self._call(Op.CHECK, keys, "check"), "check")))
+
+    def _delete_key(self, key: bytes) -> bool:
+        what = f"delete_key({_show(key)})"
+        return bool(decode_int(self._one(self._call(Op.DELETE, [key], what), what)))
+
+    def _num_keys(self) -> int:
+        return decode_int(self._one(self._call(Op.NUM_KEYS, [], "num_keys"), "num_keys"))
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Close the connection (waking a thread blocked in it); the master also stops
+        its server, which wakes every other client's blocked waits with ``StoreError``."""
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        with self._lock:
+            self._drop()
+        if self._server is not None:
+            self._server.close()
+
+
+def _show(key: bytes) -> str:
+    return repr(key.decode("utf-8", "replace"))
+
+
+def _ms(seconds: float) -> int:
+    return int(min(seconds * 1000, INT64_MAX))

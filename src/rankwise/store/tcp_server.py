@@ -1,0 +1,284 @@
+"""``TCPStoreServer``: the rendezvous server, hosted by rank 0 or by the launcher.
+
+Design (why it looks like this):
+
+* One listening socket bound *only* to the address asked for (``localhost`` stays on
+  loopback; all interfaces only when the caller passes ``"0.0.0.0"``/``"::"``).
+* An accept thread waits on a selector holding the listener and a wake-up socket, so
+  ``close()`` stops it at once without polling.
+* One daemon thread per connection (jobs have at most a few hundred ranks). A thread
+  blocked in ``get``/``wait`` sleeps on the shared ``KVTable`` condition, so one slow
+  waiter never delays another client (no head-of-line blocking) and nothing spins.
+* Every connection passes the ``_auth`` handshake first; failures are logged at debug
+  level only (a port scanner should not fill the job's log) and the server goes on.
+* Every request is decoded by ``protocol.read_request`` with bounded lengths; an
+  invalid frame drops that client only.
+* ``close()`` closes the table first, which wakes blocked waiters so their clients get
+  a ``CLOSED`` reply, then shuts every connection down.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import socket
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .._auth import resolve_token, server_handshake
+from ..errors import DistError, DistNetworkError, InvalidArgument, StoreError
+from .protocol import (
+    DEFAULT_LIMITS,
+    Limits,
+    Op,
+    Request,
+    Status,
+    decode_int,
+    encode_int,
+    encode_response,
+    read_request,
+)
+from .table import KVTable, TableClosed
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["TCPStoreServer", "resolve_bind_address"]
+
+log = logging.getLogger(__name__)
+
+PURPOSE = "store"
+_WILDCARDS = ("0.0.0.0", "::")
+
+
+def resolve_bind_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The (family, sockaddr) to bind for ``host``; IPv4 preferred when both exist."""
+    if not isinstance(host, str) or not host:
+        raise InvalidArgument(
+            'store host must be a non-empty str; pass "0.0.0.0" explicitly to listen on all '
+            "interfaces"
+        )
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise DistNetworkError(
+            f"cannot resolve store host {host!r}: {exc}. Check MASTER_ADDR."
+        ) from exc
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    family, _, _, _, sockaddr = infos[0]
+    return family, (str(sockaddr[0]), int(sockaddr[1]))
+
+
+class TCPStoreServer:
+    """The store server alone, without a client (the launcher hosts one like this).
+
+    ``TCPStoreServer(host, port)`` does not touch the network until ``start()`` (or
+    ``with``); ``port=0`` picks a free port, readable as ``.port`` afterwards.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        token: str | bytes | None = None,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        handshake_timeout: float = 30.0,
+        frame_timeout: float = 60.0,
+        max_connections: int = 4096,
+    ) -> None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise InvalidArgument(f"store port must be an int in 0..65535, got {port!r}")
+        if not isinstance(limits, Limits):
+            raise InvalidArgument(f"limits must be a Limits, got {type(limits).__name__}")
+        self._family, self._addr = resolve_bind_address(host, port)
+        self._host = host
+        self._token = resolve_token(token)
+        self._limits = limits
+        self._handshake_timeout = handshake_timeout
+        self._frame_timeout = frame_timeout
+        self._max_connections = max_connections
+        self._table = KVTable()
+        self._listener: socket.socket | None = None
+        self._port: int | None = None
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._closed = False
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def port(self) -> int:
+        """The port listened on (the chosen one when constructed with ``port=0``)."""
+        if self._port is None:
+            raise StoreError("TCPStoreServer.port is known only after start()")
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound socket address (what ``getsockname()`` returns)."""
+        if self._listener is None:
+            raise StoreError("TCPStoreServer is not started")
+        name = self._listener.getsockname()
+        return str(name[0]), int(name[1])
+
+    def start(self) -> Self:
+        """Bind, listen and start serving; ``DistNetworkError`` if the port is taken."""
+        if self._listener is not None:
+            return self
+        if self._closed:
+            raise StoreError("TCPStoreServer was closed; create a new one")
+        listener = socket.socket(self._family, socket.SOCK_STREAM)
+        try:
+            # Lets a restarted job reuse a port in TIME_WAIT; on Linux it still refuses
+            # a port another socket is listening on.
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(self._addr)
+            listener.listen(min(socket.SOMAXCONN, 1024))
+        except OSError as exc:
+            listener.close()
+            addr = f"{self._addr[0]}:{self._addr[1]}"
+            if exc.errno == errno.EADDRINUSE:
+                raise DistNetworkError(
+                    f"cannot start the rankwise store on {addr}: the port is already in use "
+                    f"(another job or store listens there). Set MASTER_PORT to a free port, "
+                    f"or use port 0 to let the system pick one."
+                ) from exc
+            raise DistNetworkError(
+                f"cannot start the rankwise store on {addr}: {exc}. Check MASTER_ADDR names "
+                f"an address of this machine."
+            ) from exc
+        self._listener = listener
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._port = int(listener.getsockname()[1])
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"rankwise-store-accept:{self._port}", daemon=True
+        )
+        self._accept_thread.start()
+        return self
+
+    def close(self, join_timeout: float = 5.0) -> None:
+        """Stop serving: wake blocked waiters, drop every client, free the port."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns = list(self._conns.items())
+        self._table.close()
+        if self._wake_w is not None:
+            self._wake_w.send(b"x")
+        if self._accept_thread is not None:
+            self._accept_thread.join(join_timeout)
+        for conn, _ in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for _, thread in conns:
+            thread.join(join_timeout)
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            if sock is not None:
+                sock.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ serving
+    def _accept_loop(self) -> None:
+        assert self._listener is not None and self._wake_r is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._closed:
+                for key, _ in sel.select():
+                    if key.fileobj is self._wake_r:
+                        return
+                    try:
+                        conn, addr = self._listener.accept()
+                    except OSError:
+                        continue
+                    self._admit(conn, f"{addr[0]}:{addr[1]}")
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        with self._lock:
+            if self._closed or len(self._conns) >= self._max_connections:
+                log.debug("store: refusing %s (closed or %d connections)", peer, len(self._conns))
+                conn.close()
+                return
+            thread = threading.Thread(
+                target=self._serve, args=(conn, peer), name=f"rankwise-store:{peer}", daemon=True
+            )
+            self._conns[conn] = thread
+        thread.start()
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._handshake_timeout)
+            server_handshake(conn, self._token, PURPOSE, peer)
+            conn.settimeout(None)  # idle clients may stay quiet for the whole job
+            while True:
+                request = read_request(conn, self._limits, peer, self._frame_timeout)
+                status, fields = self._dispatch(request)
+                conn.sendall(encode_response(status, fields))
+                if status is Status.CLOSED:
+                    return
+        except (DistError, OSError) as exc:
+            # Auth failures, malformed frames and hang-ups all end this client only.
+            log.debug("store: dropping %s: %s", peer, exc)
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _dispatch(self, req: Request) -> tuple[Status, list[bytes]]:
+        """Run one request against the table; the reply status and fields."""
+        f = req.fields
+        table = self._table
+        try:
+            if req.op is Op.SET:
+                table.set(f[0], f[1])
+                return Status.OK, []
+            if req.op is Op.GET:
+                value = table.get(f[0], _ms_to_s(decode_int(f[1])))
+                if value is None:
+                    return Status.TIMEOUT, [f[0]]
+                return Status.OK, [value]
+            if req.op is Op.ADD:
+                return Status.OK, [encode_int(table.add(f[0], decode_int(f[1])))]
+            if req.op is Op.COMPARE_SET:
+                return Status.OK, [table.compare_set(f[0], f[1], f[2])]
+            if req.op is Op.WAIT:
+                missing = table.wait(list(f[1:]), _ms_to_s(decode_int(f[0])))
+                return (Status.TIMEOUT, missing) if missing else (Status.OK, [])
+            if req.op is Op.CHECK:
+                return Status.OK, [encode_int(int(table.check(list(f))))]
+            if req.op is Op.DELETE:
+                return Status.OK, [encode_int(int(table.delete(f[0])))]
+            if req.op is Op.NUM_KEYS:
+                return Status.OK, [encode_int(table.num_keys())]
+        except TableClosed:
+            return Status.CLOSED, [b"the store server is shutting down"]
+        except StoreError as exc:
+            return Status.ERROR, [str(exc).encode("utf-8")[:4096]]
+        raise AssertionError(f"unhandled opcode {req.op!r}")  # schemas cover every Op
+
+
+def _ms_to_s(ms: int) -> float:
+    return max(ms, 0) / 1000.0
