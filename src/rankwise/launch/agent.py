@@ -1,0 +1,323 @@
+"""Start, watch and tear down the workers of one node.
+
+Why it is built this way:
+
+* **Own process group per worker** (``setpgid``), so a teardown signal reaches everything the
+  worker started (data-loader processes, shells), and a terminal's Ctrl-C reaches the
+  launcher only -- which forwards it, once, to every rank.
+* **PR_SET_PDEATHSIG** in the child (Linux): if the launcher itself is SIGKILLed, the kernel
+  kills its workers, so no rank is ever orphaned holding a port.
+* **One thread per worker blocked in waitpid** (WUNTRACED too, to notice a SIGSTOPped rank)
+  posts events to a queue; the main thread blocks on that queue with the next teardown deadline
+  as timeout.  Nothing polls.
+* **Teardown after the first failure**: the other ranks were already told by the core (they
+  raise ``PeerFailure``); they get ``grace`` seconds to finish their ``finally`` blocks, then
+  SIGTERM (+SIGCONT so a stopped rank can act on it), then, ``grace`` seconds later, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO, Protocol
+
+from .env import WorkerEnvSpec, worker_environment
+from .output import StreamPump, console_stream
+from .summary import WorkerOutcome, read_error_file
+
+__all__ = ["AgentConfig", "AttemptResult", "LocalAgent", "RoundPeers", "set_parent_death_signal"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved in the parent so the forked child only has to call it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn: Callable[..., int] = libc.prctl
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def set_parent_death_signal(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; else a no-op).
+
+    ``parent_pid`` is the parent we expect: if it already died before the request took
+    effect, exit now instead of running as an orphan.  0 skips the request.
+    """
+    if _PRCTL is None or parent_pid == 0:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_setup(launcher_pid: int) -> Callable[[], None]:
+    return lambda: set_parent_death_signal(launcher_pid)
+
+
+class RoundPeers(Protocol):
+    """The other nodes of a multi-node job, as seen during one round (attempt)."""
+
+    def announce_failure(self, outcome: WorkerOutcome) -> None:
+        """Tell the other nodes that a rank here failed (first local failure only)."""
+
+    def watch(self, restart_count: int, post: Callable[[str], None]) -> None:
+        """Start watching for failures of other nodes; call ``post(description)`` on one."""
+
+    def stop_watching(self) -> None:
+        """Stop the watcher started by :meth:`watch`."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything one node's launcher needs to run its share of the job."""
+
+    cmd: Sequence[str]
+    nproc: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    node_rank: int = 0
+    nnodes: int = 1
+    max_restarts: int = 0
+    grace: float = 5.0
+    prefix: bool = False
+    log_dir: str | None = None
+    tee: bool = True
+    base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    run_dir: str = ""
+    host: str = field(default_factory=socket.gethostname)
+
+
+@dataclass
+class AttemptResult:
+    """How one attempt ended: every worker's outcome, and a launcher signal if one came."""
+
+    outcomes: list[WorkerOutcome]
+    interrupted_by: int | None = None
+    remote_failure: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.remote_failure) or any(o.failed for o in self.outcomes)
+
+
+@dataclass
+class _Worker:
+    outcome: WorkerOutcome
+    proc: subprocess.Popen[bytes]
+    pumps: list[StreamPump]
+
+
+# Events posted to the agent's queue: (kind, local_rank or signal, wait status, time).
+_Event = tuple[str, int, int, float]
+
+
+class LocalAgent:
+    """Runs ``config.nproc`` workers of one node, attempt by attempt."""
+
+    def __init__(self, config: AgentConfig, peers: RoundPeers | None = None) -> None:
+        self.config = config
+        self.peers = peers
+        self._events: queue.SimpleQueue[_Event | tuple[str, str, int, float]] = queue.SimpleQueue()
+        self._workers: list[_Worker] = []
+
+    # -- signals --------------------------------------------------------------------------
+    def post_signal(self, signum: int) -> None:
+        """Called from the launcher's signal handler (SimpleQueue.put is reentrant)."""
+        self._events.put(("signal", signum, 0, time.time()))
+
+    # -- spawning -------------------------------------------------------------------------
+    def _open_log(self, attempt: int, local_rank: int, stream: str) -> BinaryIO | None:
+        if not self.config.log_dir:
+            return None
+        path = os.path.join(self.config.log_dir, self.config.run_id, f"attempt_{attempt}",
+                            str(local_rank), f"{stream}.log")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
+
+    def _spawn(self, local_rank: int, attempt: int) -> _Worker:
+        cfg = self.config
+        rank = cfg.node_rank * cfg.nproc + local_rank
+        error_file = os.path.join(cfg.run_dir, f"attempt_{attempt}", f"rank_{rank}", "error.json")
+        os.makedirs(os.path.dirname(error_file), exist_ok=True)
+        spec = WorkerEnvSpec(
+            rank=rank, local_rank=local_rank, world_size=cfg.nnodes * cfg.nproc,
+            local_world_size=cfg.nproc, node_rank=cfg.node_rank, nnodes=cfg.nnodes,
+            master_addr=cfg.master_addr, master_port=cfg.master_port, restart_count=attempt,
+            max_restarts=cfg.max_restarts, run_id=cfg.run_id, error_file=error_file,
+        )
+        logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
+        piped = cfg.prefix or cfg.log_dir is not None
+        proc = subprocess.Popen(
+            list(cfg.cmd),
+            env=worker_environment(spec, cfg.base_env),
+            stdout=subprocess.PIPE if piped else None,
+            stderr=subprocess.PIPE if piped else None,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            # Safe despite our threads: the hook only calls a prctl resolved before the fork
+            # and getppid; glibc's fork leaves malloc usable in the child.
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
+        )
+        pumps: list[StreamPump] = []
+        if piped:
+            to_console = cfg.log_dir is None or cfg.tee
+            prefix = f"[rank {rank}] ".encode() if cfg.prefix else b""
+            for stream, log, is_err in ((proc.stdout, logs[0], False), (proc.stderr, logs[1], True)):
+                assert stream is not None
+                pumps.append(StreamPump(stream, prefix, console_stream(is_err) if to_console else None,
+                                        log, name=f"rankwise-pump-{rank}"))
+        outcome = WorkerOutcome(rank=rank, local_rank=local_rank, node_rank=cfg.node_rank,
+                                pid=proc.pid, returncode=None, observed_at=0.0,
+                                error_file=error_file, host=cfg.host)
+        threading.Thread(target=self._reap, args=(local_rank, proc.pid), daemon=True,
+                         name=f"rankwise-reap-{rank}").start()
+        return _Worker(outcome, proc, pumps)
+
+    def _reap(self, local_rank: int, pid: int) -> None:
+        """Block in waitpid for one worker; report stops and the final exit."""
+        while True:
+            try:
+                _, status = os.waitpid(pid, os.WUNTRACED)
+            except ChildProcessError:
+                return
+            if os.WIFSTOPPED(status):
+                self._events.put(("stop", local_rank, status, time.time()))
+                continue
+            self._events.put(("exit", local_rank, status, time.time()))
+            return
+
+    # -- signalling -----------------------------------------------------------------------
+    def _signal_group(self, worker: _Worker, signum: int) -> None:
+        try:
+            os.killpg(worker.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _signal_running(self, signum: int, *, teardown: bool) -> None:
+        for w in self._workers:
+            if w.outcome.returncode is None:
+                if teardown:
+                    w.outcome.signalled_by_launcher = True
+                self._signal_group(w, signum)
+                if signum == signal.SIGTERM:
+                    self._signal_group(w, signal.SIGCONT)
+
+    # -- one attempt ----------------------------------------------------------------------
+    def run_attempt(self, attempt: int) -> AttemptResult:
+        """Spawn all workers, wait for them, tear down on the first failure; never leaves one."""
+        cfg = self.config
+        self._workers = []
+        result = AttemptResult(outcomes=[])
+        try:
+            for local_rank in range(cfg.nproc):
+                self._workers.append(self._spawn(local_rank, attempt))
+            if self.peers is not None:
+                self.peers.watch(attempt, lambda text: self._events.put(("remote", text, 0, time.time())))
+            self._monitor(result)
+        finally:
+            if self.peers is not None:
+                self.peers.stop_watching()
+            self._kill_leftovers()
+        result.outcomes = [w.outcome for w in self._workers]
+        return result
+
+    def _monitor(self, result: AttemptResult) -> None:
+        cfg = self.config
+        running = {w.outcome.local_rank for w in self._workers}
+        # Escalation ladder once the job is going down: (seconds to wait, signal to send after).
+        ladder: list[tuple[float, int]] = []
+        deadline: float | None = None
+        going_down = False
+
+        def start_teardown(already_sent: int | None) -> None:
+            """Arm the ladder: grace, SIGTERM, grace, SIGKILL (shorter if a signal went out)."""
+            nonlocal ladder, deadline, going_down
+            going_down = True
+            ladder = [(cfg.grace, signal.SIGKILL)]
+            if already_sent != signal.SIGTERM:
+                ladder.insert(0, (cfg.grace, signal.SIGTERM))
+            deadline = time.monotonic() + ladder[0][0]
+
+        while running:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                kind, what, status, when = self._events.get(timeout=timeout)
+            except queue.Empty:
+                _, signum = ladder.pop(0)
+                self._signal_running(signum, teardown=True)
+                # After SIGKILL there is nothing left to escalate to: the reapers report exits.
+                deadline = time.monotonic() + ladder[0][0] if ladder else None
+                continue
+            if kind == "signal":
+                assert isinstance(what, int)
+                if result.interrupted_by is not None:  # second Ctrl-C: stop at once
+                    self._signal_running(signal.SIGKILL, teardown=True)
+                    continue
+                result.interrupted_by = what
+                self._signal_running(what, teardown=True)
+                start_teardown(what)
+            elif kind == "remote":
+                assert isinstance(what, str)
+                if not going_down:
+                    result.remote_failure = what
+                    start_teardown(None)
+            elif kind == "stop":
+                assert isinstance(what, int)
+                self._workers[what].outcome.stopped_at = when
+            elif kind == "exit":
+                assert isinstance(what, int)
+                w = self._workers[what]
+                self._record_exit(w, status, when)
+                running.discard(what)
+                if w.outcome.failed and not going_down:
+                    if self.peers is not None and not result.remote_failure:
+                        self.peers.announce_failure(w.outcome)
+                    start_teardown(None)
+
+    def _record_exit(self, w: _Worker, status: int, when: float) -> None:
+        code = os.waitstatus_to_exitcode(status)
+        w.proc.returncode = code
+        w.outcome.returncode = code
+        w.outcome.observed_at = when
+        if code != 0:
+            w.outcome.error = read_error_file(w.outcome.error_file)
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL every worker's process group (grandchildren too), reap, drain the pipes.
+
+        Normally everything has exited already and this only catches grandchildren; after an
+        exception in the monitor it is what guarantees that no worker outlives the launcher.
+        """
+        for w in self._workers:
+            self._signal_group(w, signal.SIGKILL)
+        missing = {w.outcome.local_rank for w in self._workers if w.outcome.returncode is None}
+        while missing:
+            try:
+                kind, what, status, when = self._events.get(timeout=10.0)
+            except queue.Empty:  # unkillable (D state): give up rather than hang the launcher
+                break
+            if kind == "exit" and isinstance(what, int) and what in missing:
+                self._record_exit(self._workers[what], status, when)
+                missing.discard(what)
+        for w in self._workers:
+            for pump in w.pumps:
+                pump.join(timeout=2.0)

@@ -1,0 +1,138 @@
+"""``rankwise run``: the command line, with torchrun's spellings accepted.
+
+Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from .job import JobOptions, run_job
+
+__all__ = ["build_parser", "main", "parse_nnodes", "parse_run_args"]
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4)."""
+    lo, _, hi = text.partition(":")
+    try:
+        bounds = (int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"--nnodes needs 1 <= MIN <= MAX, got {text!r}")
+    return bounds
+
+
+def _nproc(text: str) -> int:
+    if text in ("auto", "cpu"):
+        return os.cpu_count() or 1
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nproc-per-node must be a number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--nproc-per-node must be >= 1, got {n}")
+    return n
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, 0
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rdzv-endpoint must be HOST[:PORT], got {text!r}") from None
+
+
+def _add(p: argparse.ArgumentParser, *names: str, **kw: object) -> None:
+    """Add an option under its dashed name plus torchrun's underscored spelling."""
+    spellings = list(names)
+    spellings += ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+    p.add_argument(*spellings, **kw)  # type: ignore[arg-type]
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    _add(p, "-n", "--nproc-per-node", dest="nproc", type=_nproc, default=1,
+         help="worker processes on this node (default 1; 'auto' = CPU count)")
+    _add(p, "--nnodes", type=parse_nnodes, default=(1, 1), help="nodes: N or MIN:MAX (default 1)")
+    _add(p, "--node-rank", type=int, default=None,
+         help="this node's rank (default: 0 for one node, else assigned in order of arrival)")
+    _add(p, "--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    _add(p, "--master-port", type=int, default=0,
+         help="store port on node 0 (default: a free port for one node; required for several)")
+    _add(p, "--rdzv-endpoint", type=_endpoint, default=None,
+         help="HOST:PORT of the store; overrides --master-addr/--master-port")
+    _add(p, "--rdzv-id", default=None, help="job id; every node must give the same one")
+    _add(p, "--rdzv-backend", default="c10d", help="accepted for torchrun compatibility")
+    _add(p, "--standalone", action="store_true", help="accepted for torchrun compatibility")
+    _add(p, "--max-restarts", type=int, default=0, help="restart the group up to N times")
+    _add(p, "--log-dir", default=None, help="write each rank's stdout/stderr under this directory")
+    _add(p, "--tee", nargs="?", const="3", default=None,
+         help="with --log-dir, also copy output to the console")
+    prefix = p.add_mutually_exclusive_group()
+    prefix.add_argument("--prefix", dest="prefix", action="store_true", default=None,
+                        help="prefix each output line with [rank N] (default when a terminal)")
+    prefix.add_argument("--no-prefix", dest="prefix", action="store_false")
+    _add(p, "--grace", type=float, default=5.0,
+         help="seconds survivors get after a failure before SIGTERM, and again before SIGKILL")
+    _add(p, "--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
+    _add(p, "--token", default=None, help="shared secret for the store (default $RANKWISE_TOKEN)")
+    _add(p, "--no-python", action="store_true", help="run the script as an executable")
+    _add(p, "-m", "--module", action="store_true", help="run the script as a module (python -m)")
+    p.add_argument("script", help="the training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rankwise", description="rankwise command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="launch a distributed job (like torchrun)",
+                         description="Start N workers per node with torchrun's environment, "
+                                     "watch them, and tear the whole group down on a failure.")
+    _add_run_options(run)
+    return parser
+
+
+def parse_run_args(argv: Sequence[str]) -> JobOptions:
+    """``rankwise run`` arguments (without the ``run``) -> JobOptions; exits on misuse."""
+    parser = build_parser()
+    ns = parser.parse_args(["run", *argv])
+    if ns.no_python and ns.module:
+        parser.error("--no-python and -m cannot be combined")
+    if ns.module:
+        cmd = [sys.executable, "-u", "-m", ns.script, *ns.script_args]
+    elif ns.no_python:
+        cmd = [ns.script, *ns.script_args]
+    else:
+        cmd = [sys.executable, "-u", ns.script, *ns.script_args]
+    addr, port = ns.rdzv_endpoint or (ns.master_addr, ns.master_port)
+    if ns.nnodes[1] > 1 and port == 0:
+        parser.error("several nodes need a known store port: give --master-port or "
+                     "--rdzv-endpoint HOST:PORT (the same on every node)")
+    if ns.node_rank is not None and not 0 <= ns.node_rank < ns.nnodes[1]:
+        parser.error(f"--node-rank {ns.node_rank} is outside 0..{ns.nnodes[1] - 1}")
+    return JobOptions(
+        cmd=cmd, nproc=ns.nproc, min_nodes=ns.nnodes[0], max_nodes=ns.nnodes[1],
+        node_rank=ns.node_rank, master_addr=addr, master_port=port, rdzv_id=ns.rdzv_id,
+        max_restarts=ns.max_restarts, log_dir=ns.log_dir, tee=ns.tee is not None,
+        prefix=sys.stdout.isatty() if ns.prefix is None else ns.prefix, grace=ns.grace,
+        timeout=ns.timeout, token=ns.token or os.environ.get("RANKWISE_TOKEN") or None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rankwise`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "run":
+        build_parser().parse_args(args)  # prints usage / help and exits
+        return 2
+    return run_job(parse_run_args(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

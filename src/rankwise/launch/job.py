@@ -1,0 +1,167 @@
+"""Run one node's share of a job: host or join the store, run attempts, report, exit code.
+
+Why separate from the agent: the agent knows processes; this module knows the job -- the store
+(hosted here on node 0, so it survives any worker), the rendezvous of several launchers, the
+restart budget, the launcher's own signals, and which exit code and summary the user sees.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from ..errors import DistError
+from .agent import AgentConfig, AttemptResult, LocalAgent
+from .rendezvous import NodeInfo, StorePeers, rendezvous
+from .summary import cause_line, format_summary, root_cause, shell_exit_code
+
+__all__ = ["JobOptions", "run_job"]
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What ``rankwise run`` was asked to do (see ``cli.py`` for the meaning of each)."""
+
+    cmd: list[str]
+    nproc: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    node_rank: int | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    log_dir: str | None = None
+    tee: bool = False
+    prefix: bool = False
+    grace: float = 5.0
+    timeout: float = 300.0
+    token: str | None = None
+
+
+def _say(text: str) -> None:
+    sys.stdout.flush()
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _forward_signals(agent: LocalAgent) -> Iterator[None]:
+    """While workers run, the launcher's SIGINT/SIGTERM/SIGHUP go to the agent, not to us."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        agent.post_signal(signum)
+
+    previous = {s: signal.signal(s, handler) for s in _FORWARDED}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _client(opts: JobOptions, port: int) -> Any:
+    from ..store import TCPStore
+
+    return TCPStore(opts.master_addr, port, is_master=False,
+                    timeout=timedelta(seconds=opts.timeout), token=opts.token)
+
+
+def _host_store(opts: JobOptions) -> Any | None:
+    """Start the store if this node hosts it; None if another node already does."""
+    from ..store import TCPStoreServer
+
+    server = TCPStoreServer(opts.master_addr, opts.master_port, token=opts.token)
+    try:
+        server.start()
+    except DistError:
+        if opts.max_nodes == 1 or opts.node_rank == 0:
+            raise
+        return None  # the port is served by node 0's launcher: join as a client
+    return server
+
+
+def run_job(opts: JobOptions) -> int:
+    """Run the job on this node; return the exit code the launcher should exit with."""
+    run_dir = tempfile.mkdtemp(prefix="rankwise-run-")
+    server: Any | None = None
+    peers: StorePeers | None = None
+    try:
+        try:
+            server = _host_store(opts) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
+            port = server.port if server is not None else opts.master_port
+            node_rank, nnodes = 0, 1
+            if opts.max_nodes > 1:
+                store = _client(opts, port)
+                me = NodeInfo(host=socket.gethostname(), pid=os.getpid(), nproc=opts.nproc,
+                              node_rank=-1 if opts.node_rank is None else opts.node_rank,
+                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
+                              rdzv_id=opts.rdzv_id or "none")
+                assignment = rendezvous(store, me, timeout=opts.timeout)
+                node_rank, nnodes = assignment.node_rank, assignment.nnodes
+                peers = StorePeers(store, lambda: _client(opts, port), node_rank)
+        except DistError as exc:
+            _say(f"rankwise run: {exc}")
+            return 1
+        base_env = dict(os.environ)
+        if opts.token:
+            base_env["RANKWISE_TOKEN"] = opts.token
+        config = AgentConfig(
+            cmd=opts.cmd, nproc=opts.nproc, master_addr=opts.master_addr, master_port=port,
+            run_id=opts.rdzv_id or secrets.token_hex(6), node_rank=node_rank, nnodes=nnodes,
+            max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
+            log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
+        )
+        code = _run_attempts(LocalAgent(config, peers), opts, peers)
+        if peers is not None:
+            peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
+        return code
+    finally:
+        if server is not None:
+            server.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None) -> int:
+    with _forward_signals(agent):
+        for attempt in range(opts.max_restarts + 1):
+            result = agent.run_attempt(attempt)
+            if result.interrupted_by is not None:
+                name = signal.Signals(result.interrupted_by).name
+                _say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
+                return 128 + result.interrupted_by
+            if not result.failed:
+                return 0
+            if attempt < opts.max_restarts:
+                cause = root_cause(result.outcomes)
+                what = cause_line(cause) if cause else result.remote_failure
+                _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
+                     f"(restart {attempt + 1} of {opts.max_restarts})")
+                continue
+            return _report(result, attempt, opts, peers)
+    return 1  # unreachable: the loop returns on its last attempt
+
+
+def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None) -> int:
+    remote = peers.remote_outcome(attempt) if peers is not None else None
+    local = root_cause(result.outcomes)
+    cause = root_cause([o for o in (local, remote) if o is not None])
+    remote_line = cause_line(remote) if remote is not None and cause is remote else ""
+    if not remote_line and result.remote_failure and local is None:
+        remote_line = result.remote_failure
+    restarts = f"{attempt} of {opts.max_restarts} restarts used" if opts.max_restarts else ""
+    _say(format_summary(result.outcomes, restarts=restarts, remote_cause=remote_line))
+    if cause is None or cause.returncode is None:
+        return 1
+    return shell_exit_code(cause.returncode) or 1

@@ -1,0 +1,125 @@
+"""Hooks a launched worker installs at ``import rankwise`` (when ``RANKWISE_LAUNCHED=1``).
+
+Why: the launcher sees only an exit status.  To print *which* exception killed a rank, the
+rank itself writes its uncaught exception to ``RANKWISE_ERROR_FILE`` (torchrun's error-file
+idea), and to let users' ``finally`` blocks run when the launcher stops the group, SIGTERM
+becomes an exception instead of an instant death.
+
+Error file format (JSON, one object, written once -- the first uncaught exception wins
+because later ones are usually consequences of it)::
+
+    {"rank": 2, "exc_type": "ValueError", "message": "...", "traceback": "Traceback ...",
+     "timestamp": 1700000000.123, "pid": 4242, "exc_mro": ["ValueError", "Exception", ...],
+     "thread": "MainThread"}
+
+``exc_mro`` lets the launcher tell secondary failures (``PeerFailure``, ``Terminated``)
+from root causes without importing the user's classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = ["Terminated", "install_worker_hooks", "write_error_file"]
+
+ERROR_FILE_ENV = "RANKWISE_ERROR_FILE"
+_installed = False
+_lock = threading.Lock()
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread when the launcher sends SIGTERM; exits with status 143.
+
+    A ``SystemExit`` subclass so ``except Exception`` in user code does not swallow it, while
+    ``finally`` blocks and context managers still run.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def write_error_file(
+    exc_type: type[BaseException],
+    exc: BaseException,
+    tb: TracebackType | None,
+    path: str | None = None,
+    thread_name: str | None = None,
+) -> bool:
+    """Write ``exc`` to the error file unless one was written already; return True if written.
+
+    Created with O_EXCL so that of two threads failing at once only the first is recorded.
+    """
+    path = path or os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return False
+    record: dict[str, Any] = {
+        "rank": int(os.environ.get("RANK", "-1")),
+        "exc_type": exc_type.__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+        "exc_mro": [c.__name__ for c in exc_type.__mro__],
+        "thread": thread_name or threading.current_thread().name,
+    }
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh)
+    return True
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def install_worker_hooks() -> None:
+    """Chain the exception hooks to the error file and turn SIGTERM into ``Terminated``.
+
+    Idempotent.  The SIGTERM handler is installed only from the main thread and only when
+    SIGTERM still has its default disposition, so a user's own handler is never replaced.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+
+    previous_hook = sys.excepthook
+
+    def excepthook(
+        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        write_error_file(exc_type, exc, tb)
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+    previous_thread_hook = threading.excepthook
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and args.exc_type is not SystemExit:
+            write_error_file(
+                args.exc_type, args.exc_value, args.exc_traceback,
+                thread_name=args.thread.name if args.thread else None,
+            )
+        previous_thread_hook(args)
+
+    threading.excepthook = thread_hook
+
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, _on_sigterm)
