@@ -81,7 +81,7 @@ def _opt_int(environ: Mapping[str, str], name: str, default: int | None) -> int 
 
 def first_slurm_host(nodelist: str) -> str:
     """First host of a SLURM compressed node list: ``a[07-09,12],b`` -> ``a07``."""
-    first = re.match(r"[^,\[]*(\[[^\]]*\])?", nodelist.strip())
+    first = re.match(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist.strip())
     token = first.group(0) if first else nodelist
     m = re.fullmatch(r"([^\[]*)\[([^\]\-,]+)[^\]]*\](.*)", token)
     if m is None:

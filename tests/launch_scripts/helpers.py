@@ -1,0 +1,102 @@
+"""Shared helpers of the launcher tests: run `rankwise run` with hard timeouts, check /proc."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "launch_scripts"
+JOB = str(SCRIPTS / "job.py")
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
+    e.pop("RANKWISE_TOKEN", None)
+    return e
+
+
+def launcher_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rankwise", "run", *args]
+
+
+def run_launcher(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run the launcher to completion; a hard timeout kills it (and fails the test)."""
+    return subprocess.run(launcher_cmd(*args), env=env(), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def start_launcher(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(launcher_cmd(*args), env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def read_lines_until(proc: subprocess.Popen[str], predicate: object, n: int,
+                     timeout: float) -> list[str]:
+    """Read stdout lines until ``n`` lines satisfy ``predicate`` (blocking in select)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    hits = 0
+    fd = proc.stdout.fileno()
+    buf = b""
+    while hits < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"timed out waiting for output; got {seen!r}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError(f"launcher closed stdout early; got {seen!r}")
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            text = line.decode()
+            seen.append(text)
+            if predicate(text):  # type: ignore[operator]
+                hits += 1
+    return seen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_dead(pid: int, timeout: float) -> bool:
+    """Block (pidfd + select, no polling) until ``pid`` exits; False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    return not alive(pid)
+
+
+def job_pids(out: Path) -> list[int]:
+    return [int(p.read_text()) for p in out.glob("pid_*")]
+
+
+def assert_no_leftovers(out: Path) -> None:
+    pids = job_pids(out)
+    assert pids, "the job recorded no pids"
+    left = [p for p in pids if not wait_dead(p, 5.0)]
+    assert not left, f"processes of the job still alive: {left}"
