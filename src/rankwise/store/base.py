@@ -38,7 +38,9 @@ def to_seconds(timeout: timedelta | float, what: str = "timeout") -> float:
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         seconds = float(timeout)
     else:
-        raise InvalidArgument(f"{what} must be a timedelta or seconds, got {type(timeout).__name__}")
+        raise InvalidArgument(
+            f"{what} must be a timedelta or seconds, got {type(timeout).__name__}"
+        )
     if not seconds >= 0.0:  # also rejects NaN
         raise InvalidArgument(f"{what} must be >= 0 seconds, got {seconds}")
     return seconds
@@ -55,7 +57,9 @@ class Store(abc.ABC):
     as UTF-8). ``get`` and ``wait`` block until the keys exist, bounded by ``timeout``.
     """
 
-    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT, limits: Limits = DEFAULT_LIMITS):
+    def __init__(
+        self, timeout: timedelta | float = DEFAULT_TIMEOUT, limits: Limits = DEFAULT_LIMITS
+    ):
         if not isinstance(limits, Limits):
             raise InvalidArgument(f"limits must be a Limits, got {type(limits).__name__}")
         self._timeout_s = to_seconds(timeout)

@@ -112,8 +112,10 @@ class FileStore(Store):
         pos = 0
         while len(blob) - pos >= _RECORD.size:
             op, klen, vlen = _RECORD.unpack_from(blob, pos)
-            if op not in (_SET, _DELETE) or klen > self._limits.max_key_bytes or (
-                vlen > self._limits.max_value_bytes
+            if (
+                op not in (_SET, _DELETE)
+                or klen > self._limits.max_key_bytes
+                or (vlen > self._limits.max_value_bytes)
             ):
                 raise StoreError(
                     f"{self._describe()}: corrupt record at byte {self._offset + pos}; is the "

@@ -18,7 +18,9 @@ class HashStore(Store):
     so code tested against it behaves the same over the network.
     """
 
-    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT, limits: Limits = DEFAULT_LIMITS):
+    def __init__(
+        self, timeout: timedelta | float = DEFAULT_TIMEOUT, limits: Limits = DEFAULT_LIMITS
+    ):
         super().__init__(timeout, limits)
         self._table = KVTable()
 
