@@ -1,0 +1,202 @@
+"""``DistributedDataParallel``: one model replica per process, gradients averaged in backward.
+
+Each rank runs forward and backward on its own shard of the batch. During backward the
+:class:`~rankwise.nn._reducer.Reducer` all-reduces gradient buckets while later layers
+are still being differentiated, so after ``loss.backward()`` every rank holds the same
+averaged gradients and any torch optimizer applies the same update everywhere. The
+replicas therefore stay identical without ever sending parameters, except once at
+construction (rank 0's values) and buffers before each forward.
+
+Differences from torch's DDP, on purpose or not yet done: CPU tensors only; buckets
+keep reverse registration order (torch re-orders them once after the first iteration
+from the observed gradient order); ``static_graph=True`` means "the set of unused
+parameters never changes" and is computed once; no communication hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from rankwise.errors import InvalidArgument
+from rankwise.nn._join import JoinState
+from rankwise.nn._reducer import Reducer, ReducerStatistics
+from rankwise.nn._sync import agree_on_parameters, broadcast_tensors, signature_of
+
+__all__ = ["DistributedDataParallel"]
+
+_MIB = 1024 * 1024
+
+
+class DistributedDataParallel(nn.Module):
+    """Data-parallel wrapper with ``torch.nn.parallel.DistributedDataParallel``'s interface.
+
+    Construction is collective: every rank of ``process_group`` must construct it, with
+    the same model. ``forward`` is collective too when ``broadcast_buffers`` is set and
+    the module has buffers, so evaluate on one rank through ``ddp.module``, not ``ddp``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Sequence[int | str | torch.device] | None = None,
+        output_device: int | str | torch.device | None = None,
+        dim: int = 0,
+        broadcast_buffers: bool = True,
+        process_group: Any = None,
+        bucket_cap_mb: float | None = 25,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_cpu_only(module, device_ids, output_device)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise InvalidArgument(
+                "DistributedDataParallel is not needed when a module doesn't have any "
+                "parameter that requires a gradient."
+            )
+        cap_mb = 25.0 if bucket_cap_mb is None else float(bucket_cap_mb)
+        if cap_mb <= 0:
+            raise InvalidArgument(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        self.module = module
+        self.process_group = process_group
+        self.device_ids = None
+        self.output_device = None
+        self.dim = dim
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.bucket_bytes_cap = int(cap_mb * _MIB)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._join: JoinState | None = None
+
+        everything = list(module.named_parameters()) + [
+            (f"buffer:{n}", b) for n, b in module.named_buffers()
+        ]
+        self.group_ranks: list[int] = agree_on_parameters(
+            signature_of(everything), process_group
+        )
+        self._world = len(self.group_ranks)
+        if self._world > 1:
+            broadcast_tensors(self.module_states(), self.group_ranks[0], process_group)
+        self.reducer = Reducer(
+            [p for _, p in named],
+            [n for n, _ in named],
+            process_group,
+            self.bucket_bytes_cap,
+            find_unused=find_unused_parameters,
+            static_graph=static_graph,
+            grad_as_view=gradient_as_bucket_view,
+        )
+
+    # -- what gets synchronised ----------------------------------------------------------
+
+    def module_buffers(self) -> list[torch.Tensor]:
+        """The wrapped module's buffers, in registration order."""
+        return [b.detach() for b in self.module.buffers()]
+
+    def module_states(self) -> list[torch.Tensor]:
+        """Parameters then buffers: what must be equal on every rank."""
+        return [p.detach() for p in self.module.parameters()] + self.module_buffers()
+
+    def syncs_buffers(self) -> bool:
+        """Whether each forward broadcasts the buffers from the first training rank."""
+        return (
+            self.broadcast_buffers
+            and self.require_forward_param_sync
+            and self._world > 1
+            and any(True for _ in self.module.buffers())
+        )
+
+    # -- training --------------------------------------------------------------------------
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        source = self.group_ranks[0]
+        if self._join is not None:
+            source = self._join.before_forward(will_sync)
+        if will_sync:
+            self.reducer.prepare_for_backward()
+        else:
+            self.reducer.disarm()
+        if self.syncs_buffers():
+            broadcast_tensors(self.module_buffers(), source, self.process_group)
+        outputs = self.module(*inputs, **kwargs)
+        if will_sync:
+            self.reducer.find_unused(outputs)
+        return outputs
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the first backward after the block syncs them all.
+
+        Forward *and* backward of the accumulation steps must run inside the block.
+        """
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    @contextmanager
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ) -> Iterator[None]:
+        """Train on uneven inputs across ranks (see :mod:`rankwise.nn._join`).
+
+        ``with ddp.join(): for batch in loader: ...`` — ranks whose loader ends early
+        take part in the others' remaining collectives with zero gradients; everybody
+        leaves the block with the same parameters.
+        """
+        if not enable:
+            yield
+            return
+        if self._join is not None:
+            raise InvalidArgument("ddp.join() contexts cannot be nested")
+        state = JoinState(
+            self,
+            divide_by_initial_world_size=divide_by_initial_world_size,
+            throw_on_early_termination=throw_on_early_termination,
+        )
+        self._join = state
+        try:
+            yield
+            self._join = None
+            state.shadow_until_all_joined()
+        finally:
+            self._join = None
+
+    def statistics(self) -> ReducerStatistics:
+        """Bucket layout and how long backward waited for communication."""
+        return self.reducer.statistics()
+
+
+def _check_cpu_only(
+    module: nn.Module,
+    device_ids: Sequence[int | str | torch.device] | None,
+    output_device: int | str | torch.device | None,
+) -> None:
+    """rankwise moves CPU tensors only; say so before any collective starts."""
+    devices = {torch.device(d).type for d in (device_ids or [])}
+    if output_device is not None:
+        devices.add(torch.device(output_device).type)
+    devices |= {t.device.type for t in module.parameters()}
+    devices |= {t.device.type for t in module.buffers()}
+    if devices - {"cpu"}:
+        raise InvalidArgument(
+            f"rankwise DistributedDataParallel works on CPU tensors only, got devices "
+            f"{sorted(devices)}; keep the module on the CPU and pass device_ids=None."
+        )

@@ -1,0 +1,1 @@
+"""Utilities; ``rankwise.utils.data`` (needs torch) is imported explicitly, never from here."""
