@@ -124,8 +124,13 @@ class ProcessContext:
         proc = self.processes[i]
         pid = proc.pid or 0
         conn = self.error_conns[i]
+        tb = ""
         if conn.poll():
-            tb = conn.recv()
+            try:
+                tb = conn.recv()
+            except EOFError:  # the child closed its end without sending: it did not raise
+                tb = ""
+        if tb:
             return ProcessRaisedException(
                 f"\n\n-- Process {i} terminated with the following error:\n{tb}", i, pid, tb)
         code = proc.exitcode or 0
