@@ -170,6 +170,7 @@ def test_bad_arguments_raise_invalid_argument(pair: Pair) -> None:
         lambda: a.add("k", 2**63),
         lambda: a.wait("single-string"),  # type: ignore[arg-type]
         lambda: a.wait(["k"], timeout=-1),
+        lambda: a.wait(["k"], timeout=float("inf")),
         lambda: a.set("\x00reserved", "v"),
         lambda: a.set("k" * 5000, "v"),
         lambda: a.set_timeout("soon"),  # type: ignore[arg-type]

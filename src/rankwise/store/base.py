@@ -14,6 +14,7 @@ by ``num_keys``.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -41,8 +42,11 @@ def to_seconds(timeout: timedelta | float, what: str = "timeout") -> float:
         raise InvalidArgument(
             f"{what} must be a timedelta or seconds, got {type(timeout).__name__}"
         )
-    if not seconds >= 0.0:  # also rejects NaN
-        raise InvalidArgument(f"{what} must be >= 0 seconds, got {seconds}")
+    if not (seconds >= 0.0 and math.isfinite(seconds)):  # also rejects NaN
+        raise InvalidArgument(
+            f"{what} must be a finite number of seconds >= 0 (timedelta.max for 'very long'), "
+            f"got {seconds}"
+        )
     return seconds
 
 

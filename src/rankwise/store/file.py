@@ -29,6 +29,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -74,6 +75,8 @@ class FileStore(Store):
             )
         except OSError as exc:
             raise StoreError(f"cannot open the FileStore file {self._path!r}: {exc}") from exc
+        # Closes the descriptor if the store is garbage-collected without close().
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
         self._lock = threading.Lock()
         self._data: dict[bytes, bytes] = {}
         self._offset = 0
@@ -218,5 +221,5 @@ class FileStore(Store):
                         pass
         with self._lock:
             if self._fd is not None:
-                os.close(self._fd)
+                self._finalizer()
                 self._fd = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 from .._auth import client_handshake, resolve_token
@@ -140,6 +141,8 @@ class TCPStore(Store):
         self._server: TCPStoreServer | None = None
         if is_master:
             self._server = TCPStoreServer(host_name, port, token, limits=limits).start()
+            # A master dropped without close() must not keep the port served forever.
+            weakref.finalize(self, self._server.close)
             port = self._server.port
         self._port = port
         self._connect_host = _LOCAL_FOR_WILDCARD.get(host_name, host_name)
