@@ -28,7 +28,7 @@ def launcher_cmd(*args: str) -> list[str]:
 
 def run_launcher(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run the launcher to completion; a hard timeout kills it (and fails the test)."""
-    return subprocess.run(launcher_cmd(*args), env=env(), capture_output=True, text=True,
+    return subprocess.run(launcher_cmd(*args), check=False, env=env(), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
