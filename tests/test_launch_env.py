@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from launch_scripts.helpers import JOB, run_launcher
+
 from rankwise.errors import RendezvousError
 from rankwise.launch.env import ClusterEnv, detect_env, first_slurm_host, require_env
 

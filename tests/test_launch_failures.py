@@ -11,7 +11,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from launch_scripts.helpers import (
     JOB,
     assert_no_leftovers,

@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-
 from launch_scripts.helpers import JOB, free_port, read_lines_until, run_launcher, start_launcher
+
 from rankwise.errors import RendezvousError
 from rankwise.launch.rendezvous import NodeInfo, assign_ranks, rendezvous
 from rankwise.store import HashStore, TCPStore

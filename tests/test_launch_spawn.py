@@ -9,10 +9,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "launch_scripts"))
 
-import spawn_fns  # noqa: E402
-from launch_scripts.helpers import assert_no_leftovers  # noqa: E402
-from rankwise.errors import DistTimeout, PeerFailure  # noqa: E402
-from rankwise.launch.spawn import (  # noqa: E402
+import spawn_fns
+from launch_scripts.helpers import assert_no_leftovers
+
+from rankwise.errors import DistTimeout, PeerFailure
+from rankwise.launch.spawn import (
     ProcessContext,
     ProcessExitedException,
     ProcessRaisedException,
