@@ -1,0 +1,131 @@
+"""rankwise: torch.distributed's API, built so that no failure is ever a silent hang.
+
+``import rankwise as dist`` and a torch.distributed script runs unchanged (backend
+"gloo" is an alias of rankwise's own CPU engine, "tcp"). Every message carries the
+fingerprint of the call that sent it, every wait is bounded, and every failure reaches
+every rank as an exception naming the rank, the operation and the user's file:line.
+"""
+
+from __future__ import annotations
+
+import os as _os
+from typing import Any as _Any
+
+from ._buffers import ReduceOp
+from ._collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from ._group import ProcessGroup
+from ._init import (
+    destroy_process_group,
+    get_backend,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_available,
+    is_initialized,
+    new_group,
+)
+from ._objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from ._work import Work
+from ._world import GroupMember
+from .errors import (
+    AuthError,
+    CollectiveMismatch,
+    DistError,
+    DistNetworkError,
+    DistTimeout,
+    InvalidArgument,
+    PeerFailure,
+    RendezvousError,
+    StoreError,
+)
+
+__version__ = "0.1.0"
+
+group = GroupMember  # torch spells the default-group handle dist.group.WORLD
+
+
+class Backend:
+    """Backend names, as ``torch.distributed.Backend``."""
+
+    TCP = "tcp"
+    GLOO = "gloo"
+
+
+def get_process_group_ranks(group: _Any) -> list[int]:
+    from ._world import resolve_group
+
+    g = resolve_group(group)
+    if g is None:
+        raise InvalidArgument("this rank is not a member of that group")
+    return list(g.ranks)
+
+
+def get_global_rank(group: _Any, group_rank: int) -> int:
+    ranks = get_process_group_ranks(group)
+    if not 0 <= group_rank < len(ranks):
+        raise InvalidArgument(f"group_rank {group_rank} is not in 0..{len(ranks) - 1}")
+    return ranks[group_rank]
+
+
+def get_group_rank(group: _Any, global_rank: int) -> int:
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise InvalidArgument(f"global rank {global_rank} is not in the group {ranks}")
+    return ranks.index(global_rank)
+
+
+def __getattr__(name: str) -> _Any:
+    # heavier or optional pieces load on first use, so `import rankwise` stays light
+    if name == "spawn":
+        from .launch.spawn import spawn
+
+        return spawn
+    if name in ("TCPStore", "FileStore", "PrefixStore", "HashStore", "Store"):
+        from . import store
+
+        return getattr(store, name)
+    raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
+
+
+if _os.environ.get("RANKWISE_LAUNCHED") == "1":
+    try:
+        from .launch.worker import install_worker_hooks as _install_worker_hooks
+
+        _install_worker_hooks()
+    except ImportError:  # pragma: no cover - launcher package absent
+        pass
+
+__all__ = [
+    "AuthError", "Backend", "CollectiveMismatch", "DistError", "DistNetworkError",
+    "DistTimeout", "FileStore", "GroupMember", "HashStore", "InvalidArgument", "P2POp",
+    "PeerFailure", "PrefixStore", "ProcessGroup", "ReduceOp", "RendezvousError", "Store",
+    "StoreError", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
+    "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group",
+    "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
+    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
+    "irecv", "is_available", "is_initialized", "isend", "new_group", "recv",
+    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send", "send_object_list", "spawn",
+]

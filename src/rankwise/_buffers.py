@@ -1,0 +1,270 @@
+"""Turning user tensors (numpy arrays, torch CPU tensors) into flat byte-exact views.
+
+Why: every algorithm works on one contiguous 1-D numpy view that shares memory with the
+user's tensor, so results land in place with no copies, and torch stays optional (it is
+imported only when a torch tensor is actually passed). dtypes numpy lacks (bfloat16,
+float8, complex32) travel as same-width unsigned integers; reductions on bfloat16 go
+through float32 with round-to-nearest-even, as torch's CPU kernels do per element.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidArgument
+
+__all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "dtype_by_code", "reduce_into"]
+
+
+class ReduceOp:
+    """Reduction operators, with torch.distributed's names (``ReduceOp.SUM`` ...)."""
+
+    SUM: "ReduceOp"
+    AVG: "ReduceOp"
+    PRODUCT: "ReduceOp"
+    MIN: "ReduceOp"
+    MAX: "ReduceOp"
+    BAND: "ReduceOp"
+    BOR: "ReduceOp"
+    BXOR: "ReduceOp"
+
+    __slots__ = ("code", "name")
+
+    def __init__(self, code: int, name: str) -> None:
+        self.code = code
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReduceOp) and other.code == self.code
+
+    def __hash__(self) -> int:
+        return self.code
+
+
+for _code, _name in enumerate(("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"), 1):
+    setattr(ReduceOp, _name, ReduceOp(_code, _name))
+_OPS_BY_CODE: dict[int, ReduceOp] = {
+    op.code: op for op in (getattr(ReduceOp, n) for n in
+                           ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"))
+}
+
+
+def reduce_op_by_code(code: int) -> ReduceOp | None:
+    return _OPS_BY_CODE.get(code)
+
+
+def coerce_reduce_op(op: Any) -> ReduceOp:
+    """Accept our ReduceOp, torch's ``ReduceOp.X`` / ``RedOpType.X``, or a name string."""
+    if isinstance(op, ReduceOp):
+        return op
+    name = getattr(op, "name", None) or (op if isinstance(op, str) else None)
+    if name is None:
+        text = str(op)  # torch: "RedOpType.SUM" or "ReduceOp.SUM"
+        name = text.rsplit(".", 1)[-1]
+    found = getattr(ReduceOp, str(name).upper(), None)
+    if not isinstance(found, ReduceOp):
+        raise InvalidArgument(f"unsupported reduce op {op!r}; use rankwise.ReduceOp.SUM/AVG/"
+                              "PRODUCT/MIN/MAX/BAND/BOR/BXOR")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    """One element type as it travels: wire code, display name, numpy storage dtype."""
+
+    code: int
+    name: str
+    storage: np.dtype[Any]
+    kind: str  #: "float", "int", "uint", "bool", "complex", "bfloat16", "opaque"
+
+
+def _d(code: int, name: str, storage: str, kind: str) -> DType:
+    return DType(code, name, np.dtype(storage), kind)
+
+
+_DTYPES = [
+    _d(1, "float32", "float32", "float"),
+    _d(2, "float64", "float64", "float"),
+    _d(3, "float16", "float16", "float"),
+    _d(4, "bfloat16", "uint16", "bfloat16"),
+    _d(5, "int8", "int8", "int"),
+    _d(6, "int16", "int16", "int"),
+    _d(7, "int32", "int32", "int"),
+    _d(8, "int64", "int64", "int"),
+    _d(9, "uint8", "uint8", "uint"),
+    _d(10, "uint16", "uint16", "uint"),
+    _d(11, "uint32", "uint32", "uint"),
+    _d(12, "uint64", "uint64", "uint"),
+    _d(13, "bool", "bool", "bool"),
+    _d(14, "complex64", "complex64", "complex"),
+    _d(15, "complex128", "complex128", "complex"),
+    _d(16, "complex32", "uint32", "opaque"),
+    _d(17, "float8_e4m3fn", "uint8", "opaque"),
+    _d(18, "float8_e5m2", "uint8", "opaque"),
+    _d(19, "float8_e4m3fnuz", "uint8", "opaque"),
+    _d(20, "float8_e5m2fnuz", "uint8", "opaque"),
+    _d(21, "float8_e8m0fnu", "uint8", "opaque"),
+]
+_BY_CODE = {d.code: d for d in _DTYPES}
+_BY_NAME = {d.name: d for d in _DTYPES}
+_NUMPY_NATIVE = {d.storage: d for d in _DTYPES if d.kind not in ("bfloat16", "opaque")}
+
+
+def dtype_by_code(code: int) -> DType | None:
+    return _BY_CODE.get(code)
+
+
+def dtype_name(code: int) -> str:
+    d = _BY_CODE.get(code)
+    return d.name if d else f"dtype#{code}"
+
+
+@dataclass(slots=True)
+class Buffer:
+    """A user tensor seen as a flat, contiguous numpy array sharing its memory."""
+
+    array: npt.NDArray[Any]  #: 1-D view in the storage dtype
+    dtype: DType
+    shape: tuple[int, ...]
+    original: Any  #: the user's object, returned by object collectives
+
+    @property
+    def numel(self) -> int:
+        return int(self.array.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+
+def _torch_module() -> Any:
+    return sys.modules.get("torch")
+
+
+def as_buffer(x: Any, what: str, writable: bool = False) -> Buffer:
+    """View ``x`` (numpy array or torch CPU tensor) as a ``Buffer``; raise on misuse.
+
+    ``what`` names the argument in error messages ("tensor", "output_tensor_list[2]").
+    """
+    if isinstance(x, np.ndarray):
+        return _from_numpy(x, what, writable)
+    torch = _torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _from_torch(torch, x, what, writable)
+    raise InvalidArgument(
+        f"{what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+    )
+
+
+def _from_numpy(a: npt.NDArray[Any], what: str, writable: bool) -> Buffer:
+    d = _NUMPY_NATIVE.get(a.dtype)
+    if d is None:
+        raise InvalidArgument(f"{what} has dtype {a.dtype}, which rankwise does not send; "
+                              f"supported: {', '.join(sorted(_BY_NAME))}")
+    if not a.flags.c_contiguous:
+        raise InvalidArgument(f"{what} is not contiguous (strides {a.strides}); pass "
+                              f"np.ascontiguousarray(x) and copy the result back")
+    if writable and not a.flags.writeable:
+        raise InvalidArgument(f"{what} is read-only but this call writes its result into it")
+    return Buffer(a.reshape(-1), d, tuple(a.shape), a)
+
+
+def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"{what} is on {t.device}; the rankwise tcp backend moves CPU "
+                              "tensors only (GPU support is not built yet): call .cpu() first")
+    if t.is_sparse or t.layout != torch.strided:
+        raise InvalidArgument(f"{what} has layout {t.layout}; only dense (strided) tensors")
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{what} is not contiguous (shape {tuple(t.shape)}, strides "
+                              f"{t.stride()}); pass tensor.contiguous() and copy the result back")
+    name = str(t.dtype).removeprefix("torch.")
+    d = _BY_NAME.get(name)
+    if d is None:
+        raise InvalidArgument(f"{what} has dtype {t.dtype}, which rankwise does not send")
+    if writable and t.requires_grad and t.is_leaf:
+        raise InvalidArgument(f"{what} is a leaf tensor that requires grad; in-place "
+                              "communication would break autograd: use tensor.detach() or "
+                              "run under torch.no_grad()")
+    flat = t.detach().reshape(-1)
+    if d.kind in ("bfloat16", "opaque"):
+        view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[d.storage.itemsize]
+        arr = flat.view(view_as).numpy().view(d.storage)
+    else:
+        arr = flat.numpy()
+    return Buffer(arr, d, tuple(t.shape), t)
+
+
+# --- reductions -----------------------------------------------------------------------
+
+_UFUNCS: dict[str, dict[str, Callable[..., Any]]] = {
+    "SUM": {"num": np.add, "bool": np.logical_or},
+    "AVG": {"num": np.add},
+    "PRODUCT": {"num": np.multiply, "bool": np.logical_and},
+    "MIN": {"num": np.minimum, "bool": np.logical_and},
+    "MAX": {"num": np.maximum, "bool": np.logical_or},
+    "BAND": {"int": np.bitwise_and, "bool": np.logical_and},
+    "BOR": {"int": np.bitwise_or, "bool": np.logical_or},
+    "BXOR": {"int": np.bitwise_xor, "bool": np.logical_xor},
+}
+
+
+def check_reducible(d: DType, op: ReduceOp, what: str) -> None:
+    """Raise ``InvalidArgument`` for dtype/op pairs no rank could reduce."""
+    if d.kind == "opaque":
+        raise InvalidArgument(f"{what}: reductions on {d.name} are not supported; cast to "
+                              "float32 (or float16/bfloat16) before reducing")
+    if op.name in ("BAND", "BOR", "BXOR") and d.kind not in ("int", "uint", "bool"):
+        raise InvalidArgument(f"{what}: ReduceOp.{op.name} needs an integer or bool tensor, "
+                              f"got {d.name}")
+    if op.name == "AVG" and d.kind not in ("float", "bfloat16", "complex"):
+        raise InvalidArgument(f"{what}: ReduceOp.AVG needs a floating-point tensor, got "
+                              f"{d.name}; use SUM and divide yourself")
+    if op.name in ("MIN", "MAX") and d.kind == "complex":
+        raise InvalidArgument(f"{what}: ReduceOp.{op.name} is undefined for complex tensors")
+
+
+def _bf16_to_f32(a: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(f: npt.NDArray[np.float32], out: npt.NDArray[np.uint16]) -> None:
+    u = f.view(np.uint32)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
+    nan = np.isnan(f)
+    rounded[nan] = (u[nan] >> 16) | np.uint32(0x0040)  # keep NaN a (quiet) NaN
+    np.copyto(out, rounded.astype(np.uint16))
+
+
+def reduce_into(dst: npt.NDArray[Any], src: npt.NDArray[Any], d: DType, op: ReduceOp) -> None:
+    """``dst = op(dst, src)`` elementwise, in place (AVG accumulates a SUM here)."""
+    table = _UFUNCS[op.name]
+    if d.kind == "bool":
+        table["bool"](dst, src, out=dst)
+        return
+    if d.kind == "bfloat16":
+        acc = _bf16_to_f32(dst)
+        table["num"](acc, _bf16_to_f32(src), out=acc)
+        _f32_to_bf16(acc, dst)
+        return
+    fn = table.get("int") if op.name in ("BAND", "BOR", "BXOR") else table["num"]
+    assert fn is not None
+    fn(dst, src, out=dst)
+
+
+def divide_in_place(arr: npt.NDArray[Any], d: DType, n: int) -> None:
+    """Finish an AVG: divide the accumulated sum by the number of ranks."""
+    if d.kind == "bfloat16":
+        f = _bf16_to_f32(arr)
+        f /= np.float32(n)
+        _f32_to_bf16(f, arr)
+    else:
+        np.divide(arr, n, out=arr, casting="unsafe")

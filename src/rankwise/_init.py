@@ -1,0 +1,380 @@
+"""``init_process_group`` and friends: from environment to a connected, checked job.
+
+Order of work, and why:
+1. Validate every argument locally (before any I/O): backend, rank, world size, init
+   method, timeout.
+2. Reach the rendezvous store (rank 0 hosts it unless a launcher already does).
+3. Agree on the world size and on who is who in the store: a second claim on a rank or
+   a disagreeing world size is published under an ``error`` key so that *every* waiting
+   rank fails at once with the same explanation, instead of timing out.
+4. Wait (bounded) for all ranks; on timeout name the missing ones.
+5. Open the authenticated mesh of data connections, start the I/O thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from ._auth import resolve_token
+from ._callsite import capture
+from ._comm import Communicator
+from ._group import ProcessGroup, seconds
+from ._world import GroupMember, World, current, maybe_current, set_world
+from .errors import DistTimeout, InvalidArgument, RendezvousError
+from .transport.mesh import Mesh, local_address_for
+from .transport.tcp import TcpTransport
+
+__all__ = [
+    "destroy_process_group",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_initialized",
+    "new_group",
+]
+
+DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
+_BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
+_TRUE = ("1", "true", "True", "yes")
+
+
+def _check_backend(backend: str | None) -> str:
+    if backend is None:
+        return "tcp"
+    if not isinstance(backend, str):
+        raise InvalidArgument(f"backend must be a string, got {backend!r}")
+    name = backend.lower()
+    if name in _BACKENDS:
+        return name if name in ("tcp", "gloo") else "tcp"
+    if "nccl" in name or "cuda" in name:
+        raise InvalidArgument(
+            f"backend {backend!r} needs GPU support, which rankwise has not built yet; use "
+            "backend='tcp' (or 'gloo', its alias) with CPU tensors"
+        )
+    raise InvalidArgument(f"unknown backend {backend!r}; rankwise offers 'tcp' (alias 'gloo')")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _resolve_rank_world(rank: int, world_size: int, master: tuple[str | None, int | None]
+                        ) -> tuple[int, int, str | None, int | None]:
+    """Fill rank/world size/master from the environment where the caller did not."""
+    addr, port = master
+    if rank == -1 or world_size == -1 or addr is None or port is None:
+        env = None
+        try:
+            from .launch.env import detect_env
+
+            env = detect_env(os.environ)
+        except ImportError:  # pragma: no cover - launcher package absent
+            env = None
+        if env is not None:
+            rank = env.rank if rank == -1 else rank
+            world_size = env.world_size if world_size == -1 else world_size
+            addr = addr or env.master_addr
+            port = port if port is not None else env.master_port
+    return rank, world_size, addr, port
+
+
+def _validate_rank_world(rank: int, world_size: int) -> None:
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be an int, got {value!r}")
+    if world_size == -1:
+        raise InvalidArgument("world_size is unknown: pass world_size= or set WORLD_SIZE")
+    if rank == -1:
+        raise InvalidArgument("rank is unknown: pass rank= or set RANK")
+    if world_size < 1:
+        raise InvalidArgument(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise InvalidArgument(f"rank {rank} is out of range for world_size {world_size} "
+                              f"(valid ranks: 0..{world_size - 1})")
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | float | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+    token: str | bytes | None = None,
+) -> None:
+    """Join the job: same signature and meaning as ``torch.distributed``'s.
+
+    ``backend``: ``"tcp"`` (``"gloo"`` is an alias so torch scripts only change their
+    import). ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
+    ``"file:///path"``. ``token`` (or ``RANKWISE_TOKEN``): shared secret every
+    connection must prove.
+    """
+    if maybe_current() is not None:
+        raise InvalidArgument("init_process_group was already called in this process; call "
+                              "destroy_process_group() first to re-initialize")
+    backend_name = _check_backend(backend)
+    timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
+    if timeout_s <= 0:
+        raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
+    if store is not None and init_method is not None:
+        raise InvalidArgument("pass either store= or init_method=, not both")
+    secret = resolve_token(token)
+    restart = os.environ.get("RANKWISE_RESTART_COUNT") or \
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+
+    if store is None:
+        store, rank, world_size, master_addr = _make_store(
+            init_method or "env://", rank, world_size, timeout_s, secret)
+    else:
+        _validate_rank_world(rank, world_size)
+        master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    from .store import PrefixStore
+
+    scoped = PrefixStore(f"rankwise/{restart}", store)
+    job = _rendezvous(scoped, rank, world_size, timeout_s)
+    bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
+    socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
+    comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
+    default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
+                           group_name or "the default group (WORLD)")
+    world = World(comm, default, store, backend_name, timeout_s)
+    world.register(default)
+    comm.site_lookup = world.site_lookup
+    set_world(world)
+    _install_hooks()
+
+
+def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
+                secret: bytes | None) -> tuple[Any, int, int, str]:
+    from .store import FileStore, TCPStore
+
+    url = urlparse(init_method)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if "rank" in query and rank == -1:
+        rank = int(query["rank"])
+    if "world_size" in query and world_size == -1:
+        world_size = int(query["world_size"])
+    if url.scheme == "env":
+        addr = os.environ.get("MASTER_ADDR")
+        port = _env_int("MASTER_PORT")
+        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if rank == -1 and env_rank is not None:
+            rank = env_rank
+        if world_size == -1 and env_world is not None:
+            world_size = env_world
+        rank, world_size, addr, port = _resolve_rank_world(rank, world_size, (addr, port))
+        _validate_rank_world(rank, world_size)
+        if not addr:
+            raise InvalidArgument("init_method='env://' needs MASTER_ADDR (the host of rank 0 "
+                                  "or of the launcher's store), e.g. MASTER_ADDR=127.0.0.1")
+        if port is None:
+            raise InvalidArgument("init_method='env://' needs MASTER_PORT, e.g. MASTER_PORT=29500")
+        return _tcp_store(TCPStore, addr, port, rank, world_size, timeout_s, secret), rank, \
+            world_size, addr
+    if url.scheme == "tcp":
+        if not url.hostname or url.port is None:
+            raise InvalidArgument(f"init_method {init_method!r} must look like tcp://host:port")
+        _validate_rank_world(rank, world_size)
+        return _tcp_store(TCPStore, url.hostname, url.port, rank, world_size, timeout_s,
+                          secret), rank, world_size, url.hostname
+    if url.scheme == "file":
+        _validate_rank_world(rank, world_size)
+        path = url.path
+        if not path:
+            raise InvalidArgument(f"init_method {init_method!r} must look like file:///path")
+        return FileStore(path, world_size), rank, world_size, "127.0.0.1"
+    raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
+                          "tcp://host:port or file:///path")
+
+
+def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+               secret: bytes | None) -> Any:
+    agent = (os.environ.get("RANKWISE_AGENT_STORE") in _TRUE
+             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
+    return cls(host, port, world_size=None, is_master=(rank == 0 and not agent),
+               timeout=timedelta(seconds=timeout_s), token=secret)
+
+
+def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float) -> bytes:
+    """Agree on world size and identities; return the job's id (shared by all ranks)."""
+    def fail(message: str) -> RendezvousError:
+        store.set("error", message)
+        return RendezvousError(message)
+
+    agreed = store.compare_set("world_size", "", str(world_size)).decode()
+    if agreed != str(world_size):
+        raise fail(f"world sizes disagree: rank {rank} was started with world_size="
+                   f"{world_size} but a rank that joined earlier said {agreed}. Start every "
+                   "process with the same WORLD_SIZE")
+    me = f"{socket.gethostname()} pid {os.getpid()}"
+    if int(store.add(f"claim/{rank}", 1)) > 1:
+        other = store.get(f"joined/{rank}").decode() if store.check([f"joined/{rank}"]) else "?"
+        raise fail(f"two processes claim rank {rank}: {other} and {me}. Give every process "
+                   "its own RANK (0..world_size-1)")
+    store.set(f"joined/{rank}", me)
+    job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
+    keys = [f"joined/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.check(["error"]):
+            raise RendezvousError(store.get("error").decode())
+        remaining = deadline - time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
+            break
+        except DistTimeout:
+            if remaining <= 0:
+                missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
+                joined = world_size - len(missing)
+                raise RendezvousError(
+                    f"rank {rank}: only {joined} of {world_size} ranks joined within "
+                    f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
+                    f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
+                    "reaches MASTER_ADDR:MASTER_PORT") from None
+    if store.check(["error"]):
+        raise RendezvousError(store.get("error").decode())
+    return bytes.fromhex(job_hex)
+
+
+# --- leaving ------------------------------------------------------------------------------
+
+def destroy_process_group(group: Any = None) -> None:
+    """Leave the job (no group) or forget one group. Peers still waiting on this rank
+    are told where it left, instead of waiting for a timeout."""
+    world = current()
+    if group is not None and group is not GroupMember.WORLD and group is not world.default_group:
+        if group is GroupMember.NON_GROUP_MEMBER:
+            return
+        world.groups.pop(getattr(group, "id", -1), None)
+        return
+    site = capture()
+    _leave(world, f"called destroy_process_group at {site.short}")
+
+
+def _leave(world: World, where: str) -> None:
+    from ._work import stop_worker
+
+    world.comm.goodbye(where)
+    stop_worker()
+    close = getattr(world.store, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            pass
+    set_world(None)
+
+
+def is_initialized() -> bool:
+    return maybe_current() is not None
+
+
+def is_available() -> bool:
+    return True
+
+
+def get_backend(group: Any = None) -> str:
+    from ._world import resolve_group
+
+    g = resolve_group(group)
+    if g is None:
+        raise InvalidArgument("this rank is not a member of that group")
+    return g.backend
+
+
+def get_rank(group: Any = None) -> int:
+    from ._world import resolve_group
+
+    g = resolve_group(group)
+    return -1 if g is None else g.group_rank
+
+
+def get_world_size(group: Any = None) -> int:
+    from ._world import resolve_group
+
+    g = resolve_group(group)
+    return -1 if g is None else g.size()
+
+
+def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None = None,
+              backend: str | None = None, pg_options: Any = None,
+              use_local_synchronization: bool = False, group_desc: str | None = None) -> Any:
+    """Create a group; like torch, every rank of the job must call it, in the same order."""
+    world = current()
+    if backend is not None:
+        _check_backend(backend)
+    members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
+    for r in members:
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:
+            raise InvalidArgument(f"new_group: rank {r!r} is not in 0..{world.comm.world_size - 1}")
+    if len(set(members)) != len(members):
+        raise InvalidArgument(f"new_group: ranks {members} contain duplicates")
+    if not members:
+        raise InvalidArgument("new_group: ranks must not be empty")
+    members = sorted(members)
+    gid = world.next_group_id(members)
+    if world.comm.rank not in members:
+        return GroupMember.NON_GROUP_MEMBER
+    group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
+                         world.backend, group_desc or f"group {members}")
+    world.register(group)
+    return group
+
+
+# --- process hooks ----------------------------------------------------------------------
+
+_hooks_installed = False
+_previous_excepthook = sys.excepthook
+
+
+def _excepthook(exc_type: type[BaseException], exc: BaseException,
+                tb: TracebackType | None) -> None:
+    world = maybe_current()
+    if world is not None and not world.comm.closed:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        try:
+            world.comm.broadcast_abort({
+                "kind": "exception", "rank": world.comm.rank,
+                "message": f"{exc_type.__name__}: {exc}"[:4000],
+                "traceback": text[-40000:], "last": world.comm.last_call,
+            })
+        except Exception:
+            pass
+    _previous_excepthook(exc_type, exc, tb)
+
+
+def _at_exit() -> None:
+    world = maybe_current()
+    if world is not None and not world.comm.closed:
+        _leave(world, "exited without calling destroy_process_group")
+
+
+def _install_hooks() -> None:
+    global _hooks_installed, _previous_excepthook
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    atexit.register(_at_exit)

@@ -1,0 +1,193 @@
+"""User point-to-point messages: send/recv/isend/irecv/batch_isend_irecv.
+
+These travel as ``Kind.P2P`` frames, matched by (source, tag) in arrival order, in a
+namespace of their own: they can never be confused with collective traffic (matched by
+group and sequence number) or with the library's own object messages (``Kind.OBJ``).
+A send returns once the network has the data; receivers always drain their sockets,
+so a send never waits for the matching recv to be posted and cannot deadlock on it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ._buffers import Buffer, as_buffer, dtype_name
+from ._callsite import capture
+from ._group import ProcessGroup
+from ._router import Fingerprint, Pending
+from ._wire import Kind, Op
+from ._work import Work, completed_work
+from ._world import resolve_group
+from .errors import DistError, InvalidArgument
+
+__all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
+
+
+def _check_tag(tag: Any) -> int:
+    if not isinstance(tag, int) or isinstance(tag, bool) or not -(1 << 62) < tag < (1 << 62):
+        raise InvalidArgument(f"tag must be an int, got {tag!r}")
+    return tag
+
+
+def _peer(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str,
+          allow_any: bool = False) -> int:
+    """The global rank of ``peer`` (-1: any source), validated against the group."""
+    if peer is not None and group_peer is not None:
+        raise InvalidArgument(f"pass {name} or group_{name}, not both")
+    if group_peer is not None:
+        if not isinstance(group_peer, int) or not 0 <= group_peer < g.size():
+            raise InvalidArgument(f"group_{name}={group_peer!r} is not in 0..{g.size() - 1}")
+        peer = g.ranks[group_peer]
+    if peer is None:
+        if allow_any:
+            return -1
+        raise InvalidArgument(f"{name} is required")
+    g.group_rank_of(peer, name)
+    if peer == g.comm.rank:
+        raise InvalidArgument(f"rank {peer} cannot {'send to' if name == 'dst' else 'receive from'}"
+                              " itself: a blocking self-message would never complete")
+    return peer
+
+
+def _do_send(g: ProcessGroup, buf: Buffer, dst: int, tag: int) -> None:
+    fp = Fingerprint(int(Op.send), buf.dtype.code, 0, 0, buf.numel)
+    comm = g.comm
+    comm.router.check_alive([dst])
+    payload = memoryview(buf.array.view("uint8")) if buf.nbytes else None
+    comm.send(dst, Kind.P2P, payload, time.monotonic() + g.timeout, group=g.id, fp=fp,
+              site=capture(), tag=tag)
+
+
+def _post_recv(g: ProcessGroup, buf: Buffer, src: int, tag: int) -> Pending:
+    return g.comm.router.post_p2p(Kind.P2P, src, tag, memoryview(buf.array.view("uint8")))
+
+
+def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int,
+                 timeout: float | None = None) -> int:
+    who = "any rank" if src == -1 else f"rank {src}"
+    site = capture()
+    frame = g.comm.wait(
+        pending, time.monotonic() + (g.timeout if timeout is None else timeout),
+        lambda: f"rank {g.comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
+                f"(tag {tag}) at {site.short}: no matching send arrived",
+    )
+    if frame.dtype != buf.dtype.code:
+        raise DistError(f"recv at {site.short} expected {buf.dtype.name} but rank {frame.src} "
+                        f"sent {dtype_name(frame.dtype)} (tag {tag})")
+    return frame.src
+
+
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
+    g = resolve_group(group)
+    if g is None:
+        return
+    buf = as_buffer(tensor, "tensor")
+    _do_send(g, buf, _peer(g, dst, group_dst, "dst"), _check_tag(tag))
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """Receive into ``tensor``; returns the sender's global rank (any source if None)."""
+    g = resolve_group(group)
+    if g is None:
+        return -1
+    buf = as_buffer(tensor, "tensor", writable=True)
+    peer = _peer(g, src, group_src, "src", allow_any=True)
+    tag = _check_tag(tag)
+    g.comm.router.check_alive()
+    return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
+
+
+class _RecvWork(Work):
+    """An irecv: completes when the message lands; no thread involved."""
+
+    def __init__(self, g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int):
+        super().__init__(f"irecv from {'any' if src == -1 else src} tag {tag}")
+        self._g, self._pending, self._buf, self._src, self._tag = g, pending, buf, src, tag
+        self._sender = -1
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._done.is_set():
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            try:
+                self._sender = _finish_recv(self._g, self._pending, self._buf, self._src,
+                                            self._tag, seconds)
+            except BaseException as exc:
+                self._finish(exc)
+                raise
+            self._finish()
+        return super().wait()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set() or self._pending.completed
+
+    def source_rank(self) -> int:
+        self.wait()
+        return self._sender
+
+    _source_rank = source_rank
+
+
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Send; the returned Work is already complete (the data is in the network)."""
+    g = resolve_group(group)
+    if g is None:
+        return None
+    send(tensor, dst, group, tag, group_dst)
+    return completed_work(f"isend to {dst} tag {tag}")
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    g = resolve_group(group)
+    if g is None:
+        return None
+    buf = as_buffer(tensor, "tensor", writable=True)
+    peer = _peer(g, src, group_src, "src", allow_any=True)
+    tag = _check_tag(tag)
+    g.comm.router.check_alive()
+    return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
+
+
+class P2POp:
+    """One entry of ``batch_isend_irecv``: ``P2POp(rankwise.isend, tensor, peer)``."""
+
+    def __init__(self, op: Callable[..., Any], tensor: Any, peer: int | None = None,
+                 group: Any = None, tag: int = 0, group_peer: int | None = None) -> None:
+        if op not in (isend, irecv) and getattr(op, "__name__", "") not in ("isend", "irecv"):
+            raise InvalidArgument("P2POp's op must be rankwise.isend or rankwise.irecv")
+        self.op = isend if getattr(op, "__name__", "") == "isend" else irecv
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Post every receive first, then send: any order of ops across ranks completes."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(
+            isinstance(p, P2POp) for p in p2p_op_list):
+        raise InvalidArgument("batch_isend_irecv takes a list of P2POp")
+    # validate everything before any I/O
+    for p in p2p_op_list:
+        g = resolve_group(p.group)
+        if g is not None:
+            as_buffer(p.tensor, "P2POp.tensor", writable=p.op is irecv)
+            _peer(g, p.peer, p.group_peer, "src" if p.op is irecv else "dst")
+            _check_tag(p.tag)
+    works: dict[int, Work] = {}
+    for i, p in enumerate(p2p_op_list):
+        if p.op is irecv:
+            w = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+            if w is not None:
+                works[i] = w
+    for i, p in enumerate(p2p_op_list):
+        if p.op is isend:
+            w = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+            if w is not None:
+                works[i] = w
+    return [works[i] for i in sorted(works)]

@@ -1,0 +1,329 @@
+"""Matching arriving frames to the receives that ranks have posted.
+
+Why a separate piece: the transport only moves frames; deciding *where* a payload goes
+(straight into a posted user buffer, or into a parked copy until the receive is posted),
+checking each collective frame against this rank's own call before its payload is
+used, and failing every waiter at once when something goes wrong is the same logic for
+every transport (tcp, in-memory).
+
+Three namespaces never mix:
+- collectives, matched exactly by (group, seq, src, step);
+- user point-to-point, matched by (src or any, tag) in arrival order, as MPI does;
+- library-internal object messages (``Kind.OBJ``), matched like p2p but separately, so
+  that ``recv(src=None)`` can never swallow a library message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ._wire import Frame, Kind
+from .errors import DistError, DistTimeout
+
+__all__ = ["Fingerprint", "Pending", "Router"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What must agree across ranks for one collective call."""
+
+    op: int
+    dtype: int
+    reduce: int
+    root: int
+    count: int  #: -1 where counts legitimately differ between ranks
+
+    def differs(self, f: Frame) -> bool:
+        if (f.op, f.dtype, f.reduce, f.root) != (self.op, self.dtype, self.reduce, self.root):
+            return True
+        return self.count != -1 and f.count != -1 and f.count != self.count
+
+
+class Pending:
+    """A posted receive: completes when its payload has landed, or with an error.
+
+    Waiting blocks in the kernel (a lock acquire with timeout), never spins.
+    """
+
+    __slots__ = ("_done", "buffer", "error", "frame", "src", "tag", "nbytes", "completed")
+
+    def __init__(self, buffer: memoryview | None, src: int, tag: int = 0) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.buffer = buffer  #: destination; None means "allocate what arrives" (objects)
+        self.nbytes = -1 if buffer is None else buffer.nbytes
+        self.src = src  #: -1 for any source
+        self.tag = tag
+        self.error: BaseException | None = None
+        self.frame: Frame | None = None
+        self.completed = False
+
+    def finish(self, frame: Frame | None, error: BaseException | None = None) -> None:
+        if self.completed:
+            return
+        self.frame = frame
+        self.error = error
+        self.completed = True
+        self._done.release()
+
+    def wait(self, deadline: float, describe: Callable[[], str]) -> Frame:
+        """Block until done or ``deadline`` (time.monotonic); raise the error if any."""
+        if not self.completed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._done.acquire(timeout=remaining):
+                raise DistTimeout(describe())
+            self._done.release()
+        if self.error is not None:
+            raise self.error
+        assert self.frame is not None
+        return self.frame
+
+
+@dataclass(slots=True)
+class _Arrival:
+    frame: Frame
+    data: bytearray | memoryview
+    complete: bool = False
+    waiter: Pending | None = None
+
+
+@dataclass(slots=True)
+class _GroupState:
+    calls: dict[int, Fingerprint] = field(default_factory=dict)
+    early: dict[int, list[Frame]] = field(default_factory=dict)
+
+
+#: called as (frame, our fingerprint or None, extra detail) when a frame contradicts our call
+MismatchHandler = Callable[[Frame, "Fingerprint | None", str], None]
+
+
+class Router:
+    """Thread-safe mailboxes shared by the I/O thread (producer) and callers (consumers)."""
+
+    def __init__(self, on_mismatch: MismatchHandler) -> None:
+        self._lock = threading.Lock()
+        self._on_mismatch = on_mismatch
+        self._coll_posted: dict[tuple[int, int, int, int], Pending] = {}
+        self._coll_arrived: dict[tuple[int, int, int, int], _Arrival] = {}
+        self._p2p_posted: dict[int, list[Pending]] = {Kind.P2P: [], Kind.OBJ: []}
+        self._p2p_arrived: dict[int, deque[_Arrival]] = {Kind.P2P: deque(), Kind.OBJ: deque()}
+        self._groups: dict[int, _GroupState] = {}
+        self._failed: BaseException | None = None
+        self._gone: dict[int, BaseException] = {}  #: peers that left or died
+
+    # --- state shared with callers ---------------------------------------------------
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failed
+
+    def peer_gone(self, rank: int) -> BaseException | None:
+        return self._gone.get(rank)
+
+    def register_call(self, group: int, seq: int, fp: Fingerprint, keep: int = 1024) -> None:
+        """Record this rank's call #seq; check frames that arrived before it was made."""
+        with self._lock:
+            state = self._groups.setdefault(group, _GroupState())
+            state.calls[seq] = fp
+            state.calls.pop(seq - keep, None)
+            early = state.early.pop(seq, ())
+        for frame in early:
+            if fp.differs(frame):
+                self._on_mismatch(frame, fp, "")
+
+    def check_alive(self, peers: "list[int] | range | None" = None) -> None:
+        """Raise the failure that makes communication pointless, if there is one."""
+        if self._failed is not None:
+            raise self._failed
+        if peers is not None and self._gone:
+            for p in peers:
+                exc = self._gone.get(p)
+                if exc is not None:
+                    raise exc
+
+    # --- posting receives (caller threads) -------------------------------------------
+
+    def post_coll(self, key: tuple[int, int, int, int], buffer: memoryview) -> Pending:
+        pending = Pending(buffer, key[2])
+        copy_from: _Arrival | None = None
+        with self._lock:
+            if self._failed is not None:
+                pending.finish(None, self._failed)
+                return pending
+            gone = self._gone.get(key[2])
+            arrival = self._coll_arrived.pop(key, None)
+            if arrival is None:
+                if gone is not None:
+                    pending.finish(None, gone)
+                    return pending
+                self._coll_posted[key] = pending
+                return pending
+            if arrival.complete:
+                copy_from = arrival
+            else:
+                arrival.waiter = pending
+        if copy_from is not None:
+            self._deliver_copy(copy_from, pending)
+        return pending
+
+    def post_p2p(self, kind: int, src: int, tag: int, buffer: memoryview | None) -> Pending:
+        pending = Pending(buffer, src, tag)
+        with self._lock:
+            if self._failed is not None:
+                pending.finish(None, self._failed)
+                return pending
+            queue = self._p2p_arrived[kind]
+            for arrival in queue:
+                f = arrival.frame
+                if (src == -1 or f.src == src) and f.tag == tag and arrival.waiter is None:
+                    queue.remove(arrival)
+                    if not arrival.complete:
+                        arrival.waiter = pending
+                        return pending
+                    break
+            else:
+                if src != -1 and src in self._gone:
+                    pending.finish(None, self._gone[src])
+                    return pending
+                self._p2p_posted[kind].append(pending)
+                return pending
+        self._deliver_copy(arrival, pending)
+        return pending
+
+    def cancel(self, pending: Pending) -> None:
+        """Forget a receive whose waiter gave up (timeout), so nothing lands in it later."""
+        with self._lock:
+            for k, p in list(self._coll_posted.items()):
+                if p is pending:
+                    del self._coll_posted[k]
+            for lst in self._p2p_posted.values():
+                if pending in lst:
+                    lst.remove(pending)
+
+    # --- arrivals (I/O thread) -------------------------------------------------------
+
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+        """Decide where the payload of ``frame`` goes: a writable buffer and a token
+        that the transport passes to ``on_payload`` once the buffer is filled."""
+        if frame.kind == Kind.COLL:
+            return self._coll_header(frame)
+        return self._p2p_header(frame)
+
+    def _coll_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+        key = (frame.group, frame.seq, frame.src, frame.step)
+        with self._lock:
+            state = self._groups.setdefault(frame.group, _GroupState())
+            fp = state.calls.get(frame.seq)
+            if fp is None:
+                state.early.setdefault(frame.seq, []).append(frame)
+            pending = self._coll_posted.get(key)
+            if pending is not None and (fp is None or not fp.differs(frame)):
+                if pending.nbytes == frame.payload_len:
+                    del self._coll_posted[key]
+                    assert pending.buffer is not None
+                    return pending.buffer, pending
+        if fp is not None and fp.differs(frame):
+            self._on_mismatch(frame, fp, "")
+        elif pending is not None and pending.nbytes != frame.payload_len:
+            self._on_mismatch(frame, fp, f"rank {frame.src} sent {frame.payload_len} bytes where "
+                              f"{pending.nbytes} were expected (uneven split sizes?)")
+        arrival = _Arrival(frame, bytearray(frame.payload_len))
+        with self._lock:
+            self._coll_arrived[key] = arrival
+        return arrival.data, arrival
+
+    def _p2p_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+        with self._lock:
+            posted = self._p2p_posted[frame.kind]
+            for i, pending in enumerate(posted):
+                if (pending.src == -1 or pending.src == frame.src) and pending.tag == frame.tag:
+                    if pending.nbytes == frame.payload_len:
+                        del posted[i]
+                        assert pending.buffer is not None
+                        return pending.buffer, pending
+                    if pending.buffer is None:  # "whatever arrives" (object messages)
+                        del posted[i]
+                        arrival = _Arrival(frame, bytearray(frame.payload_len), waiter=pending)
+                        self._p2p_arrived[frame.kind].append(arrival)
+                        return arrival.data, arrival
+                    size_error = DistError(
+                        f"recv from rank {frame.src} (tag {frame.tag}) expected "
+                        f"{pending.nbytes} bytes but rank {frame.src} sent {frame.payload_len}: "
+                        "the tensors passed to send and recv differ in size or dtype"
+                    )
+                    del posted[i]
+                    pending.finish(frame, size_error)
+                    break
+            arrival = _Arrival(frame, bytearray(frame.payload_len))
+            self._p2p_arrived[frame.kind].append(arrival)
+        return arrival.data, arrival
+
+    def on_payload(self, frame: Frame, token: Pending | _Arrival) -> None:
+        """The payload of ``frame`` is now entirely in the buffer ``on_header`` gave."""
+        if isinstance(token, Pending):  # it went straight into a posted buffer
+            token.finish(frame)
+            return
+        arrival = token
+        with self._lock:
+            arrival.complete = True
+            waiter = arrival.waiter
+            if waiter is not None and frame.kind == Kind.COLL:
+                self._coll_arrived.pop((frame.group, frame.seq, frame.src, frame.step), None)
+            elif waiter is not None:
+                try:
+                    self._p2p_arrived[frame.kind].remove(arrival)
+                except ValueError:
+                    pass
+        if waiter is not None:
+            self._deliver_copy(arrival, waiter)
+
+    def _deliver_copy(self, arrival: _Arrival, pending: Pending) -> None:
+        frame = arrival.frame
+        if pending.buffer is None:
+            pending.buffer = memoryview(arrival.data)
+            pending.nbytes = len(arrival.data)
+            pending.finish(frame)
+            return
+        if pending.nbytes != frame.payload_len:
+            pending.finish(frame, DistError(
+                f"message from rank {frame.src} has {frame.payload_len} bytes but the "
+                f"receiving buffer has {pending.nbytes}: sizes or dtypes differ between ranks"
+            ))
+            return
+        pending.buffer[:] = arrival.data
+        pending.finish(frame)
+
+    # --- failures --------------------------------------------------------------------
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Poison the router: every waiter and every later post raises ``exc``."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = exc
+            waiters = list(self._coll_posted.values())
+            self._coll_posted.clear()
+            for lst in self._p2p_posted.values():
+                waiters.extend(lst)
+                lst.clear()
+            for arrival in self._coll_arrived.values():
+                if arrival.waiter is not None:
+                    waiters.append(arrival.waiter)
+        for p in waiters:
+            p.finish(None, self._failed)
+
+    def fail_peer(self, rank: int, exc: BaseException) -> None:
+        """``rank`` is gone: fail the receives that can only be satisfied by it."""
+        with self._lock:
+            self._gone.setdefault(rank, exc)
+            doomed = [k for k, p in self._coll_posted.items() if k[2] == rank]
+            waiters = [self._coll_posted.pop(k) for k in doomed]
+            for lst in self._p2p_posted.values():
+                for p in [p for p in lst if p.src == rank]:
+                    lst.remove(p)
+                    waiters.append(p)
+        for p in waiters:
+            p.finish(None, exc)

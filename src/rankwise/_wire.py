@@ -1,0 +1,171 @@
+"""The frame format every rankwise message uses between ranks.
+
+A frame is a fixed 56-byte header followed by ``payload_len`` bytes. The header carries
+the fingerprint of the call that sent it (group, sequence number, op, dtype, element
+count, root, reduce op, call-site id), so the receiver can compare it with its own call
+before it touches the payload: a mismatch costs no extra round trip and is caught on
+the first frame that crosses it.
+
+The decoder treats every byte as hostile: magic and version are checked, the payload
+length is bounded, kinds and codes outside the known ranges are rejected.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "HEADER",
+    "MAX_CONTROL_PAYLOAD",
+    "MAX_PAYLOAD",
+    "Frame",
+    "Kind",
+    "Op",
+    "WireError",
+    "decode_header",
+]
+
+MAGIC = 0x5257  # "RW"
+VERSION = 1
+#: magic u16, version u8, kind u8, group u32, seq u64, op u8, dtype u8, reduce u8, flags u8,
+#: root i32, count i64, tag i64, site u32, step u32, payload_len u64
+HEADER = struct.Struct("<HBBIQBBBBiqqIIQ")
+assert HEADER.size == 56
+#: No single frame may claim more than this; larger messages are a corrupt or hostile peer.
+MAX_PAYLOAD = 1 << 40
+#: Control frames (errors, reports, call-site names) are small by construction.
+MAX_CONTROL_PAYLOAD = 16 << 20
+
+
+class WireError(ValueError):
+    """Bytes on a connection that are not a valid rankwise frame."""
+
+
+class Kind(enum.IntEnum):
+    """What a frame is for; decides which mailbox it lands in."""
+
+    COLL = 1  #: part of a collective, matched by (group, seq, src)
+    P2P = 2  #: user point-to-point, matched by (src, tag) in arrival order
+    SITE = 3  #: defines a call-site id -> "file:line in fn" text for this connection
+    ABORT = 4  #: the sender failed or found a mismatch; payload is a JSON description
+    BYE = 5  #: the sender is leaving cleanly (destroy_process_group / exit)
+    WHERE = 6  #: "where are you?" request (payload: request id)
+    HERE = 7  #: answer to WHERE (payload: JSON state report)
+    OBJ = 8  #: library-internal p2p for object send/recv, never matches user recv
+
+
+class Op(enum.IntEnum):
+    """Operation codes carried in headers; names are what error messages show."""
+
+    NONE = 0
+    broadcast = 1
+    scatter = 2
+    reduce = 3
+    all_reduce = 4
+    gather = 5
+    all_gather = 6
+    all_gather_into_tensor = 7
+    reduce_scatter = 8
+    reduce_scatter_tensor = 9
+    all_to_all = 10
+    all_to_all_single = 11
+    barrier = 12
+    send = 13
+    recv = 14
+    broadcast_object_list = 15
+    all_gather_object = 16
+    gather_object = 17
+    scatter_object_list = 18
+    monitored_barrier = 19
+    object_sizes = 20
+
+
+_KINDS = frozenset(int(k) for k in Kind)
+_OPS = frozenset(int(o) for o in Op)
+
+
+@dataclass(slots=True)
+class Frame:
+    """A decoded header (the payload is read separately, into its destination)."""
+
+    kind: int
+    group: int
+    seq: int
+    op: int
+    dtype: int
+    reduce: int
+    flags: int
+    root: int
+    count: int
+    tag: int
+    site: int
+    step: int
+    payload_len: int
+    src: int = -1  #: filled in by the receiver: the global rank of the connection
+
+    def encode(self) -> bytes:
+        return HEADER.pack(
+            MAGIC,
+            VERSION,
+            self.kind,
+            self.group,
+            self.seq,
+            self.op,
+            self.dtype,
+            self.reduce,
+            self.flags,
+            self.root,
+            self.count,
+            self.tag,
+            self.site,
+            self.step,
+            self.payload_len,
+        )
+
+
+def encode_header(
+    kind: int,
+    group: int = 0,
+    seq: int = 0,
+    op: int = 0,
+    dtype: int = 0,
+    reduce: int = 0,
+    flags: int = 0,
+    root: int = 0,
+    count: int = 0,
+    tag: int = 0,
+    site: int = 0,
+    step: int = 0,
+    payload_len: int = 0,
+) -> bytes:
+    """Pack a header without building a ``Frame`` (the hot send path)."""
+    return HEADER.pack(
+        MAGIC, VERSION, kind, group, seq, op, dtype, reduce, flags, root, count, tag, site, step,
+        payload_len,
+    )
+
+
+def decode_header(data: bytes | bytearray | memoryview) -> Frame:
+    """Decode and validate one header; raise ``WireError`` on anything unexpected."""
+    if len(data) != HEADER.size:
+        raise WireError(f"header must be {HEADER.size} bytes, got {len(data)}")
+    (magic, version, kind, group, seq, op, dtype, reduce, flags, root, count, tag, site, step,
+     payload_len) = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise WireError(f"bad magic 0x{magic:04x}: the peer is not speaking rankwise")
+    if version != VERSION:
+        raise WireError(f"wire version {version} differs from ours ({VERSION}): mixed installs?")
+    if kind not in _KINDS:
+        raise WireError(f"unknown frame kind {kind}")
+    if op not in _OPS:
+        raise WireError(f"unknown op code {op}")
+    if payload_len > MAX_PAYLOAD:
+        raise WireError(f"payload length {payload_len} exceeds the limit {MAX_PAYLOAD}")
+    if kind not in (Kind.COLL, Kind.P2P, Kind.OBJ) and payload_len > MAX_CONTROL_PAYLOAD:
+        raise WireError(f"control frame of {payload_len} bytes exceeds {MAX_CONTROL_PAYLOAD}")
+    if count < -1:
+        raise WireError(f"negative element count {count}")
+    return Frame(kind, group, seq, op, dtype, reduce, flags, root, count, tag, site, step,
+                 payload_len)

@@ -1,0 +1,120 @@
+"""``Work``: the handle an ``async_op=True`` call returns, as in torch.distributed.
+
+Async collectives run, in call order, on one worker thread per process; their sequence
+numbers are taken when the user calls, so concurrent operations never mix their frames.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+from .errors import DistTimeout
+
+__all__ = ["Work", "completed_work", "run_async"]
+
+
+class Work:
+    """Completion handle of one communication call."""
+
+    def __init__(self, description: str, result: Any = None) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._result = result
+        self.description = description
+        self._on_done: list[Callable[[], None]] = []
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until the operation completes; re-raise its error in this thread."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if not self._done.wait(seconds):
+            raise DistTimeout(f"{self.description} did not complete within {seconds}s")
+        if self._error is not None:
+            raise self._error
+        for fn in self._on_done:
+            fn()
+        self._on_done.clear()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"<rankwise.Work {self.description} {state}>"
+
+
+def completed_work(description: str, result: Any = None) -> Work:
+    w = Work(description, result)
+    w._finish()
+    return w
+
+
+class _Worker:
+    """One daemon thread running queued operations in order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Work, Callable[[], None]] | None] = \
+            queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="rankwise-async", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, fn = item
+            try:
+                fn()
+            except BaseException as exc:
+                work._finish(exc)
+            else:
+                work._finish()
+
+    def submit(self, work: Work, fn: Callable[[], None]) -> None:
+        self._queue.put((work, fn))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def run_async(description: str, fn: Callable[[], None]) -> Work:
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = _Worker()
+    work = Work(description)
+    _worker.submit(work, fn)
+    return work
+
+
+def stop_worker() -> None:
+    global _worker
+    with _worker_lock:
+        if _worker is not None:
+            _worker.stop()
+            _worker = None

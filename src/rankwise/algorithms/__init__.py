@@ -1,0 +1,6 @@
+"""Collective algorithms as pure message schedules over ``Link`` (no sockets here)."""
+
+from . import direct, doubling, ring, tree
+from .link import Link
+
+__all__ = ["Link", "direct", "doubling", "ring", "tree"]

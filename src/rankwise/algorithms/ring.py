@@ -1,0 +1,111 @@
+"""Rings for bandwidth-bound sizes: reduce-scatter, all-gather, and all-reduce as both.
+
+Rank r owns chunk r. In reduce-scatter step s it sends chunk (r-s-1) and reduces the
+incoming chunk (r-s-2) into place; after n-1 steps chunk r is complete. In all-gather
+step s it sends chunk (r-s) and stores chunk (r-s-1). Every chunk is cut into segments
+and every segment is forwarded as soon as it is processed, so sending, receiving (on
+the I/O thread) and reducing (numpy, which releases the GIL) overlap, as gloo's
+pipelined ring does. Each chunk is reduced in exactly one place and then copied, so
+all ranks end bit-identical.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .link import Array, Handle, Link
+
+__all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
+
+SEGMENT_BYTES = int(os.environ.get("RANKWISE_SEGMENT_BYTES", str(1 << 20)))
+
+
+def chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``n`` near-equal contiguous chunks."""
+    base, extra = divmod(count, n)
+    bounds, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _segments(chunk: Array) -> list[Array]:
+    per = max(1, SEGMENT_BYTES // max(1, chunk.itemsize))
+    if chunk.size <= per:
+        return [chunk]
+    return [chunk[i:i + per] for i in range(0, chunk.size, per)]
+
+
+def _run_ring(link: Link, chunks: list[Array], reduce_steps: int, gather_steps: int) -> None:
+    """The pipelined schedule shared by all three ring operations.
+
+    Step t < reduce_steps reduces the incoming segment into place; later steps store it.
+    Every processed segment is forwarded as step t+1 unless t is the last step.
+    """
+    n, r = link.size, link.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    total = reduce_steps + gather_steps
+    if total == 0:
+        return
+
+    def out_chunk(t: int) -> int:
+        return (r - t - 1) % n if t < reduce_steps else (r - (t - reduce_steps)) % n
+
+    def in_chunk(t: int) -> int:
+        return (r - t - 2) % n if t < reduce_steps else (r - (t - reduce_steps) - 1) % n
+
+    segs = [_segments(c) for c in chunks]
+    nseg = max(len(s) for s in segs)  # step-id stride; chunks may differ by one element
+    # post every receive up front, so the I/O thread can land data whenever it comes
+    handles: list[list[tuple[Handle, Array | None]]] = []
+    for t in range(total):
+        row = []
+        for k, seg in enumerate(segs[in_chunk(t)]):
+            if t < reduce_steps:
+                tmp = np.empty_like(seg)
+                row.append((link.post(left, tmp, t * nseg + k), tmp))
+            else:
+                row.append((link.post(left, seg, t * nseg + k), None))
+        handles.append(row)
+    for k, seg in enumerate(segs[out_chunk(0)]):
+        link.send(right, seg, k)
+    for t in range(total):
+        dest = segs[in_chunk(t)]
+        for k, (handle, tmp) in enumerate(handles[t]):
+            link.wait(handle)
+            if tmp is not None:
+                link.reduce(dest[k], tmp)
+                if t == reduce_steps - 1:
+                    link.finish_avg(dest[k])
+            if t + 1 < total:
+                link.send(right, dest[k], (t + 1) * nseg + k)
+
+
+def _equal_chunks(data: Array, n: int) -> list[Array]:
+    return [data[a:b] for a, b in chunk_bounds(data.size, n)]
+
+
+def all_reduce(link: Link, data: Array) -> None:
+    n = link.size
+    if n == 1:
+        link.finish_avg(data)
+        return
+    _run_ring(link, _equal_chunks(data, n), n - 1, n - 1)
+
+
+def reduce_scatter(link: Link, chunks: list[Array]) -> None:
+    """Reduce ``chunks`` (one per rank, equal sizes) so that chunk ``rank`` holds the result."""
+    if link.size == 1:
+        link.finish_avg(chunks[0])
+        return
+    _run_ring(link, chunks, link.size - 1, 0)
+
+
+def all_gather(link: Link, chunks: list[Array]) -> None:
+    """``chunks[rank]`` holds this rank's data; afterwards every chunk is filled."""
+    if link.size > 1:
+        _run_ring(link, chunks, 0, link.size - 1)

@@ -1,0 +1,49 @@
+"""The seam between moving frames and deciding what they mean.
+
+A transport moves framed messages between the ranks of one job; everything above it
+(matching, fingerprint checks, algorithms) is written against these two small
+interfaces, so the collectives can be tested without sockets (see ``memory.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .._wire import Frame
+
+__all__ = ["FrameHandler", "Transport"]
+
+
+class FrameHandler(Protocol):
+    """What a transport calls as frames arrive (from its own I/O thread)."""
+
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
+        """Return where to put the payload (exactly ``frame.payload_len`` bytes) and a
+        token handed back to ``on_payload``."""
+
+    def on_payload(self, frame: Frame, token: object) -> None:
+        """The payload announced by ``frame`` is complete."""
+
+    def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
+        """The connection to ``rank`` ended: ``reason`` is None for a clean close."""
+
+
+class Transport(Protocol):
+    """Framed, ordered, reliable delivery to every other rank of the job."""
+
+    rank: int
+    world_size: int
+
+    def send(self, dst: int, header: bytes, payload: memoryview | bytes | None,
+             deadline: float) -> None:
+        """Hand one frame to the network; returns when the kernel has it all.
+
+        Raises ``DistTimeout`` past ``deadline`` (time.monotonic) and
+        ``DistNetworkError`` when the connection is broken.
+        """
+
+    def start(self, handler: FrameHandler) -> None:
+        """Begin delivering arriving frames to ``handler``."""
+
+    def close(self) -> None:
+        """Close every connection; pending sends fail, the I/O thread ends."""

@@ -1,0 +1,180 @@
+"""Building the full mesh of authenticated TCP connections between the ranks of a job.
+
+Each rank listens on an ephemeral port of the interface that reaches the master
+(loopback when the master is local), publishes ``host:port`` in the rendezvous store,
+then connects to every lower rank and accepts every higher one. Every connection
+passes the token handshake (``_auth``) and a hello that names the job and the rank, so
+a stray or stale process (an earlier attempt of a restarted job, another job on the same
+ports) is refused instead of silently joining.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Protocol
+
+from .._auth import client_handshake, recv_exact, server_handshake
+from ..errors import AuthError, DistNetworkError, DistTimeout, RendezvousError
+
+__all__ = ["Mesh", "local_address_for"]
+
+_HELLO = struct.Struct("<16sii")  # job digest, rank, world size
+
+
+class _KV(Protocol):
+    def set(self, key: str, value: bytes | str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+
+
+def local_address_for(master_addr: str) -> str:
+    """The address of this host's interface that routes to ``master_addr``."""
+    try:
+        infos = socket.getaddrinfo(master_addr, None, socket.AF_INET, socket.SOCK_STREAM)
+        ip = str(infos[0][4][0])
+    except OSError:
+        return "127.0.0.1"
+    if ip.startswith("127."):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((ip, 9))  # UDP connect sends nothing; it only picks the route
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+class Mesh:
+    """Connects ``rank`` to every other rank; ``connect()`` returns ``{peer: socket}``."""
+
+    def __init__(self, rank: int, world_size: int, store: _KV, job: bytes, token: bytes | None,
+                 bind_host: str, timeout: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._store = store
+        self._job = job[:16].ljust(16, b"\0")
+        self._token = token
+        self._purpose = "mesh"
+        self._bind_host = bind_host
+        self._timeout = timeout
+        self._socks: dict[int, socket.socket] = {}
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def connect(self) -> dict[int, socket.socket]:
+        if self.world_size == 1:
+            return {}
+        deadline = time.monotonic() + self._timeout
+        listener = self._listen()
+        try:
+            host, port = listener.getsockname()[:2]
+            self._store.set(f"mesh/addr/{self.rank}", f"{host}:{port}")
+            acceptor = threading.Thread(target=self._accept_all, args=(listener, deadline),
+                                        name="rankwise-mesh-accept", daemon=True)
+            acceptor.start()
+            for peer in range(self.rank):
+                self._connect_to(peer, deadline)
+            acceptor.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        finally:
+            listener.close()
+        if self._errors:
+            raise self._errors[0]
+        missing = sorted(set(range(self.world_size)) - {self.rank} - set(self._socks))
+        if missing:
+            raise DistTimeout(
+                f"rank {self.rank}: ranks {missing} did not open their data connections "
+                f"within {self._timeout:.0f}s after rendezvous"
+            )
+        return dict(self._socks)
+
+    def _listen(self) -> socket.socket:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((self._bind_host, 0))
+        except OSError as exc:
+            listener.close()
+            raise DistNetworkError(
+                f"rank {self.rank} could not listen on {self._bind_host}: {exc}; set "
+                "RANKWISE_BIND_ADDR to an address of this host that the other ranks reach"
+            ) from exc
+        listener.listen(max(self.world_size, 8))
+        return listener
+
+    def _connect_to(self, peer: int, deadline: float) -> None:
+        addr = self._store.get(f"mesh/addr/{peer}").decode()
+        host, _, port_s = addr.rpartition(":")
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((host, int(port_s)), timeout=max(remaining, 0.1))
+                break
+            except OSError as exc:
+                if remaining <= 0:
+                    raise DistNetworkError(
+                        f"rank {self.rank} could not connect to rank {peer} at {addr}: {exc}"
+                    ) from exc
+                time.sleep(min(0.05, max(remaining, 0.0)))
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            client_handshake(sock, self._token, self._purpose, f"rank {peer} at {addr}")
+            sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
+            self._check_hello(recv_exact(sock, _HELLO.size, f"hello from rank {peer}"), peer)
+        except BaseException:
+            sock.close()
+            raise
+        with self._lock:
+            self._socks[peer] = sock
+
+    def _accept_all(self, listener: socket.socket, deadline: float) -> None:
+        expected = set(range(self.rank + 1, self.world_size))
+        try:
+            while expected - set(self._socks):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                listener.settimeout(remaining)
+                try:
+                    sock, addr = listener.accept()
+                except socket.timeout:
+                    return
+                try:
+                    self._accept_one(sock, f"{addr[0]}:{addr[1]}", deadline, expected)
+                except AuthError:
+                    sock.close()  # a stranger: refuse it and keep waiting for our peers
+                except DistNetworkError:
+                    sock.close()
+        except BaseException as exc:  # pragma: no cover - surfaced in connect()
+            self._errors.append(exc)
+
+    def _accept_one(self, sock: socket.socket, addr: str, deadline: float,
+                    expected: set[int]) -> None:
+        sock.settimeout(max(deadline - time.monotonic(), 1.0))
+        server_handshake(sock, self._token, self._purpose, f"connection from {addr}")
+        job, peer, world = _HELLO.unpack(recv_exact(sock, _HELLO.size, f"hello from {addr}"))
+        if job != self._job or peer not in expected or world != self.world_size:
+            sock.sendall(_HELLO.pack(b"\0" * 16, -1, -1))
+            raise AuthError(f"refused {addr}: it belongs to another job or claims rank {peer}")
+        if peer in self._socks:
+            self._errors.append(RendezvousError(
+                f"two processes claim rank {peer} (second one from {addr}); every process "
+                "needs a distinct RANK"))
+            sock.close()
+            return
+        sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
+        with self._lock:
+            self._socks[peer] = sock
+
+    def _check_hello(self, data: bytes, peer: int) -> None:
+        job, rank, world = _HELLO.unpack(data)
+        if rank == -1:
+            raise RendezvousError(
+                f"rank {peer} refused rank {self.rank}'s data connection: the processes "
+                "disagree on the job (stale process from an earlier run, or a duplicate rank)")
+        if job != self._job or rank != peer or world != self.world_size:
+            raise RendezvousError(
+                f"rank {self.rank} reached a process claiming rank {rank} of {world} at "
+                f"rank {peer}'s address; it belongs to another job")
