@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from test_ddp_harness import core_available, run_ranks
+from torch import nn
 
 FEATURES, OUT, PER_RANK_BATCH, STEPS = 8, 3, 4, 4
 

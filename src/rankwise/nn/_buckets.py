@@ -21,9 +21,7 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 """Cap of the first bucket, as torch's ``dist._DEFAULT_FIRST_BUCKET_BYTES``."""
 
 
-def assign_buckets(
-    sizes: Sequence[tuple[int, Hashable]], caps: Sequence[int]
-) -> list[list[int]]:
+def assign_buckets(sizes: Sequence[tuple[int, Hashable]], caps: Sequence[int]) -> list[list[int]]:
     """Group tensors into buckets, in the order given, like torch's assignment.
 
     ``sizes[i]`` is ``(nbytes, key)``; only tensors with equal keys (dtype) share a

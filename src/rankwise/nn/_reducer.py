@@ -156,9 +156,7 @@ class Reducer:
         """Counters for benchmarks and debugging (cheap; no communication)."""
         return ReducerStatistics(
             buckets=len(self.buckets),
-            bucket_bytes=tuple(
-                b.buffer.numel() * b.buffer.element_size() for b in self.buckets
-            ),
+            bucket_bytes=tuple(b.buffer.numel() * b.buffer.element_size() for b in self.buckets),
             iterations=self._iterations,
             last_backward_s=self._last_backward_s,
             last_exposed_wait_s=self._last_wait_s,

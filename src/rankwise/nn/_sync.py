@@ -35,9 +35,7 @@ def _describe(entry: tuple[str, tuple[int, ...], str] | None) -> str:
     return f"{name!r} shape {list(shape)} {dtype}"
 
 
-def _first_difference(
-    signatures: Sequence[Signature], ranks: Sequence[int]
-) -> str | None:
+def _first_difference(signatures: Sequence[Signature], ranks: Sequence[int]) -> str | None:
     """Describe the first slot where some rank's signature differs from the first rank's."""
     reference = signatures[0]
     longest = max(len(s) for s in signatures)

@@ -82,9 +82,7 @@ class DistributedDataParallel(nn.Module):
         everything = list(module.named_parameters()) + [
             (f"buffer:{n}", b) for n, b in module.named_buffers()
         ]
-        self.group_ranks: list[int] = agree_on_parameters(
-            signature_of(everything), process_group
-        )
+        self.group_ranks: list[int] = agree_on_parameters(signature_of(everything), process_group)
         self._world = len(self.group_ranks)
         if self._world > 1:
             broadcast_tensors(self.module_states(), self.group_ranks[0], process_group)
