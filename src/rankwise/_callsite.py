@@ -58,8 +58,15 @@ _cache: dict[tuple[object, ...], CallSite] = {}
 _by_id: dict[int, CallSite] = {0: UNKNOWN}
 
 
+_internal: dict[str, bool] = {}
+
+
 def _is_internal(frame: FrameType) -> bool:
-    return frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+    name = frame.f_code.co_filename
+    known = _internal.get(name)
+    if known is None:  # sys.path may hold non-normalized paths ("bench/../src")
+        known = _internal[name] = os.path.abspath(name).startswith(_PACKAGE_DIR)
+    return known
 
 
 def capture() -> CallSite:

@@ -215,25 +215,33 @@ class Router:
 
     def _coll_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
         key = (frame.group, frame.seq, frame.src, frame.step)
-        with self._lock:
-            state = self._groups.setdefault(frame.group, _GroupState())
-            fp = state.calls.get(frame.seq)
-            if fp is None:
-                state.early.setdefault(frame.seq, []).append(frame)
-            pending = self._coll_posted.get(key)
-            if pending is not None and (fp is None or not fp.differs(frame)):
-                if pending.nbytes == frame.payload_len:
+        arrival: _Arrival | None = None
+        first = True
+        while True:
+            with self._lock:
+                if first:
+                    state = self._groups.setdefault(frame.group, _GroupState())
+                    fp = state.calls.get(frame.seq)
+                    if fp is None:
+                        state.early.setdefault(frame.seq, []).append(frame)
+                    bad = fp is not None and fp.differs(frame)
+                    first = False
+                pending = self._coll_posted.get(key)
+                if pending is not None and not bad and pending.nbytes == frame.payload_len:
                     del self._coll_posted[key]
                     assert pending.buffer is not None
                     return pending.buffer, pending
-        if fp is not None and fp.differs(frame):
+                if arrival is not None:
+                    # re-checked under the lock: a receive posted while we allocated would
+                    # otherwise never meet this arrival
+                    self._coll_arrived[key] = arrival
+                    break
+            arrival = _Arrival(frame, bytearray(frame.payload_len))  # allocate unlocked
+        if bad:
             self._on_mismatch(frame, fp, "")
         elif pending is not None and pending.nbytes != frame.payload_len:
             self._on_mismatch(frame, fp, f"rank {frame.src} sent {frame.payload_len} bytes where "
                               f"{pending.nbytes} were expected (uneven split sizes?)")
-        arrival = _Arrival(frame, bytearray(frame.payload_len))
-        with self._lock:
-            self._coll_arrived[key] = arrival
         return arrival.data, arrival
 
     def _p2p_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:

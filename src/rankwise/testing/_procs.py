@@ -1,0 +1,139 @@
+"""Real multi-process runs with a hard bound (see ``rankwise.testing``)."""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import DistTimeout
+
+__all__ = ["RankResult", "free_port", "run_ranks"]
+
+
+def free_port() -> int:
+    """A port that was free a moment ago on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RankResult:
+    rank: int
+    value: Any = None
+    error_type: str | None = None  #: class name of the exception, None on success
+    error_types: list[str] = field(default_factory=list)  #: the exception's MRO names
+    message: str = ""
+    traceback: str = ""
+    exitcode: int | None = None
+    elapsed: float = 0.0  #: seconds from start of fn to its end (or its exception)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None and self.exitcode == 0
+
+    def raised(self, name: str) -> bool:
+        return name in self.error_types
+
+
+def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, ...],
+           port: int, init: bool, init_kwargs: dict[str, Any], env: dict[str, str],
+           timeout: float, results: Any) -> None:
+    os.environ.update(env)
+    faulthandler.dump_traceback_later(max(1.0, timeout - 1.0), exit=True)
+    import rankwise
+
+    start = time.monotonic()
+    result = RankResult(rank)
+    try:
+        if init:
+            kwargs = {"backend": "tcp", "init_method": f"tcp://127.0.0.1:{port}",
+                      "rank": rank, "world_size": world_size, "timeout": 30.0}
+            kwargs.update(init_kwargs)
+            rankwise.init_process_group(**kwargs)
+        result.value = fn(rank, world_size, *args)
+    except BaseException as exc:  # report everything, SystemExit included
+        result.error_type = type(exc).__name__
+        result.error_types = [c.__name__ for c in type(exc).__mro__]
+        result.message = str(exc)
+        result.traceback = traceback.format_exc()
+    result.elapsed = time.monotonic() - start
+    try:
+        results.put(result)
+    except Exception as exc:  # unpicklable return value
+        results.put(RankResult(rank, None, "PicklingError", ["PicklingError"], repr(exc)))
+    if init and rankwise.is_initialized():
+        try:
+            rankwise.destroy_process_group()
+        except Exception:
+            pass
+    sys.stdout.flush()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] = (),
+              timeout: float = 60.0, init: bool = True,
+              init_kwargs: dict[str, Any] | None = None,
+              env: dict[str, str] | None = None) -> list[RankResult]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes.
+
+    ``fn`` must be importable (a module-level function). ``env`` entries are set in every
+    child; per-rank values can be given as ``{"VAR": "a,b,c"}`` with ``env_per_rank``
+    semantics left to ``fn`` itself. Raises ``DistTimeout`` (after killing every child)
+    if the run exceeds ``timeout`` seconds.
+    """
+    ctx = mp.get_context("spawn")
+    results: Any = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, name=f"rank{r}",
+                         args=(fn, r, world_size, args, port, init, init_kwargs or {},
+                               env or {}, timeout, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    collected: dict[int, RankResult] = {}
+    try:
+        while len(collected) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                res = results.get(timeout=min(remaining, 0.5))
+                collected[res.rank] = res
+            except queue.Empty:
+                if all(p.exitcode is not None for p in procs):
+                    # everyone exited; drain what is left, then stop waiting
+                    try:
+                        while True:
+                            res = results.get(timeout=0.2)
+                            collected[res.rank] = res
+                    except queue.Empty:
+                        break
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+    finally:
+        overran = [p.name for p in procs if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        results.close()
+    if overran:
+        raise DistTimeout(f"ranks {overran} still running after {timeout:.0f}s; killed them "
+                          "(their stacks were dumped to stderr)")
+    out = []
+    for r, p in enumerate(procs):
+        res = collected.get(r) or RankResult(r, error_type="Died", error_types=["Died"],
+                                              message=f"exited with {p.exitcode} "
+                                                      "without reporting")
+        res.exitcode = p.exitcode
+        out.append(res)
+    return out
