@@ -30,7 +30,7 @@ from ._callsite import capture
 from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
-from .errors import DistTimeout, InvalidArgument, RendezvousError
+from .errors import DistError, DistTimeout, InvalidArgument, RendezvousError
 from .transport.mesh import Mesh, local_address_for
 from .transport.tcp import TcpTransport
 
@@ -152,7 +152,8 @@ def init_process_group(
     from .store import PrefixStore
 
     scoped = PrefixStore(f"rankwise/{restart}", store)
-    job = _rendezvous(scoped, rank, world_size, timeout_s)
+    job = _rendezvous(scoped, rank, world_size, timeout_s,
+                      hosting=getattr(store, "server", None) is not None)
     bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
     socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
     comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
@@ -216,12 +217,32 @@ def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeo
                timeout=timedelta(seconds=timeout_s), token=secret)
 
 
-def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float) -> bytes:
+def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
+                hosting: bool = False) -> bytes:
     """Agree on world size and identities; return the job's id (shared by all ranks)."""
-    def fail(message: str) -> RendezvousError:
-        store.set("error", message)
-        return RendezvousError(message)
+    def failed(exc: RendezvousError) -> RendezvousError:
+        # Count this process as having seen the failure. The process hosting the store
+        # keeps it up (bounded) until every process that arrived has seen it too, or they
+        # would meet a dead store ("StoreError: went away") instead of this explanation.
+        try:
+            store.add("error/seen", 1)
+            if hosting:
+                linger = time.monotonic() + min(5.0, timeout_s)
+                while time.monotonic() < linger and \
+                        int(store.add("error/seen", 0)) < int(store.add("arrived", 0)):
+                    time.sleep(0.02)
+        except DistError:
+            pass
+        return exc
 
+    def fail(message: str) -> RendezvousError:
+        try:
+            store.set("error", message)
+        except DistError:
+            pass
+        return failed(RendezvousError(message))
+
+    store.add("arrived", 1)
     agreed = store.compare_set("world_size", "", str(world_size)).decode()
     if agreed != str(world_size):
         raise fail(f"world sizes disagree: rank {rank} was started with world_size="
@@ -238,7 +259,7 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float) -> byt
     deadline = time.monotonic() + timeout_s
     while True:
         if store.check(["error"]):
-            raise RendezvousError(store.get("error").decode())
+            raise failed(RendezvousError(store.get("error").decode()))
         remaining = deadline - time.monotonic()
         try:
             store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
@@ -247,13 +268,13 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float) -> byt
             if remaining <= 0:
                 missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
                 joined = world_size - len(missing)
-                raise RendezvousError(
+                raise fail(
                     f"rank {rank}: only {joined} of {world_size} ranks joined within "
                     f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
                     f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
                     "reaches MASTER_ADDR:MASTER_PORT") from None
     if store.check(["error"]):
-        raise RendezvousError(store.get("error").decode())
+        raise failed(RendezvousError(store.get("error").decode()))
     return bytes.fromhex(job_hex)
 
 
