@@ -48,6 +48,7 @@ from ._objects import (
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from ._work import Work
 from ._world import GroupMember
+from .diagnosis import main_process_first, monitored_barrier, rank_zero_first, who_is_where
 from .errors import (
     AuthError,
     CollectiveMismatch,
@@ -125,7 +126,8 @@ __all__ = [
     "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group",
     "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
-    "irecv", "is_available", "is_initialized", "isend", "new_group", "recv",
-    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send", "send_object_list", "spawn",
+    "irecv", "is_available", "is_initialized", "isend", "main_process_first",
+    "monitored_barrier", "new_group", "rank_zero_first", "recv", "recv_object_list",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "send", "send_object_list", "spawn", "who_is_where",
 ]

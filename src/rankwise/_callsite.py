@@ -16,10 +16,30 @@ import zlib
 from dataclasses import dataclass
 from types import FrameType
 
-__all__ = ["CallSite", "capture", "site_text"]
+__all__ = ["CallSite", "capture", "enabled", "set_enabled", "site_text"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: frames of the standard library's context-manager plumbing are skipped too: a barrier
+#: made inside ``@contextmanager`` code should point at the user's ``with`` line, not at
+#: ``contextlib.py:144 in __exit__``
+_SKIP_FILES = (os.sep + "contextlib.py",)
 _DEPTH = 4  #: user frames kept: the call and up to three callers
+
+#: RANKWISE_DIAGNOSIS=0 turns call-site capture off (every call gets UNKNOWN): the switch
+#: that ``benchmarks/diagnosis.py`` flips to measure what diagnosis costs
+_enabled = os.environ.get("RANKWISE_DIAGNOSIS", "1").strip().lower() not in ("0", "false",
+                                                                            "no", "off")
+
+
+def enabled() -> bool:
+    """Whether call sites (and with them history sites and traces) are recorded."""
+    return _enabled
+
+
+def set_enabled(on: bool) -> None:
+    """Turn call-site capture on or off at run time (all ranks should agree)."""
+    global _enabled
+    _enabled = bool(on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +64,7 @@ class CallSite:
         return "\n".join(f"{f}\t{ln}\t{fn}" for f, ln, fn in self.frames)
 
     @staticmethod
-    def decode(site_id: int, text: str) -> "CallSite":
+    def decode(site_id: int, text: str) -> CallSite:
         frames = []
         for line in text.splitlines()[:_DEPTH]:
             parts = line.split("\t")
@@ -65,35 +85,31 @@ def _is_internal(frame: FrameType) -> bool:
     name = frame.f_code.co_filename
     known = _internal.get(name)
     if known is None:  # sys.path may hold non-normalized paths ("bench/../src")
-        known = _internal[name] = os.path.abspath(name).startswith(_PACKAGE_DIR)
+        path = os.path.abspath(name)
+        known = _internal[name] = path.startswith(_PACKAGE_DIR) or path.endswith(_SKIP_FILES)
     return known
 
 
 def capture() -> CallSite:
-    """The call site of the innermost frame outside the rankwise package."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and _is_internal(frame):
-        frame = frame.f_back
-    if frame is None:
+    """The call site of the innermost frame outside the rankwise package, with up to
+    three user callers (frames of rankwise and contextlib are skipped everywhere)."""
+    if not _enabled:
         return UNKNOWN
+    frame: FrameType | None = sys._getframe(1)
+    user: list[FrameType] = []
     key: list[object] = []
-    walk: FrameType | None = frame
-    for _ in range(_DEPTH):
-        if walk is None:
-            break
-        key.append(walk.f_code)
-        key.append(walk.f_lineno)
-        walk = walk.f_back
+    while frame is not None and len(user) < _DEPTH:
+        if not _is_internal(frame):
+            user.append(frame)
+            key.append(frame.f_code)
+            key.append(frame.f_lineno)
+        frame = frame.f_back
+    if not user:
+        return UNKNOWN
     tkey = tuple(key)
     site = _cache.get(tkey)
     if site is None:
-        frames = []
-        walk = frame
-        for _ in range(_DEPTH):
-            if walk is None:
-                break
-            frames.append((walk.f_code.co_filename, walk.f_lineno, walk.f_code.co_name))
-            walk = walk.f_back
+        frames = [(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in user]
         text = "\n".join(f"{f}\t{ln}\t{fn}" for f, ln, fn in frames)
         site = CallSite(zlib.crc32(text.encode()) or 1, tuple(frames))
         if len(_cache) < 65536:

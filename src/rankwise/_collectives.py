@@ -17,7 +17,7 @@ import numpy as np
 from . import algorithms as alg
 from ._buffers import Buffer, DType, ReduceOp, as_buffer, check_reducible, coerce_reduce_op
 from ._callsite import capture
-from ._comm import Activity
+from ._comm import Activity, barrier_name_code
 from ._group import OpLink, ProcessGroup
 from ._router import Fingerprint
 from ._wire import Op
@@ -51,9 +51,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         try:
             body(link)
         finally:
-            record.finished = time.time()
-            comm.last_call = f"{record.describe()} (#{seq} of {group.name})"
-            comm.activity = Activity(since=record.finished)
+            comm.call_done(group, record)  # history, trace span, back to "user code"
 
     if async_op:
         return run_async(f"{op.name} #{seq} on {group.name}", run)
@@ -329,8 +327,14 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None,
                   lambda link: alg.direct.all_to_all(link, outs, ins), async_op)
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            name: str | None = None) -> Work | None:
+    """torch's barrier; ``name`` (rankwise) must then match on every rank: barriers from
+    different code pair silently otherwise (the seed-000 trap), a named one cannot."""
     g = resolve_group(group)
     if g is None:
         return None
-    return launch(g, Op.barrier, None, 0, None, 0, alg.doubling.barrier, async_op)
+    if name is not None and not isinstance(name, str):
+        raise InvalidArgument(f"barrier name must be a str, got {name!r}")
+    code = barrier_name_code(name) if name else 0  # the name's hash rides in the fingerprint
+    return launch(g, Op.barrier, None, code, None, 0, alg.doubling.barrier, async_op)

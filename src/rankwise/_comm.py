@@ -5,24 +5,57 @@ the call's fingerprint, sends each call site's text once per connection, turns a
 control frames into state (a peer's abort, a clean goodbye, a "where are you?"), and
 makes sure that any failure anywhere becomes an exception in every waiting thread of
 every rank at once — never a silent wait until the timeout.
+
+Diagnosis lives on the slow path only (DESIGN.md, "Diagnosis, cheaply"): a wait that
+passes ``RANKWISE_WARN_AFTER`` seconds asks every rank where it is and logs one table; a
+timeout raises ``DistTimeout`` carrying that table; a mismatch gathers every rank's
+recent history (bounded, ~2 s) and names the earliest collective where the ranks'
+call stacks diverged. The fast path pays for none of it beyond a clock read per wait.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ._buffers import dtype_name, reduce_op_by_code
-from ._callsite import UNKNOWN, CallSite, site_text
+from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
 from ._wire import Frame, Kind, Op, encode_header
 from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
 from .transport.base import Transport
 
-__all__ = ["Communicator", "Activity", "describe_call"]
+__all__ = ["RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call"]
+
+log = logging.getLogger("rankwise")
+
+#: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
+#: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
+RZF_MARK = 0x525A
+#: names of named barriers seen by this process, by their fingerprint code
+BARRIER_NAMES: dict[int, str] = {}
+
+
+def barrier_name_code(name: str) -> int:
+    """The fingerprint ``count`` of ``barrier(name=...)``: never 0 (unnamed) or -1."""
+    code = (zlib.crc32(name.encode("utf-8", "replace")) | (1 << 32))
+    BARRIER_NAMES.setdefault(code, name)
+    return code
+
+
+def _env_seconds(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
@@ -30,6 +63,14 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``."""
     name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
     args = []
+    if op == Op.barrier and count > 0:
+        label = BARRIER_NAMES.get(count)
+        if root == RZF_MARK:
+            name = "rank_zero_first"
+            args.append("the barrier of a rank-0-first block" if label is None
+                        else f"block at {label.partition('@')[2] or label}")
+        else:
+            args.append(f"name={label!r}" if label is not None else f"name=#{count & 0xFFFFFFFF:08x}")
     if dtype:
         args.append(f"{dtype_name(dtype)} x {count}" if count >= 0 else dtype_name(dtype))
     rop = reduce_op_by_code(reduce)
@@ -51,7 +92,19 @@ class Activity:
     seq: int = 0
     site: CallSite = UNKNOWN
     since: float = field(default_factory=time.time)
-    waiting_for: int = -1
+    waiting_for: int = -1  #: global rank this rank blocks on, -1 when none (or any)
+    kind: str = "collective"  #: "collective" or "recv" (a blocking point-to-point wait)
+    tag: int = 0
+    patient: bool = False  #: waiting without timeout on purpose (rank_zero_first)
+    call: str = ""  #: the call's description, when known without formatting on the hot path
+
+
+class _Departed(PeerFailure):
+    """A peer said goodbye; re-phrased at wait time with what *this* rank waits in."""
+
+    def __init__(self, rank: int, where: str, message: str) -> None:
+        super().__init__(message, rank=rank)
+        self.where = where
 
 
 class Communicator:
@@ -65,21 +118,62 @@ class Communicator:
         self._sites_sent: dict[int, set[int]] = {r: set() for r in range(world_size)}
         self.peer_sites: dict[int, dict[int, CallSite]] = {r: {} for r in range(world_size)}
         self._bye: dict[int, str] = {}
+        self._last_seen: dict[int, Frame] = {}  #: last collective frame from each peer
         self.activity = Activity()
-        self.last_call = ""
-        self.report_provider: Callable[[], dict[str, Any]] = self._basic_report
+        self._last_record: tuple[Any, str] | None = None
+        #: every group this process is a member of, by id (ProcessGroup registers itself)
+        self.groups: dict[int, Any] = {}
+        self.report_provider: Callable[[], dict[str, Any]] = self._report
         self._where_waiters: dict[int, tuple[threading.Event, dict[int, dict[str, Any]]]] = {}
         self._where_lock = threading.Lock()
         self._where_id = 0
         self._where_expected: dict[int, int] = {}
         self.site_lookup: Callable[[int, int], CallSite | None] | None = None
         self.closed = False
+        #: seconds a wait may last before this rank asks everyone where they are
+        self.warn_after = _env_seconds("RANKWISE_WARN_AFTER", 30.0)
+        self._diagnosing = False
+        self._diag_lock = threading.Lock()
+        self.tracer: Any = None
+        trace_dir = os.environ.get("RANKWISE_TRACE")
+        if trace_dir:
+            from .diagnosis.trace import Tracer
+
+            self.tracer = Tracer(trace_dir, rank)
         transport.start(self)
+
+    # --- calls (hot path: no formatting here) ----------------------------------------------
+
+    @property
+    def last_call(self) -> str:
+        """This rank's last finished collective, formatted on demand (slow path only)."""
+        if self._last_record is None:
+            return ""
+        record, group_name = self._last_record
+        if isinstance(record, _Text):
+            return record.text
+        return f"{record.describe()} (#{record.seq} of {group_name})"
+
+    @last_call.setter
+    def last_call(self, value: str) -> None:  # kept for callers that set a text
+        self._last_record = None if not value else (_Text(value), "")
+
+    def call_done(self, group: Any, record: Any) -> None:
+        """A collective finished (or failed): remember it, go back to "user code"."""
+        now = time.time()
+        record.finished = now
+        self._last_record = (record, group.name)
+        self.activity = Activity(since=now)
+        if self.tracer is not None:
+            self.tracer.collective(group, record)
 
     # --- FrameHandler ----------------------------------------------------------------------
 
     def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
-        if frame.kind in (Kind.COLL, Kind.P2P, Kind.OBJ):
+        if frame.kind == Kind.COLL:
+            self._last_seen[frame.src] = frame
+            return self.router.on_header(frame)
+        if frame.kind in (Kind.P2P, Kind.OBJ):
             return self.router.on_header(frame)
         buf = bytearray(frame.payload_len)
         return buf, buf
@@ -98,12 +192,14 @@ class Communicator:
         if bye is not None:
             self.router.fail_peer(rank, self._departed_error(rank, bye))
             return
+        mine = self._doing()
         exc = PeerFailure(
             f"rank {rank} died: its connection to rank {self.rank} was lost "
-            f"({reason or 'closed'}) without a goodbye — the process crashed, was killed, "
-            f"or its machine went away. Last collective seen from it: "
-            f"{self._last_from(rank) or 'none'}",
-            rank=rank,
+            f"({reason or 'closed'}) without a goodbye — the process crashed, was killed "
+            f"(SIGKILL, out of memory), or its machine went away. Last collective seen from "
+            f"rank {rank}: {self._last_from(rank) or 'none'}"
+            + (f"; rank {self.rank} was in {mine}" if mine else ""),
+            rank=rank, last_collective=self._last_from(rank),
         )
         self.router.fail_all(exc)
 
@@ -124,36 +220,64 @@ class Communicator:
         elif frame.kind == Kind.HERE:
             self._on_here(frame, payload)
 
+    def _doing(self) -> str:
+        """``all_reduce #5 at data.py:12 in load`` — what this rank waits in now."""
+        a = self.activity
+        if not a.op:
+            return ""
+        if a.kind == "recv":
+            return f"recv from rank {a.waiting_for} (tag {a.tag}) at {a.site.short}"
+        return f"{self._call_of(a)} #{a.seq} (group {a.group}) at {a.site.short}"
+
+    def _call_of(self, a: Activity) -> str:
+        """The description of the collective ``a`` is in (``barrier(name='x')``)."""
+        if a.call:
+            return a.call
+        group = self.groups.get(a.group)
+        record = group.record_of(a.seq) if group is not None else None
+        if record is None:
+            return f"{a.op}()"
+        fp = record.fp
+        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+
     def _departed_error(self, rank: int, where: str) -> PeerFailure:
-        mine = self.activity
-        doing = f"{mine.op} #{mine.seq} at {mine.site.short}" if mine.op else "a call"
-        return PeerFailure(
-            f"rank {rank} finished and left the job ({where}) while rank {self.rank} still "
-            f"needs it in {doing}: the ranks make different numbers of calls "
-            f"(uneven loop counts, or a collective on some ranks only?)",
-            rank=rank,
-        )
+        doing = self._doing() or "a call"
+        hint = ("the ranks make different numbers of calls (uneven loop counts, or a "
+                "collective on some ranks only?)")
+        if self.activity.op == "barrier" and \
+                self._call_of(self.activity).startswith("rank_zero_first"):
+            hint = ("only some ranks entered rank_zero_first/main_process_first: every rank "
+                    "of the group must enter it (do not call it from a rank-0-only branch)")
+        return _Departed(rank, where, f"rank {rank} finished and {where} while rank "
+                         f"{self.rank} waits in {doing}: {hint}")
 
     def _on_abort(self, src: int, payload: bytes) -> None:
         try:
             info = json.loads(payload.decode("utf-8", "replace"))
             if not isinstance(info, dict):
-                raise ValueError
+                raise ValueError  # noqa: TRY004 - handled right below like bad JSON
         except ValueError:
             info = {"kind": "exception", "message": "(unreadable abort message)"}
         kind = str(info.get("kind", "exception"))
-        message = str(info.get("message", ""))[:20000]
+        message = str(info.get("message", ""))[:200000]
         origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
         exc: DistError
         if kind == "mismatch":
             exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
                                      f"rank {self.rank})")
+        elif message.startswith("CollectiveMismatch: "):
+            # the peer died of a mismatch it learned about: the cause is the mismatch
+            exc = CollectiveMismatch(message[len("CollectiveMismatch: "):]
+                                     + f"\n(raised on rank {origin}; reported to rank "
+                                     f"{self.rank})")
         else:
             tb = str(info.get("traceback", ""))[:50000]
             last = str(info.get("last", ""))
+            mine = self._doing()
             exc = PeerFailure(
                 f"rank {origin} failed: {message}\n"
                 f"its last collective: {last or 'none'}\n"
+                + (f"rank {self.rank} was in {mine}\n" if mine else "")
                 + (f"its traceback:\n{tb}" if tb else ""),
                 rank=origin, remote_traceback=tb, last_collective=last,
             )
@@ -190,12 +314,56 @@ class Communicator:
             raise PeerFailure(f"rank {self.rank} lost its connection to rank {dst} while "
                               f"sending: {exc}", rank=dst) from exc
 
-    def wait(self, pending: Pending, deadline: float, what: Callable[[], str]) -> Frame:
+    def wait(self, pending: Pending, deadline: float, what: Callable[[], str], *,
+             patient: bool = False, quiet: bool = False) -> Frame:
+        """Wait for ``pending`` in two phases: until the warning threshold, then (after
+        logging a who-is-where table) until ``deadline``; a timeout carries the table.
+
+        ``patient``: no deadline at all (the wait ends when the peer answers or fails).
+        ``quiet``: no table, a bare ``DistTimeout`` (the caller reports by itself).
+        """
         try:
+            if pending.completed:
+                return pending.wait(deadline, what)
+            if patient:
+                while True:
+                    try:
+                        return pending.wait(time.monotonic() + 3600.0, what)
+                    except DistTimeout:
+                        continue
+            if not quiet:
+                warn_at = time.monotonic() + self.warn_after
+                if warn_at < deadline:
+                    try:
+                        return pending.wait(warn_at, what)
+                    except DistTimeout:
+                        self._warn_slow(what)
             return pending.wait(deadline, what)
         except DistTimeout:
             self.router.cancel(pending)
-            raise
+            if quiet:
+                raise
+            raise DistTimeout(what(), report=self.where_table(
+                f"rank {self.rank} timed out in {self._doing() or 'a wait'}")) from None
+        except _Departed as exc:  # say what *we* wait in now, not when the goodbye came
+            assert exc.rank is not None
+            raise self._departed_error(exc.rank, exc.where) from None
+
+    def _warn_slow(self, what: Callable[[], str]) -> None:
+        try:
+            table = self.where_table(f"rank {self.rank} has waited {self.warn_after:g}s "
+                                     f"(RANKWISE_WARN_AFTER) in {self._doing() or 'a wait'}")
+            log.warning("rankwise: slow wait on rank %d — %s\n%s", self.rank,
+                        what().replace(" timed out after", " still waiting; timeout is"), table)
+        except Exception as exc:  # noqa: BLE001 - diagnosis must never break the wait
+            log.warning("rankwise: rank %d could not build a who-is-where report: %r",
+                        self.rank, exc)
+
+    def where_table(self, headline: str, timeout: float = 2.0) -> str:
+        """Ask every rank where it is and format one table (the slow path)."""
+        from .diagnosis.report import format_where
+
+        return format_where(self.where_is_everyone(timeout), headline)
 
     # --- failures ---------------------------------------------------------------------------
 
@@ -205,21 +373,59 @@ class Communicator:
         ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
                               self._site_of_seq(frame.group, frame.seq))
                 if fp is not None else "(a different call)")
+        group = self.groups.get(frame.group)
+        gname = f"group {frame.group}" if group is None else group.name
         message = (
-            f"collective mismatch in group {frame.group}, collective #{frame.seq}: "
+            f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
             + "Every rank of a group must make the same collective calls in the same order, "
             "with the same op, dtype, element count, root and reduce op."
         )
-        exc = CollectiveMismatch(message)
+        if (frame.op == Op.barrier and frame.root == RZF_MARK) or (
+                fp is not None and fp.op == Op.barrier and fp.root == RZF_MARK):
+            message += (
+                "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
+                "was entered by some ranks only (for example from an `if rank == 0:` branch "
+                "that builds a validation loader with a helper that uses it inside), so its "
+                "barrier met a different collective on the other ranks. Fix: enter the block "
+                "on every rank of the group, or do not use it on the rank-0-only path "
+                "(the seed's fix: pass rank=-1 there).")
+        with self._diag_lock:
+            if self._diagnosing or self.router.failure is not None:
+                return
+            self._diagnosing = True
+        if not enabled():
+            self._fail_mismatch(message)
+            return
+        threading.Thread(target=self._diagnose_mismatch, args=(frame, message),
+                         name="rankwise-diagnose", daemon=True).start()
+
+    def _diagnose_mismatch(self, frame: Frame, message: str) -> None:
+        """Off the I/O thread: gather every rank's history (bounded), then fail."""
+        report = ""
+        try:
+            from .diagnosis.report import mismatch_report
+
+            report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
+                                     self.rank, frame.src)
+        except Exception as exc:  # noqa: BLE001 - a report must never hide the mismatch
+            report = f"(the divergence report failed: {exc!r})"
+        self._fail_mismatch(message + ("\n\n" + report if report else ""))
+
+    def _fail_mismatch(self, message: str) -> None:
         if self.router.failure is None:
-            self.router.fail_all(exc)
+            # peers first (synchronously: this rank may exit right after it raises, and the
+            # abort must reach them before the closed connection does)
             self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message},
-                                 background=True)
+                                 background=False)
+            self.router.fail_all(CollectiveMismatch(message))
 
     def _site_of_seq(self, group: int, seq: int) -> CallSite | None:
-        return self.site_lookup(group, seq) if self.site_lookup is not None else None
+        if self.site_lookup is not None:
+            return self.site_lookup(group, seq)
+        g = self.groups.get(group)
+        return g.site_of(seq) if g is not None else None
 
     def broadcast_abort(self, info: dict[str, Any], background: bool = False,
                         timeout: float = 2.0) -> None:
@@ -248,6 +454,11 @@ class Communicator:
         """Tell peers we leave cleanly, then close the connections."""
         if self.closed:
             return
+        if self.tracer is not None:
+            try:
+                self.tracer.write()
+            except OSError as exc:
+                log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
         payload = where.encode()[:2000]
         deadline = time.monotonic() + timeout
         if self.router.failure is None:
@@ -263,29 +474,24 @@ class Communicator:
         self.transport.close()
 
     def _last_from(self, rank: int) -> str:
-        sites = self.peer_sites.get(rank) or {}
-        if not sites:
+        frame = self._last_seen.get(rank)
+        if frame is None:
             return ""
-        last = list(sites.values())[-1]
-        return f"a call at {last.short}"
+        site = self.peer_sites.get(rank, {}).get(frame.site)
+        call = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root, site)
+        return f"{call} (#{frame.seq} of group {frame.group})"
 
     # --- who is where -----------------------------------------------------------------------
 
-    def _basic_report(self) -> dict[str, Any]:
-        a = self.activity
-        if a.op:
-            state = f"in {a.op} #{a.seq} (group {a.group}) at {a.site.chain} since " \
-                    f"{time.time() - a.since:.1f}s" + (
-                        f", waiting for rank {a.waiting_for}" if a.waiting_for >= 0 else "")
-        else:
-            state = f"running user code since {time.time() - a.since:.1f}s" + (
-                f" (last call: {self.last_call})" if self.last_call else "")
-        return {"rank": self.rank, "state": state}
+    def _report(self) -> dict[str, Any]:
+        from .diagnosis.report import build_report
+
+        return build_report(self)
 
     def _answer_where(self, frame: Frame) -> None:
         try:
             report = self.report_provider()
-        except Exception as exc:  # a report must never kill the I/O thread
+        except Exception as exc:  # noqa: BLE001 - a report must never kill the I/O thread
             report = {"rank": self.rank, "state": f"(report failed: {exc!r})"}
         payload = json.dumps(report).encode()[: (4 << 20)]
         header = encode_header(Kind.HERE, tag=frame.tag, payload_len=len(payload))
@@ -334,13 +540,31 @@ class Communicator:
         with self._where_lock:
             self._where_waiters.pop(rid, None)
         self._where_expected.pop(rid, None)
-        result: dict[int, dict[str, Any]] = {self.rank: self.report_provider()}
+        try:
+            mine = self.report_provider()
+        except Exception as exc:  # noqa: BLE001 - same as in _answer_where
+            mine = {"rank": self.rank, "state": f"(report failed: {exc!r})"}
+        result: dict[int, dict[str, Any]] = {self.rank: mine}
         for p in peers:
             if p in answers:
                 result[p] = answers[p]
+            elif p in self._bye:
+                result[p] = {"rank": p, "state": f"exited: {self._bye[p]}", "gone": True}
             elif self.router.peer_gone(p) is not None:
-                result[p] = {"rank": p, "state": f"gone: {self.router.peer_gone(p)}"}
+                result[p] = {"rank": p, "state": f"gone: {self.router.peer_gone(p)}",
+                             "gone": True}
             else:
-                result[p] = {"rank": p, "state": "did not answer within "
-                             f"{timeout:.0f}s (hung, stopped, or busy without releasing the GIL)"}
+                result[p] = {"rank": p, "no_answer": True, "state": "did not answer within "
+                             f"{timeout:g}s (hung, stopped, or busy without releasing the GIL)"}
         return result
+
+
+class _Text:
+    """A ``last_call`` given as text (legacy setter) quacking like a CallRecord."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.seq = 0
+
+    def describe(self) -> str:
+        return self.text

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,7 @@ class ProcessGroup:
         self.seq = 0
         self.history: deque[CallRecord] = deque(maxlen=HISTORY)
         self._records: dict[int, CallRecord] = {}
+        comm.groups[group_id] = self  # who-is-where reports read every group's history
 
     # torch-compatible accessors
     def rank(self) -> int:
@@ -96,6 +98,18 @@ class ProcessGroup:
         rec = self._records.get(seq)
         return rec.site if rec is not None else None
 
+    def record_of(self, seq: int) -> CallRecord | None:
+        return self._records.get(seq)
+
+    def recent(self, n: int) -> list[CallRecord]:
+        """The last ``n`` calls, safe to call from the I/O thread while calls are made."""
+        for _ in range(5):
+            try:
+                return list(self.history)[-n:]
+            except RuntimeError:  # deque mutated during the copy: try again
+                continue
+        return []
+
     def __repr__(self) -> str:
         return f"<rankwise.ProcessGroup {self.name} ranks={self.ranks}>"
 
@@ -103,8 +117,21 @@ class ProcessGroup:
 class OpLink:
     """One collective call's view of its group: the ``Link`` the algorithms use."""
 
-    __slots__ = ("group", "comm", "seq", "fp", "site", "deadline", "dtype", "op", "rank",
-                 "size", "record")
+    __slots__ = (
+        "comm",
+        "deadline",
+        "dtype",
+        "fp",
+        "group",
+        "op",
+        "patient",
+        "quiet",
+        "rank",
+        "record",
+        "seq",
+        "site",
+        "size",
+    )
 
     def __init__(self, group: ProcessGroup, seq: int, record: CallRecord, dtype: DType | None,
                  op: ReduceOp | None) -> None:
@@ -119,6 +146,10 @@ class OpLink:
         self.op = op
         self.rank = group.group_rank
         self.size = len(group.ranks)
+        #: wait without deadline (rank_zero_first's followers wait while rank 0 works)
+        self.patient = False
+        #: on timeout raise a bare DistTimeout (the caller builds its own report)
+        self.quiet = False
 
     def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
         self.comm.send(self.group.ranks[peer], Kind.COLL,
@@ -134,7 +165,9 @@ class OpLink:
         assert isinstance(handle, Pending)
         activity = self.comm.activity
         activity.waiting_for = handle.src
-        self.comm.wait(handle, self.deadline, self._timeout_message(handle.src))
+        activity.patient = self.patient
+        self.comm.wait(handle, self.deadline, self._timeout_message(handle.src),
+                       patient=self.patient, quiet=self.quiet)
 
     def _timeout_message(self, src: int) -> Callable[[], str]:
         def describe() -> str:

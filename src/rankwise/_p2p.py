@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ._buffers import Buffer, as_buffer, dtype_name
 from ._callsite import capture
+from ._comm import Activity
 from ._group import ProcessGroup
 from ._router import Fingerprint, Pending
 from ._wire import Kind, Op
@@ -67,11 +68,21 @@ def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: 
                  timeout: float | None = None) -> int:
     who = "any rank" if src == -1 else f"rank {src}"
     site = capture()
-    frame = g.comm.wait(
-        pending, time.monotonic() + (g.timeout if timeout is None else timeout),
-        lambda: f"rank {g.comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
-                f"(tag {tag}) at {site.short}: no matching send arrived",
-    )
+    comm = g.comm
+    # who-is-where reports show this wait, and p2p cycles are found from it
+    started = time.time()
+    previous = comm.activity
+    comm.activity = Activity("recv", g.id, 0, site, started, src, kind="recv", tag=tag)
+    try:
+        frame = comm.wait(
+            pending, time.monotonic() + (g.timeout if timeout is None else timeout),
+            lambda: f"rank {comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
+                    f"(tag {tag}) at {site.short}: no matching send arrived",
+        )
+    finally:
+        comm.activity = previous if previous.op else Activity(since=time.time())
+    if comm.tracer is not None:
+        comm.tracer.recv(started, time.time(), frame.src, buf.nbytes, tag, site)
     if frame.dtype != buf.dtype.code:
         raise DistError(f"recv at {site.short} expected {buf.dtype.name} but rank {frame.src} "
                         f"sent {dtype_name(frame.dtype)} (tag {tag})")

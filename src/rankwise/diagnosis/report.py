@@ -1,0 +1,279 @@
+"""Who-is-where reports, the divergence analysis and p2p cycle detection.
+
+Why here and not in the communicator: this is all slow-path text building, run only
+when something is already wrong (a wait passed its warning threshold, a timeout, a
+mismatch). Each rank contributes a small JSON report (``build_report``, answered by the
+I/O thread even while the user's thread computes); the asking rank turns the reports
+into one table (``format_where``) or, after a mismatch, into the answer to "where did
+the ranks' histories part?" (``mismatch_report``).
+
+The divergence rule: walking back from the collective that failed, the ranks' calls
+keep differing (different call stacks, or different arguments) until the last one where
+every rank made the same call from the same code. The collective after that point is
+where they went out of step — the bug (for the seed-000 trap: the barrier reached from
+the rank-0-only validation loader), even though it "succeeded" because barriers from
+different code pair silently. Differing stacks alone are never reported: pairing
+barriers from different code is legal (rank-0-first does it), so this analysis runs
+only once a collective has actually failed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+__all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list"]
+
+HISTORY_SENT = 16  #: calls per group a rank puts in its report
+GROUPS_SENT = 16  #: groups per report (most recently created)
+
+
+def rank_list(ranks: list[int]) -> str:
+    """``rank 0`` / ``ranks 1-3`` / ``ranks 0, 2, 5-7``."""
+    rs = sorted(set(ranks))
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    parts: list[str] = []
+    start = prev = rs[0]
+    for r in rs[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else
+                     f"{start}-{prev}" if prev > start + 1 else f"{start}, {prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(parts)
+
+
+def _state(comm: Any, now: float) -> str:
+    a = comm.activity
+    since = max(0.0, now - a.since)
+    if a.op and a.kind == "recv":
+        src = "any rank" if a.waiting_for < 0 else f"rank {a.waiting_for}"
+        return (f"blocked in recv from {src} (tag {a.tag}) at {a.site.chain} "
+                f"for {since:.1f}s")
+    if a.op:
+        group = comm.groups.get(a.group)
+        gname = group.name if group is not None else f"group {a.group}"
+        text = (f"in {comm._call_of(a)} #{a.seq} of {gname} at {a.site.chain or '<unknown>'} "
+                f"for {since:.1f}s")
+        if a.waiting_for >= 0:
+            text += f", waiting for rank {a.waiting_for}"
+        if a.patient:
+            text += " (rank_zero_first: waiting, without timeout, for rank 0's block)"
+        return text
+    clock = time.strftime("%H:%M:%S", time.localtime(a.since))
+    last = comm.last_call
+    return (f"running user code since {clock} ({since:.1f}s)"
+            + (f" (last call: {last})" if last else " (no collective yet)"))
+
+
+def build_report(comm: Any) -> dict[str, Any]:
+    """This rank's answer to WHERE: state, what it waits for, recent calls per group."""
+    now = time.time()
+    a = comm.activity
+    report: dict[str, Any] = {
+        "rank": comm.rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "state": _state(comm, now),
+        "op": a.op,
+        "kind": a.kind if a.op else "",
+        "group": a.group,
+        "seq": a.seq,
+        "waiting_for": a.waiting_for if a.op else -1,
+        "patient": bool(a.patient),
+        "site": a.site.short if a.op else "",
+    }
+    failure = comm.router.failure
+    if failure is not None:
+        report["failed"] = f"{type(failure).__name__}: {str(failure)[:300]}"
+    history: dict[str, list[dict[str, Any]]] = {}
+    names: dict[str, str] = {}
+    for gid, group in list(comm.groups.items())[-GROUPS_SENT:]:
+        entries = []
+        for rec in group.recent(HISTORY_SENT):
+            fp = rec.fp
+            entries.append({
+                "seq": rec.seq,
+                "call": _describe(fp),
+                "site": rec.site.short,
+                "chain": rec.site.chain,
+                "done": rec.finished > 0,
+            })
+        history[str(gid)] = entries
+        names[str(gid)] = group.name
+    report["history"] = history
+    report["groups"] = names
+    return report
+
+
+def _describe(fp: Any) -> str:
+    from .._comm import describe_call
+
+    return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+
+
+# --- who is where --------------------------------------------------------------------------
+
+def find_cycle(reports: dict[int, dict[str, Any]]) -> list[int]:
+    """Ranks that block on each other in a cycle (each waits for the next), or []."""
+    edges: dict[int, int] = {}
+    for r, rep in reports.items():
+        w = rep.get("waiting_for", -1)
+        if rep.get("op") and isinstance(w, int) and w >= 0 and w != r and not rep.get("failed"):
+            edges[r] = w
+    for start in sorted(edges):
+        path: list[int] = []
+        seen: dict[int, int] = {}
+        node: int | None = start
+        while node is not None and node in edges and node not in seen:
+            seen[node] = len(path)
+            path.append(node)
+            node = edges[node]
+        if node is not None and node in seen:
+            return path[seen[node]:]
+    return []
+
+
+def _wait_text(rep: dict[str, Any]) -> str:
+    if rep.get("kind") == "recv":
+        return f"recv at {rep.get('site', '?')}"
+    return f"{rep.get('op', '?')} #{rep.get('seq', '?')} at {rep.get('site', '?')}"
+
+
+def cycle_text(reports: dict[int, dict[str, Any]]) -> str:
+    cycle = find_cycle(reports)
+    if not cycle:
+        return ""
+    steps = [f"rank {r} waits for rank {reports[r]['waiting_for']} ({_wait_text(reports[r])})"
+             for r in cycle]
+    text = steps[0] + "".join(f", which waits for rank {reports[r]['waiting_for']} "
+                              f"({_wait_text(reports[r])})" for r in cycle[1:])
+    p2p = any(reports[r].get("kind") == "recv" for r in cycle)
+    return ("DEADLOCK: " + text + ": a cycle of blocking waits, none of these ranks can "
+            "proceed." + (" Post receives with irecv before sending, use batch_isend_irecv, "
+                          "or order blocking send/recv by rank (even ranks send first)."
+                          if p2p else ""))
+
+
+def format_where(reports: dict[int, dict[str, Any]], headline: str) -> str:
+    """One table: a line per rank, then the wait cycle if there is one."""
+    lines = [f"who is where ({headline}):"]
+    for r in sorted(reports):
+        lines.append(f"  rank {r}: {reports[r].get('state', '?')}")
+    cycle = cycle_text(reports)
+    if cycle:
+        lines.append(cycle)
+    return "\n".join(lines)
+
+
+# --- where the histories diverged ------------------------------------------------------------
+
+def _histories(reports: dict[int, dict[str, Any]], group: int
+               ) -> dict[int, dict[int, dict[str, Any]]]:
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for r, rep in reports.items():
+        entries = (rep.get("history") or {}).get(str(group))
+        if isinstance(entries, list):
+            out[r] = {int(e["seq"]): e for e in entries if isinstance(e, dict) and "seq" in e}
+    return out
+
+
+def _partition(hist: dict[int, dict[int, dict[str, Any]]], seq: int
+               ) -> list[tuple[list[int], dict[str, Any]]]:
+    """Ranks grouped by the call (args and call stack) they made as collective ``seq``."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    sample: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in sorted(hist):
+        e = hist[r].get(seq)
+        if e is None:
+            continue
+        key = (str(e.get("call")), str(e.get("chain")))
+        groups.setdefault(key, []).append(r)
+        sample.setdefault(key, e)
+    parts = [(ranks, sample[k]) for k, ranks in groups.items()]
+    parts.sort(key=lambda p: (len(p[0]), p[0][0]))  # the odd one out first
+    return parts
+
+
+def _reached(ranks: list[int], e: dict[str, Any]) -> str:
+    where = e.get("chain") or "<unknown site>"
+    return f"{rank_list(ranks)} reached {e.get('call')} at {where}"
+
+
+def mismatch_report(reports: dict[int, dict[str, Any]], group: int, seq: int, me: int,
+                    other: int) -> str:
+    """The earliest collective where the ranks' calls parted, the recent history of
+    every rank side by side, and where each rank is now."""
+    hist = _histories(reports, group)
+    gname = next((str((rep.get("groups") or {}).get(str(group))) for rep in reports.values()
+                  if (rep.get("groups") or {}).get(str(group))), f"group {group}")
+    lines: list[str] = []
+    known = [s for h in hist.values() for s in h]
+    if len(hist) >= 2 and known:
+        lo = min(known)
+        start = seq
+
+        def differs(s: int) -> bool:
+            parts = _partition(hist, s)
+            return len(parts) > 1
+
+        exhausted = False
+        while True:
+            prev = start - 1
+            if prev < 1:
+                break
+            if prev < lo or sum(1 for h in hist.values() if prev in h) < 2:
+                exhausted = prev >= 1
+                break
+            if not differs(prev):
+                break
+            start = prev
+        parts = _partition(hist, start)
+        if len(parts) > 1:
+            lines.append(f"Where the ranks diverged: collective #{start} of {gname}: "
+                         + "; while ".join(_reached(r, e) for r, e in parts) + ".")
+            if start < seq:
+                done = (f"Collective #{start} still completed because its calls were"
+                        if start == seq - 1 else
+                        f"Collectives #{start}..#{seq - 1} still completed because their calls "
+                        "were")
+                lines.append(
+                    f"{done} compatible (two barriers from different code pair silently); "
+                    f"#{seq} is the first that could not pair. Look at #{start}: "
+                    "a collective reached on some ranks only (an `if rank == 0:` branch, an "
+                    "uneven loop) shifts every later call.")
+            else:
+                lines.append(f"Up to #{seq - 1} every rank made the same calls from the same "
+                             "code.")
+            if exhausted:
+                lines.append(f"(the histories kept by the ranks do not reach before "
+                             f"#{lo}; the divergence may be earlier)")
+        else:
+            lines.append(f"Where the ranks diverged: at collective #{seq} of {gname} "
+                         "(same call stacks before it).")
+        first = max(lo, start - 3)
+        lines.append(f"Recent collectives of {gname}, per rank:")
+        for s in range(first, seq + 1):
+            parts = _partition(hist, s)
+            if not parts:
+                continue
+            if len(parts) == 1 and len(parts[0][0]) == len(hist):
+                e = parts[0][1]
+                row = f"all ranks: {e.get('call')} at {e.get('site')}"
+            else:
+                row = " | ".join(f"{rank_list(r)}: {e.get('call')} at {e.get('site')}"
+                                 for r, e in sorted(parts, key=lambda p: p[0][0]))
+            mark = "  <- diverged" if s == start and len(parts) > 1 else (
+                "  <- failed" if s == seq else "")
+            lines.append(f"  #{s:<4} {row}{mark}")
+    else:
+        lines.append("(no history from the other ranks: the divergence point is unknown)")
+    lines.append("Where each rank is now:")
+    for r in sorted(reports):
+        lines.append(f"  rank {r}: {reports[r].get('state', '?')}")
+    return "\n".join(lines)
