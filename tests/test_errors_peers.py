@@ -232,3 +232,28 @@ def test_any_source_recv_never_swallows_library_traffic() -> None:
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
         assert r.value == [], f"rank {r.rank}: {r.value}"
+
+
+# --- a wait nobody answers is bounded by the group timeout -----------------------------------
+
+
+def _unanswered(rank: int, world: int) -> Any:
+    dist.barrier()
+    if rank == 0:
+        buf = np.zeros(2, np.float32)
+        short = _caught(lambda: dist.irecv(buf, src=1, tag=5).wait(timeout=0.5))
+        recv = _caught(lambda: dist.recv(buf, src=1, tag=9))  # RECV-HERE
+        return short, recv
+    time.sleep(3.0)  # rank 1 is alive but never sends: rank 0 must give up on its own
+    return None
+
+
+def test_unanswered_waits_end_at_the_timeout_naming_the_call() -> None:
+    results = run_ranks(_unanswered, 2, timeout=60, init_kwargs={"timeout": 2.0})
+    assert results[0].ok, f"{results[0].error_type}: {results[0].message}"
+    short, recv = results[0].value
+    for info, bound in ((short, 0.5), (recv, 2.0)):
+        assert "DistTimeout" in info["mro"], info
+        assert bound - 0.1 < info["elapsed"] < bound + 2.0, info
+    line = line_of(__file__, "# RECV-HERE")
+    assert "rank 1" in recv["message"] and f"{ME}:{line}" in recv["message"], recv["message"]
