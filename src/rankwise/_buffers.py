@@ -257,7 +257,11 @@ def reduce_into(dst: npt.NDArray[Any], src: npt.NDArray[Any], d: DType, op: Redu
         return
     fn = table.get("int") if op.name in ("BAND", "BOR", "BXOR") else table["num"]
     assert fn is not None
-    fn(dst, src, out=dst)
+    if d.kind in ("float", "complex"):
+        with np.errstate(all="ignore"):  # inf/nan propagate silently, as in torch
+            fn(dst, src, out=dst)
+    else:
+        fn(dst, src, out=dst)
 
 
 def divide_in_place(arr: npt.NDArray[Any], d: DType, n: int) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
+
+import numpy as np
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -83,12 +85,21 @@ class Pending:
         return self.frame
 
 
+def _uninitialized(n: int) -> memoryview:
+    """Room for a parked payload; not zero-filled (it is overwritten at once)."""
+    return memoryview(np.empty(n, np.uint8)) if n else memoryview(b"")
+
+
 @dataclass(slots=True)
 class _Arrival:
     frame: Frame
-    data: bytearray | memoryview
+    data: memoryview
     complete: bool = False
     waiter: Pending | None = None
+
+
+#: token for the payload of a frame that is read off the wire and dropped
+_DISCARD = _Arrival(Frame(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), memoryview(b""))
 
 
 @dataclass(slots=True)
@@ -130,10 +141,11 @@ class Router:
             state = self._groups.setdefault(group, _GroupState())
             state.calls[seq] = fp
             state.calls.pop(seq - keep, None)
-            early = state.early.pop(seq, ())
-        for frame in early:
-            if fp.differs(frame):
-                self._on_mismatch(frame, fp, "")
+            bad = [f for f in state.early.pop(seq, ()) if fp.differs(f)]
+            for f in bad:  # parked before we made the call: never deliver it
+                self._coll_arrived.pop((f.group, f.seq, f.src, f.step), None)
+        for frame in bad:
+            self._on_mismatch(frame, fp, "")
 
     def check_alive(self, peers: "list[int] | range | None" = None) -> None:
         """Raise the failure that makes communication pointless, if there is one."""
@@ -206,14 +218,14 @@ class Router:
 
     # --- arrivals (I/O thread) -------------------------------------------------------
 
-    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+    def on_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
         """Decide where the payload of ``frame`` goes: a writable buffer and a token
         that the transport passes to ``on_payload`` once the buffer is filled."""
         if frame.kind == Kind.COLL:
             return self._coll_header(frame)
         return self._p2p_header(frame)
 
-    def _coll_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+    def _coll_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
         key = (frame.group, frame.seq, frame.src, frame.step)
         arrival: _Arrival | None = None
         first = True
@@ -231,20 +243,25 @@ class Router:
                     del self._coll_posted[key]
                     assert pending.buffer is not None
                     return pending.buffer, pending
+                wrong_size = pending is not None and pending.nbytes != frame.payload_len
+                if bad or wrong_size:
+                    break  # never deliver a frame that contradicts our call
                 if arrival is not None:
                     # re-checked under the lock: a receive posted while we allocated would
                     # otherwise never meet this arrival
                     self._coll_arrived[key] = arrival
                     break
-            arrival = _Arrival(frame, bytearray(frame.payload_len))  # allocate unlocked
-        if bad:
-            self._on_mismatch(frame, fp, "")
-        elif pending is not None and pending.nbytes != frame.payload_len:
-            self._on_mismatch(frame, fp, f"rank {frame.src} sent {frame.payload_len} bytes where "
-                              f"{pending.nbytes} were expected (uneven split sizes?)")
+            arrival = _Arrival(frame, _uninitialized(frame.payload_len))  # allocate unlocked
+        if bad or wrong_size:
+            assert pending is not None or bad
+            detail = "" if bad else (f"rank {frame.src} sent {frame.payload_len} bytes where "
+                                     f"{pending.nbytes} were expected (uneven split sizes?)")
+            self._on_mismatch(frame, fp, detail)
+            return _uninitialized(frame.payload_len), _DISCARD  # read and dropped
+        assert arrival is not None
         return arrival.data, arrival
 
-    def _p2p_header(self, frame: Frame) -> tuple[memoryview | bytearray, Pending | _Arrival]:
+    def _p2p_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
         with self._lock:
             posted = self._p2p_posted[frame.kind]
             for i, pending in enumerate(posted):
@@ -255,7 +272,7 @@ class Router:
                         return pending.buffer, pending
                     if pending.buffer is None:  # "whatever arrives" (object messages)
                         del posted[i]
-                        arrival = _Arrival(frame, bytearray(frame.payload_len), waiter=pending)
+                        arrival = _Arrival(frame, _uninitialized(frame.payload_len), waiter=pending)
                         self._p2p_arrived[frame.kind].append(arrival)
                         return arrival.data, arrival
                     size_error = DistError(
@@ -266,7 +283,7 @@ class Router:
                     del posted[i]
                     pending.finish(frame, size_error)
                     break
-            arrival = _Arrival(frame, bytearray(frame.payload_len))
+            arrival = _Arrival(frame, _uninitialized(frame.payload_len))
             self._p2p_arrived[frame.kind].append(arrival)
         return arrival.data, arrival
 
@@ -274,6 +291,8 @@ class Router:
         """The payload of ``frame`` is now entirely in the buffer ``on_header`` gave."""
         if isinstance(token, Pending):  # it went straight into a posted buffer
             token.finish(frame)
+            return
+        if token is _DISCARD:
             return
         arrival = token
         with self._lock:
@@ -292,7 +311,7 @@ class Router:
     def _deliver_copy(self, arrival: _Arrival, pending: Pending) -> None:
         frame = arrival.frame
         if pending.buffer is None:
-            pending.buffer = memoryview(arrival.data)
+            pending.buffer = arrival.data
             pending.nbytes = len(arrival.data)
             pending.finish(frame)
             return

@@ -192,7 +192,10 @@ class _Decoder:
             re, im = struct.unpack("<dd", self.take(16))
             return complex(re, im)
         if tag == b"s":
-            return self.blob().decode("utf-8", "surrogatepass")
+            try:
+                return self.blob().decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                raise self._bad("string is not valid UTF-8") from None
         if tag == b"b":
             return self.blob()
         if tag == b"B":
@@ -235,19 +238,23 @@ class _Decoder:
         if any(d < 0 for d in shape):
             raise self._bad("negative dimension")
         raw = self.take(struct.unpack("<Q", self.take(8))[0])
+        numel = 1
+        for d in shape:  # python ints: no overflow on hostile shapes
+            numel *= d
         if tag == b"a":
             if dtype not in _NUMPY_OK:
                 raise self._bad(f"numpy dtype {dtype!r} not allowed")
-            arr = np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
-            if arr.size != int(np.prod(shape, dtype=np.int64)):
+            if numel * np.dtype(dtype).itemsize != len(raw):
                 raise self._bad("array size does not match its shape")
-            return arr.reshape(shape)
-        import torch  # the sender sent a tensor, so it expects torch here too
-
+            return np.frombuffer(raw, dtype=np.dtype(dtype)).copy().reshape(shape)
+        try:
+            import torch  # the sender sent a tensor, so it expects torch here too
+        except ImportError:
+            raise self._bad("it contains a torch tensor but torch is not installed here") \
+                from None
         tdtype = getattr(torch, dtype, None)
         if not isinstance(tdtype, torch.dtype):
             raise self._bad(f"torch dtype {dtype!r} unknown")
-        numel = int(np.prod(shape, dtype=np.int64))
         if numel * tdtype.itemsize != len(raw):
             raise self._bad("tensor size does not match its shape")
         if not raw:
