@@ -13,14 +13,13 @@ and the latency ratio is rankwise/gloo time, <1 means rankwise is faster).
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import socket
 import sys
 import time
 from datetime import timedelta
 from typing import Any
-
-import multiprocessing as mp
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 

@@ -57,7 +57,7 @@ def recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
     while got < n:
         try:
             k = sock.recv_into(view[got:])
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise DistNetworkError(f"timed out reading {what}") from exc
         except OSError as exc:
             raise DistNetworkError(f"connection failed while reading {what}: {exc}") from exc

@@ -10,8 +10,9 @@ through float32 with round-to-nearest-even, as torch's CPU kernels do per elemen
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,14 +25,14 @@ __all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "dtype_by_code", "reduce_
 class ReduceOp:
     """Reduction operators, with torch.distributed's names (``ReduceOp.SUM`` ...)."""
 
-    SUM: "ReduceOp"
-    AVG: "ReduceOp"
-    PRODUCT: "ReduceOp"
-    MIN: "ReduceOp"
-    MAX: "ReduceOp"
-    BAND: "ReduceOp"
-    BOR: "ReduceOp"
-    BXOR: "ReduceOp"
+    SUM: ReduceOp
+    AVG: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
 
     __slots__ = ("code", "name")
 

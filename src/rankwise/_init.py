@@ -302,7 +302,7 @@ def _leave(world: World, where: str) -> None:
     if callable(close):
         try:
             close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - leaving must not fail on a dead store
             pass
     set_world(None)
 
@@ -380,7 +380,7 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
                 "message": f"{exc_type.__name__}: {exc}"[:4000],
                 "traceback": text[-40000:], "last": world.comm.last_call,
             })
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - the original error matters more
             pass
     _previous_excepthook(exc_type, exc, tb)
 

@@ -55,13 +55,13 @@ def _do_send(g: ProcessGroup, buf: Buffer, dst: int, tag: int) -> None:
     fp = Fingerprint(int(Op.send), buf.dtype.code, 0, 0, buf.numel)
     comm = g.comm
     comm.router.check_alive([dst])
-    payload = memoryview(buf.array.view("uint8")) if buf.nbytes else None
+    payload = buf.array.view("uint8").data if buf.nbytes else None
     comm.send(dst, Kind.P2P, payload, time.monotonic() + g.timeout, group=g.id, fp=fp,
               site=capture(), tag=tag)
 
 
 def _post_recv(g: ProcessGroup, buf: Buffer, src: int, tag: int) -> Pending:
-    return g.comm.router.post_p2p(Kind.P2P, src, tag, memoryview(buf.array.view("uint8")))
+    return g.comm.router.post_p2p(Kind.P2P, src, tag, buf.array.view("uint8").data)
 
 
 def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int,

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
 
 from ._wire import Frame, Kind
 from .errors import DistError, DistTimeout
@@ -51,7 +51,7 @@ class Pending:
     Waiting blocks in the kernel (a lock acquire with timeout), never spins.
     """
 
-    __slots__ = ("_done", "buffer", "error", "frame", "src", "tag", "nbytes", "completed")
+    __slots__ = ("_done", "buffer", "completed", "error", "frame", "nbytes", "src", "tag")
 
     def __init__(self, buffer: memoryview | None, src: int, tag: int = 0) -> None:
         self._done = threading.Lock()
@@ -87,7 +87,7 @@ class Pending:
 
 def _uninitialized(n: int) -> memoryview:
     """Room for a parked payload; not zero-filled (it is overwritten at once)."""
-    return memoryview(np.empty(n, np.uint8)) if n else memoryview(b"")
+    return memoryview(np.empty(n, np.uint8).data) if n else memoryview(b"")
 
 
 @dataclass(slots=True)
@@ -147,7 +147,7 @@ class Router:
         for frame in bad:
             self._on_mismatch(frame, fp, "")
 
-    def check_alive(self, peers: "list[int] | range | None" = None) -> None:
+    def check_alive(self, peers: list[int] | range | None = None) -> None:
         """Raise the failure that makes communication pointless, if there is one."""
         if self._failed is not None:
             raise self._failed
@@ -253,8 +253,7 @@ class Router:
                     break
             arrival = _Arrival(frame, _uninitialized(frame.payload_len))  # allocate unlocked
         if bad or wrong_size:
-            assert pending is not None or bad
-            detail = "" if bad else (f"rank {frame.src} sent {frame.payload_len} bytes where "
+            detail = "" if bad or pending is None else (f"rank {frame.src} sent {frame.payload_len} bytes where "
                                      f"{pending.nbytes} were expected (uneven split sizes?)")
             self._on_mismatch(frame, fp, detail)
             return _uninitialized(frame.payload_len), _DISCARD  # read and dropped

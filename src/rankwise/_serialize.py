@@ -76,6 +76,9 @@ def loads(data: bytes | bytearray | memoryview, allow_pickle: bool = False,
     return value
 
 
+_CONTAINER_TAGS: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"e", frozenset: b"z"}
+
+
 class _Unsupported(Exception):
     pass
 
@@ -107,7 +110,7 @@ def _enc(obj: Any, out: bytearray, depth: int) -> None:
     elif t is bytearray:
         _put_bytes(out, b"B", bytes(obj))
     elif t in (list, tuple, set, frozenset):
-        tag = {list: b"l", tuple: b"t", set: b"e", frozenset: b"z"}[t]
+        tag = _CONTAINER_TAGS[t]
         out += tag + _U32.pack(len(obj))
         for item in obj:
             _enc(item, out, depth + 1)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from .errors import DistTimeout
 
@@ -86,7 +87,7 @@ class _Worker:
             work, fn = item
             try:
                 fn()
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
                 work._finish(exc)
             else:
                 work._finish()

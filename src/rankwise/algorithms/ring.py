@@ -42,7 +42,7 @@ def chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
 _local = threading.local()
 
 
-def scratch(nbytes: int) -> "np.ndarray[Any, np.dtype[np.uint8]]":
+def scratch(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A per-thread buffer reused across calls: fresh multi-MiB allocations cost a page
     fault per 4 KiB on first touch, which showed up as ~10% of a large all_reduce."""
     buf: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_local, "buf", None)
@@ -85,7 +85,7 @@ def _run_ring(link: Link, chunks: list[Array], reduce_steps: int, gather_steps: 
     # post every receive up front, so the I/O thread can land data whenever it comes
     handles: list[list[tuple[Handle, Array | None]]] = []
     for t in range(total):
-        row = []
+        row: list[tuple[Handle, Array | None]] = []
         for k, seg in enumerate(segs[in_chunk(t)]):
             if t < reduce_steps:
                 tmp = arena[offset:offset + seg.nbytes].view(seg.dtype)
@@ -105,10 +105,10 @@ def _run_ring(link: Link, chunks: list[Array], reduce_steps: int, gather_steps: 
         link.send(right, seg, k)
     for t in range(total):
         dest = segs[in_chunk(t)]
-        for k, (handle, tmp) in enumerate(handles[t]):
+        for k, (handle, incoming) in enumerate(handles[t]):
             link.wait(handle)
-            if tmp is not None:
-                link.reduce(dest[k], tmp)
+            if incoming is not None:
+                link.reduce(dest[k], incoming)
                 if t == reduce_steps - 1:
                     link.finish_avg(dest[k])
             if t + 1 < total:

@@ -10,8 +10,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import DistTimeout
 
@@ -55,12 +56,12 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, 
     result = RankResult(rank)
     try:
         if init:
-            kwargs = {"backend": "tcp", "init_method": f"tcp://127.0.0.1:{port}",
+            kwargs: dict[str, Any] = {"backend": "tcp", "init_method": f"tcp://127.0.0.1:{port}",
                       "rank": rank, "world_size": world_size, "timeout": 30.0}
             kwargs.update(init_kwargs)
             rankwise.init_process_group(**kwargs)
         result.value = fn(rank, world_size, *args)
-    except BaseException as exc:  # report everything, SystemExit included
+    except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit too
         result.error_type = type(exc).__name__
         result.error_types = [c.__name__ for c in type(exc).__mro__]
         result.message = str(exc)
@@ -68,12 +69,12 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, 
     result.elapsed = time.monotonic() - start
     try:
         results.put(result)
-    except Exception as exc:  # unpicklable return value
+    except Exception as exc:  # noqa: BLE001 - unpicklable return value
         results.put(RankResult(rank, None, "PicklingError", ["PicklingError"], repr(exc)))
     if init and rankwise.is_initialized():
         try:
             rankwise.destroy_process_group()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - the result is already reported
             pass
     sys.stdout.flush()
 
