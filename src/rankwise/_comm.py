@@ -99,12 +99,6 @@ class Activity:
     call: str = ""  #: the call's description, when known without formatting on the hot path
 
 
-class _Departed(PeerFailure):
-    """A peer said goodbye; re-phrased at wait time with what *this* rank waits in."""
-
-    def __init__(self, rank: int, where: str, message: str) -> None:
-        super().__init__(message, rank=rank)
-        self.where = where
 
 
 class Communicator:
@@ -134,6 +128,7 @@ class Communicator:
         self.warn_after = _env_seconds("RANKWISE_WARN_AFTER", 30.0)
         self._diagnosing = False
         self._diag_lock = threading.Lock()
+        self._diag_done: threading.Event | None = None
         self.tracer: Any = None
         trace_dir = os.environ.get("RANKWISE_TRACE")
         if trace_dir:
@@ -248,8 +243,10 @@ class Communicator:
                 self._call_of(self.activity).startswith("rank_zero_first"):
             hint = ("only some ranks entered rank_zero_first/main_process_first: every rank "
                     "of the group must enter it (do not call it from a rank-0-only branch)")
-        return _Departed(rank, where, f"rank {rank} finished and {where} while rank "
-                         f"{self.rank} waits in {doing}: {hint}")
+        exc = PeerFailure(f"rank {rank} finished and {where} while rank {self.rank} waits "
+                          f"in {doing}: {hint}", rank=rank)
+        exc.departed_where = where  # type: ignore[attr-defined]  # re-phrased in wait()
+        return exc
 
     def _on_abort(self, src: int, payload: bytes) -> None:
         try:
@@ -343,21 +340,65 @@ class Communicator:
             self.router.cancel(pending)
             if quiet:
                 raise
-            raise DistTimeout(what(), report=self.where_table(
-                f"rank {self.rank} timed out in {self._doing() or 'a wait'}")) from None
-        except _Departed as exc:  # say what *we* wait in now, not when the goodbye came
-            assert exc.rank is not None
-            raise self._departed_error(exc.rank, exc.where) from None
+            table = self._check_where(f"rank {self.rank} timed out in "
+                                      f"{self._doing() or 'a wait'}")
+            failure = self.router.failure
+            if isinstance(failure, CollectiveMismatch):  # the table explained the hang
+                raise failure from None
+            raise DistTimeout(what(), report=table) from None
+        except PeerFailure as exc:
+            where = getattr(exc, "departed_where", None)
+            if where is None or exc.rank is None:
+                raise
+            # say what *this* rank waits in now, not what it did when the goodbye came
+            raise self._departed_error(exc.rank, where) from None
+        except CollectiveMismatch:
+            self.await_diagnosis()  # raise it with the divergence report in it
+            raise
 
     def _warn_slow(self, what: Callable[[], str]) -> None:
         try:
-            table = self.where_table(f"rank {self.rank} has waited {self.warn_after:g}s "
-                                     f"(RANKWISE_WARN_AFTER) in {self._doing() or 'a wait'}")
+            table = self._check_where(f"rank {self.rank} has waited {self.warn_after:g}s "
+                                      f"(RANKWISE_WARN_AFTER) in {self._doing() or 'a wait'}")
+            if self.router.failure is not None:
+                return  # the table explained the wait: the waiter raises, no warning
             log.warning("rankwise: slow wait on rank %d — %s\n%s", self.rank,
                         what().replace(" timed out after", " still waiting; timeout is"), table)
         except Exception as exc:  # noqa: BLE001 - diagnosis must never break the wait
             log.warning("rankwise: rank %d could not build a who-is-where report: %r",
                         self.rank, exc)
+
+    def _check_where(self, headline: str) -> str:
+        """Gather the table; if it shows ranks blocked in the same collective with
+        different calls (a mismatch no frame revealed), fail every rank with it now."""
+        from .diagnosis.report import format_where, mismatch_report, stalled_mismatch
+
+        reports = self.where_is_everyone(2.0)
+        table = format_where(reports, headline)
+        found = stalled_mismatch(reports)
+        if found is None:
+            return table
+        group, seq, calls = found
+        g = self.groups.get(group)
+        gname = g.name if g is not None else f"group {group}"
+        sides = [f"{_ranks(ranks)} called {call} at "
+                 f"{reports[ranks[0]].get('site') or '<unknown>'}"
+                 for call, ranks in sorted(calls.items(), key=lambda kv: kv[1][0])]
+        first = sorted(calls.values(), key=lambda rs: rs[0])
+        message = (
+            f"collective mismatch in {gname}, collective #{seq}: " + ", but ".join(sides)
+            + f". No message crossed between them (each waits to receive), so rank "
+            f"{self.rank} found it by asking every rank where it is. Every rank of a group "
+            "must make the same collective calls in the same order, with the same op, "
+            "dtype, element count, root and reduce op.\n\n"
+            + mismatch_report(reports, group, seq, first[0][0], first[1][0]))
+        with self._diag_lock:
+            if self.router.failure is not None:
+                return table
+            self._diagnosing = True
+        self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message})
+        self.router.fail_all(CollectiveMismatch(message))
+        return table
 
     def where_table(self, headline: str, timeout: float = 2.0) -> str:
         """Ask every rank where it is and format one table (the slow path)."""
@@ -395,31 +436,45 @@ class Communicator:
             if self._diagnosing or self.router.failure is not None:
                 return
             self._diagnosing = True
-        if not enabled():
-            self._fail_mismatch(message)
+            if enabled():
+                self._diag_done = threading.Event()
+        # Poison at once (no later frame may be used), but hold this rank's waiters in
+        # ``wait`` until the report is in the exception: see ``await_diagnosis``.
+        exc = CollectiveMismatch(message)
+        self.router.fail_all(exc)
+        if self._diag_done is None:
+            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message},
+                                 background=True)
             return
-        threading.Thread(target=self._diagnose_mismatch, args=(frame, message),
+        threading.Thread(target=self._diagnose_mismatch, args=(frame, message, exc),
                          name="rankwise-diagnose", daemon=True).start()
 
-    def _diagnose_mismatch(self, frame: Frame, message: str) -> None:
-        """Off the I/O thread: gather every rank's history (bounded), then fail."""
+    def _diagnose_mismatch(self, frame: Frame, message: str, exc: CollectiveMismatch) -> None:
+        """Off the I/O thread: gather every rank's history (bounded), complete the
+        exception's message, tell the peers, then release this rank's waiters."""
+        assert self._diag_done is not None
         report = ""
         try:
             from .diagnosis.report import mismatch_report
 
             report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
                                      self.rank, frame.src)
-        except Exception as exc:  # noqa: BLE001 - a report must never hide the mismatch
-            report = f"(the divergence report failed: {exc!r})"
-        self._fail_mismatch(message + ("\n\n" + report if report else ""))
+        except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
+            report = f"(the divergence report failed: {err!r})"
+        full = message + ("\n\n" + report if report else "")
+        exc.args = (full,)
+        try:
+            # peers before our own raise: this rank may exit right after, and the abort
+            # must reach them before its closed connection does
+            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full})
+        finally:
+            self._diag_done.set()
 
-    def _fail_mismatch(self, message: str) -> None:
-        if self.router.failure is None:
-            # peers first (synchronously: this rank may exit right after it raises, and the
-            # abort must reach them before the closed connection does)
-            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message},
-                                 background=False)
-            self.router.fail_all(CollectiveMismatch(message))
+    def await_diagnosis(self, timeout: float = 5.0) -> None:
+        """Block (bounded) until a mismatch report being built is in its exception."""
+        done = self._diag_done
+        if done is not None:
+            done.wait(timeout)
 
     def _site_of_seq(self, group: int, seq: int) -> CallSite | None:
         if self.site_lookup is not None:
@@ -535,8 +590,14 @@ class Communicator:
                 self.transport.send(p, encode_header(Kind.WHERE, tag=rid), None, deadline)
             except DistError:
                 pass
-        if live:
-            event.wait(timeout)
+        while live and not event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            event.wait(min(left, 0.05))
+            # a peer that leaves or dies meanwhile will never answer: stop waiting for it
+            if all(p in answers or self.router.peer_gone(p) is not None for p in live):
+                break
         with self._where_lock:
             self._where_waiters.pop(rid, None)
         self._where_expected.pop(rid, None)
@@ -557,6 +618,12 @@ class Communicator:
                 result[p] = {"rank": p, "no_answer": True, "state": "did not answer within "
                              f"{timeout:g}s (hung, stopped, or busy without releasing the GIL)"}
         return result
+
+
+def _ranks(ranks: list[int]) -> str:
+    from .diagnosis.report import rank_list
+
+    return rank_list(ranks)
 
 
 class _Text:

@@ -84,6 +84,8 @@ class ProcessGroup:
 
     def begin(self, fp: Fingerprint, site: CallSite) -> tuple[int, CallRecord]:
         """Take the next sequence number and register the call (before any I/O)."""
+        if self.comm.router.failure is not None:
+            self.comm.await_diagnosis()
         self.comm.router.check_alive()
         self.seq += 1
         seq = self.seq

@@ -24,7 +24,8 @@ import socket
 import time
 from typing import Any
 
-__all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list"]
+__all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
+           "stalled_mismatch"]
 
 HISTORY_SENT = 16  #: calls per group a rank puts in its report
 GROUPS_SENT = 16  #: groups per report (most recently created)
@@ -87,6 +88,8 @@ def build_report(comm: Any) -> dict[str, Any]:
         "waiting_for": a.waiting_for if a.op else -1,
         "patient": bool(a.patient),
         "site": a.site.short if a.op else "",
+        "chain": a.site.chain if a.op else "",
+        "call": comm._call_of(a) if a.op and a.kind != "recv" else "",
     }
     failure = comm.router.failure
     if failure is not None:
@@ -124,7 +127,7 @@ def find_cycle(reports: dict[int, dict[str, Any]]) -> list[int]:
     edges: dict[int, int] = {}
     for r, rep in reports.items():
         w = rep.get("waiting_for", -1)
-        if rep.get("op") and isinstance(w, int) and w >= 0 and w != r and not rep.get("failed"):
+        if rep.get("op") and isinstance(w, int) and w >= 0 and w != r:
             edges[r] = w
     for start in sorted(edges):
         path: list[int] = []
@@ -169,6 +172,22 @@ def format_where(reports: dict[int, dict[str, Any]], headline: str) -> str:
     if cycle:
         lines.append(cycle)
     return "\n".join(lines)
+
+
+def stalled_mismatch(reports: dict[int, dict[str, Any]]
+                     ) -> tuple[int, int, dict[str, list[int]]] | None:
+    """Ranks blocked in the *same* collective (group, seq) with different calls: a
+    mismatch no frame revealed (crossed roots: every rank waits to receive, nobody
+    sends). Returns (group, seq, {call: ranks}) or None."""
+    seen: dict[tuple[int, int], dict[str, list[int]]] = {}
+    for r, rep in reports.items():
+        if rep.get("op") and rep.get("kind") == "collective" and rep.get("call"):
+            key = (int(rep.get("group", 0)), int(rep.get("seq", 0)))
+            seen.setdefault(key, {}).setdefault(str(rep["call"]), []).append(r)
+    for key in sorted(seen):
+        if len(seen[key]) > 1:
+            return key[0], key[1], seen[key]
+    return None
 
 
 # --- where the histories diverged ------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""The catalogue of broken programs (issue 4): each ends on every rank, in seconds, with
+the right error type and a report naming ranks, ops and file:line — and correct
+programs stay silent.
+
+Every rank is a real process started like a user's job (env:// init, uncaught
+exceptions through ``sys.excepthook``); the programs are in ``test_diagnosis_programs.py``.
+Short timeouts via the environment keep each case to a few seconds: the group timeout
+(``RANKWISE_TIMEOUT``) is far above the bound each test asserts where the cause is known.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SRC = os.path.join(ROOT, "src")
+PROGRAMS = os.path.join(HERE, "test_diagnosis_programs.py")
+TRAP = os.path.join(ROOT, "examples", "barrier_trap.py")
+
+sys.path.insert(0, HERE)
+from test_diagnosis_programs import line_of
+
+pytestmark = pytest.mark.timeout(90)
+
+P = "test_diagnosis_programs.py"
+
+
+@dataclass
+class Rank:
+    rank: int
+    rc: int
+    out: str
+    err: str
+    elapsed: float
+
+    def _match(self) -> re.Match[str] | None:
+        # a rankwise error's header comes first (a PeerFailure quotes the remote
+        # traceback after it); other exceptions: the traceback's last header
+        m = re.search(r"^rankwise\.errors\.(\w+): ", self.err, re.MULTILINE)
+        if m:
+            return m
+        found = list(re.finditer(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): ", self.err, re.MULTILINE))
+        return found[-1] if found else None
+
+    @property
+    def error(self) -> str:
+        """Class name of the uncaught exception."""
+        m = self._match()
+        return m.group(1) if m else ""
+
+    @property
+    def message(self) -> str:
+        m = self._match()
+        return self.err[m.start():] if m else ""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float = 30.0,
+        env: dict[str, str] | None = None, bound: float = 40.0) -> list[Rank]:
+    """Start ``n`` ranks of ``script`` and wait (hard bound ``bound`` s) for all of them."""
+    port = _port()
+    procs = []
+    starts = []
+    for r in range(n):
+        e = dict(os.environ)
+        e.update({"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                  "RANKWISE_TIMEOUT": str(timeout), "RANKWISE_WARN_AFTER": str(warn),
+                  "PYTHONPATH": SRC + os.pathsep + e.get("PYTHONPATH", ""),
+                  "PYTHONUNBUFFERED": "1"})
+        e.update(env or {})
+        starts.append(time.monotonic())
+        procs.append(subprocess.Popen([sys.executable, script, *args], env=e, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    deadline = time.monotonic() + bound
+    results = []
+    try:
+        for r, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                pytest.fail(f"rank {r} of {script} {args} still running after {bound}s")
+            results.append(Rank(r, p.returncode, out, err, time.monotonic() - starts[r]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def case(name: str, **kw: object) -> list[Rank]:
+    return run(PROGRAMS, name, **kw)  # type: ignore[arg-type]
+
+
+def check(ranks: list[Rank], error: str, *needles: str, within: float | None = None,
+          only: list[int] | None = None) -> None:
+    for res in ranks:
+        if only is not None and res.rank not in only:
+            continue
+        assert res.error == error, (f"rank {res.rank}: expected {error}, got "
+                                    f"{res.error or 'no error'} (rc {res.rc}):\n{res.err[-3000:]}")
+        for needle in needles:
+            assert needle in res.message, (f"rank {res.rank}: {error} lacks {needle!r}:\n"
+                                           f"{res.message[:4000]}")
+        if within is not None:
+            assert res.elapsed < within, f"rank {res.rank} ended after {res.elapsed:.1f}s"
+
+
+# --- the seed trap -----------------------------------------------------------------------
+
+def test_seed_trap_names_the_validation_loader_barrier() -> None:
+    ranks = run(TRAP, n=4, timeout=30.0)
+    release = line_of("release", TRAP)
+    val = line_of("val", TRAP)
+    end = line_of("end-of-epoch", TRAP)
+    average = line_of("average", TRAP)
+    check(ranks, "CollectiveMismatch",
+          "Where the ranks diverged: collective #3",
+          f"rank 0 reached barrier() at barrier_trap.py:{release} in "
+          "torch_distributed_zero_first <- barrier_trap.py:",
+          f"in create_dataloader <- barrier_trap.py:{val} in main",
+          f"ranks 1-3 reached barrier() at barrier_trap.py:{end} in main",
+          f"all_reduce(float32 x 8, op=SUM) at barrier_trap.py:{average}",
+          "collective #4", within=15.0)
+
+
+def test_seed_trap_fixed_runs_clean_and_silent() -> None:
+    ranks = run(TRAP, "--fixed", n=4, timeout=30.0, warn=1.0)
+    for res in ranks:
+        assert res.rc == 0, res.err[-3000:]
+        assert res.err.strip() == "", res.err[-3000:]
+    assert "PASS (fixed)" in ranks[0].out
+
+
+def test_seed_trap_with_rank_zero_first_names_the_trap() -> None:
+    ranks = run(TRAP, "--safe", n=4, timeout=30.0)
+    check(ranks, "CollectiveMismatch", "rank-0-first trap", "rank_zero_first(",
+          f"barrier_trap.py:{line_of('end-of-epoch', TRAP)}", within=15.0)
+
+
+# --- mismatches ----------------------------------------------------------------------------
+
+def test_barrier_on_a_subset_of_ranks() -> None:
+    ranks = case("subset_barrier", n=3)
+    check(ranks, "CollectiveMismatch", "Where the ranks diverged: collective #2",
+          f"rank 2 reached all_reduce(float32 x 4, op=SUM) at {P}:{line_of('subset-after')}",
+          f"ranks 0, 1 reached barrier() at {P}:{line_of('subset-barrier')}", within=15.0)
+
+
+def test_uneven_batches() -> None:
+    ranks = case("uneven_batches")
+    check(ranks, "CollectiveMismatch", "collective #5",
+          f"rank 0 reached all_reduce(float32 x 4, op=SUM) at {P}:{line_of('uneven-step')}",
+          f"rank 1 reached all_reduce(float32 x 1, op=SUM) at {P}:{line_of('uneven-metric')}",
+          "Up to #4 every rank made the same calls", within=15.0)
+
+
+@pytest.mark.parametrize("name,needles", [
+    ("shape", ["collective #2", "all_reduce(float32 x 4, op=SUM)",
+               "all_reduce(float32 x 5, op=SUM)"]),
+    ("dtype", ["broadcast(float32 x 4, root=0)", "broadcast(int64 x 4, root=0)"]),
+    ("root", ["gather(float32 x 2, root=0)", "gather(float32 x 2, root=1)"]),
+    ("op", ["all_reduce(float32 x 4, op=SUM)", "all_reduce(float32 x 4, op=MAX)"]),
+])
+def test_argument_mismatches(name: str, needles: list[str]) -> None:
+    # crossed roots: no frame crosses (each rank waits to receive); the who-is-where
+    # check at the warning threshold finds the mismatch, long before the timeout
+    ranks = case(name, warn=1.0)
+    check(ranks, "CollectiveMismatch", *needles, f"{P}:{line_of(name)}",
+          "Where the ranks diverged", "rank 0", "rank 1", within=15.0)
+
+
+def test_barrier_names_must_match() -> None:
+    ranks = case("barrier_names")
+    check(ranks, "CollectiveMismatch", "collective #2", "name='checkpoint'",
+          "name='epoch-end'", f"{P}:{line_of('named')}", within=15.0)
+
+
+# --- failures --------------------------------------------------------------------------------
+
+def test_rank_raising_mid_epoch() -> None:
+    ranks = case("raises")
+    assert ranks[1].error == "ValueError"
+    check(ranks, "PeerFailure", "rank 1 failed: ValueError: corrupt batch in shard 1",
+          f'line {line_of("raise")}', "its last collective: all_reduce(float32 x 4, op=SUM) "
+          f"at {P}:{line_of('raise-step')}", "rank 0 was in all_reduce", only=[0], within=15.0)
+
+
+def test_rank_exiting_early() -> None:
+    ranks = case("exits_early")
+    assert ranks[1].rc == 0, ranks[1].err
+    check(ranks, "PeerFailure",
+          f"rank 1 finished and called destroy_process_group at {P}:{line_of('leave')}",
+          f"while rank 0 waits in all_reduce(float32 x 4, op=SUM) #2 (group 0) at "
+          f"{P}:{line_of('early-step')}", only=[0], within=15.0)
+
+
+def test_rank_killed_with_sigkill() -> None:
+    ranks = case("killed")
+    assert ranks[1].rc == -9
+    check(ranks, "PeerFailure", "rank 1 died", "without a goodbye",
+          f"Last collective seen from rank 1: all_reduce(float32 x 4, op=SUM) at "
+          f"{P}:{line_of('killed-step')}", only=[0], within=15.0)
+
+
+def test_rank_stuck_in_a_long_computation() -> None:
+    ranks = case("stuck", timeout=3.0, warn=1.0, env={"STUCK_FOR": "6"})
+    zero = ranks[0]
+    # the warning table, logged once the wait passed RANKWISE_WARN_AFTER
+    assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
+    check(ranks, "DistTimeout", "timed out after 3s in barrier()",
+          f"at {P}:{line_of('stuck-barrier')}", "waiting for rank 1", "who is where",
+          "rank 1: running user code since", f"last call: barrier() at {P}:", only=[0],
+          within=12.0)
+    # rank 1 comes back from its computation and learns why rank 0 is gone
+    check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
+
+
+def test_p2p_cycle_is_named() -> None:
+    ranks = case("p2p_cycle", timeout=3.0, warn=1.0)
+    recv_line = f"{P}:{line_of('cycle-recv')}"
+    for res in ranks:
+        # named in the table logged at the warning threshold, while both still wait
+        assert (f"DEADLOCK: rank 0 waits for rank 1 (recv at {recv_line} in p2p_cycle), "
+                f"which waits for rank 0 (recv at {recv_line}") in res.err, res.err
+    check(ranks, "DistTimeout", "in recv from rank", "who is where", within=12.0)
+
+
+def test_monitored_barrier_names_the_missing_rank() -> None:
+    ranks = case("monitored", n=3)
+    check(ranks, "DistTimeout", "rank 1 did not reach it within 1s",
+          f"monitored_barrier at {P}:{line_of('monitored')}", "rank 1: running user code",
+          only=[0], within=12.0)
+    check(ranks, "DistTimeout", "rank 0 reports that rank 1 did not reach it", only=[2])
+
+
+def test_rank_zero_first_forwards_rank_zeros_exception() -> None:
+    ranks = case("zero_first_raises", n=3)
+    assert ranks[0].error == "OSError"
+    check(ranks, "PeerFailure", "rank 0 failed: OSError: download failed",
+          f"inside rank_zero_first at {P}:{line_of('rzf-with')}",
+          f'line {line_of("rzf-raise")}', only=[1, 2], within=15.0)
+
+
+# --- correct programs stay silent -------------------------------------------------------------
+
+def test_correct_program_is_silent_with_diagnosis_on() -> None:
+    # rank 0's block outlasts both the collective timeout and the warning threshold
+    ranks = case("zero_first_slow_ok", n=3, timeout=1.0, warn=0.5, env={"BLOCK_FOR": "2"})
+    for res in ranks:
+        assert res.rc == 0, res.err[-3000:]
+        assert res.err.strip() == "", res.err[-3000:]
+        assert "OK" in res.out
+
+
+def test_trace_files_and_merge(tmp_path: object) -> None:
+    trace_dir = os.path.join(str(tmp_path), "trace")
+    ranks = case("traced", env={"RANKWISE_TRACE": trace_dir})
+    for res in ranks:
+        assert res.rc == 0, res.err
+    assert sorted(os.listdir(trace_dir)) == ["rank0.json", "rank1.json"]
+    out = os.path.join(str(tmp_path), "merged.json")
+    done = subprocess.run([sys.executable, "-m", "rankwise.diagnosis.trace", "merge",
+                           trace_dir, "-o", out], env={**os.environ, "PYTHONPATH": SRC},
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    with open(out) as fh:
+        events = json.load(fh)["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    steps = [e for e in spans if e["name"] == "all_reduce" and e["pid"] == 1]
+    assert [e["args"]["seq"] for e in steps] == [1, 2, 3]
+    assert steps[0]["args"]["bytes"] == 32
+    assert f"{P}:{line_of('traced-step')}" in steps[0]["args"]["site"]
+    recv = [e for e in spans if e["name"] == "recv"]
+    assert recv and recv[0]["args"]["peer"] == 0 and recv[0]["pid"] == 1
+    assert any(e["ph"] == "M" and e["args"].get("name") == "rank 1" for e in events)
