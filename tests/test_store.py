@@ -4,7 +4,6 @@ multi-process atomicity of the two stores that cross process boundaries."""
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,11 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-
-try:
-    import rankwise.store  # noqa: F401
-except ImportError:  # running without the conftest / PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rankwise.errors import DistError, DistTimeout, InvalidArgument, StoreError
 from rankwise.store import (

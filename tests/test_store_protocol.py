@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-try:
-    import rankwise.store  # noqa: F401
-except ImportError:  # running without the conftest / PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rankwise.errors import DistNetworkError, InvalidArgument
 from rankwise.store.protocol import (

@@ -5,19 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-
-try:
-    import rankwise.store  # noqa: F401
-except ImportError:  # running without the conftest / PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rankwise._auth import client_handshake
 from rankwise.errors import (
