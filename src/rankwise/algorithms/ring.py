@@ -19,7 +19,7 @@ import numpy as np
 
 from .link import Array, Handle, Link
 
-__all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segments"]
 
 SEGMENT_BYTES = int(os.environ.get("RANKWISE_SEGMENT_BYTES", str(1 << 20)))
 #: chunks at least this big wait for the right neighbour's clear-to-send before step 0
@@ -52,7 +52,8 @@ def scratch(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return buf
 
 
-def _segments(chunk: Array) -> list[Array]:
+def segments(chunk: Array) -> list[Array]:
+    """``chunk`` cut into pieces of about SEGMENT_BYTES (views, no copies)."""
     per = max(1, SEGMENT_BYTES // max(1, chunk.itemsize))
     if chunk.size <= per:
         return [chunk]
@@ -77,7 +78,7 @@ def _run_ring(link: Link, chunks: list[Array], reduce_steps: int, gather_steps: 
     def in_chunk(t: int) -> int:
         return (r - t - 2) % n if t < reduce_steps else (r - (t - reduce_steps) - 1) % n
 
-    segs = [_segments(c) for c in chunks]
+    segs = [segments(c) for c in chunks]
     nseg = max(len(s) for s in segs)  # step-id stride; chunks may differ by one element
     arena = scratch(sum(segs[in_chunk(t)][0].itemsize * chunks[in_chunk(t)].size
                         for t in range(reduce_steps)))

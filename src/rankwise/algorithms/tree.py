@@ -1,38 +1,69 @@
-"""Binomial trees: broadcast and reduce in ceil(log2 n) rounds (latency-bound sizes).
+"""Binomial trees: broadcast and reduce in ceil(log2 n) rounds.
 
 Ranks are renumbered relative to the root (``v = (rank - root) % n``) so any root works
-and any group size, power of two or not.
+and any group size, power of two or not. Large broadcasts are cut into segments that
+each rank forwards to its children as soon as it has them, so the tree works as a
+pipeline instead of moving the whole message one level at a time. Large reduces go
+through a ring reduce-scatter plus a gather to the root (see ``reduce``).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
+from . import ring
 from .link import Array, Link, recv
 
 __all__ = ["broadcast", "reduce"]
 
 
-def broadcast(link: Link, data: Array, root: int) -> None:
-    n, v = link.size, (link.rank - root) % link.size
-    mask = 1
+def _parent_children(v: int, n: int) -> tuple[int, list[int]]:
+    """The virtual parent (-1 for the root) and children, largest subtree first."""
+    parent, mask = -1, 1
     while mask < n:
         if v & mask:
-            recv(link, (v - mask + root) % n, data, 0)
+            parent = v - mask
             break
         mask <<= 1
+    children = []
     mask >>= 1
     while mask > 0:
         if v + mask < n:
-            link.send((v + mask + root) % n, data, 0)
+            children.append(v + mask)
         mask >>= 1
+    return parent, children
+
+
+def broadcast(link: Link, data: Array, root: int) -> None:
+    n = link.size
+    v = (link.rank - root) % n
+    parent, children = _parent_children(v, n)
+    segs = ring.segments(data)
+    real = [(c + root) % n for c in children]
+    if parent < 0:
+        for k, seg in enumerate(segs):
+            for child in real:
+                link.send(child, seg, k)
+        return
+    src = (parent + root) % n
+    handles = [link.post(src, seg, k) for k, seg in enumerate(segs)]
+    for k, (seg, h) in enumerate(zip(segs, handles)):
+        link.wait(h)
+        for child in real:
+            link.send(child, seg, k)
+
+
+#: reduces of at least this many bytes use reduce-scatter + gather (bandwidth-optimal)
+LARGE_REDUCE = 1 << 20
 
 
 def reduce(link: Link, data: Array, root: int) -> None:
     """Reduce into ``data`` on the root; other ranks' ``data`` is left unchanged."""
     n, v = link.size, (link.rank - root) % link.size
+    if n > 2 and data.nbytes >= LARGE_REDUCE and data.size >= n:
+        _reduce_large(link, data, root)
+        return
     acc = data if v == 0 else None
-    tmp = None
+    room = ring.scratch(2 * data.nbytes)  # reused across calls: no page faults
+    tmp = room[:data.nbytes].view(data.dtype)
     mask = 1
     while mask < n:
         if v & mask:
@@ -40,11 +71,27 @@ def reduce(link: Link, data: Array, root: int) -> None:
             break
         if v + mask < n:
             if acc is None:
-                acc = data.copy()
-            if tmp is None:
-                tmp = np.empty_like(data)
+                acc = room[data.nbytes:2 * data.nbytes].view(data.dtype)
+                acc[...] = data
             recv(link, (v + mask + root) % n, tmp, 0)
             link.reduce(acc, tmp)
         mask <<= 1
     if v == 0:
         link.finish_avg(data)
+
+
+_GATHER_STEP = 1 << 20
+
+
+def _reduce_large(link: Link, data: Array, root: int) -> None:
+    """Ring reduce-scatter on a copy, then every rank sends its reduced chunk to the
+    root: each rank moves ~2x the message instead of the tree's log2(n) x."""
+    work = data if link.rank == root else data.copy()
+    chunks = [work[a:b] for a, b in ring.chunk_bounds(work.size, link.size)]
+    ring.reduce_scatter(link, chunks)  # chunk r of rank r is final (AVG divided)
+    if link.rank != root:
+        link.send(root, chunks[link.rank], _GATHER_STEP)
+        return
+    handles = [link.post(r, chunks[r], _GATHER_STEP) for r in range(link.size) if r != root]
+    for h in handles:
+        link.wait(h)
