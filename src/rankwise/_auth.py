@@ -14,8 +14,11 @@ Protocol (all on a blocking socket whose timeout the caller has set)::
     client -> server   HMAC(token, "c" | purpose | server_nonce | client_nonce)
     server -> client   status(1) | HMAC(token, "s" | purpose | client_nonce | server_nonce)
 
-The purpose string ("store", "mesh:<job>") keeps a proof made for one kind of
-connection from being replayed on another.
+The purpose string ("store", "mesh") keeps a proof made for one kind of connection
+from being replayed on another. Limits of this scheme, by design: after the handshake
+frames are neither signed nor encrypted, so it keeps strangers and stale processes out
+but does not protect against someone who can rewrite traffic on the path; use long
+random tokens, on a network you trust.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ def _mac(token: bytes, side: bytes, purpose: bytes, a: bytes, b: bytes) -> bytes
 def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
     """Prove our token to the server at ``peer`` and check its proof in return."""
     purpose_b = purpose.encode()
+    if len(purpose_b) > 255:
+        raise ValueError(f"handshake purpose must be at most 255 bytes, got {len(purpose_b)}")
     client_nonce = secrets.token_bytes(_NONCE)
     _send(
         sock,
