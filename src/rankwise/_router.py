@@ -314,6 +314,20 @@ class Router:
             pending.nbytes = len(arrival.data)
             pending.finish(frame)
             return
+        if pending.nbytes != frame.payload_len and frame.kind == Kind.COLL:
+            # a collective's sizes disagree: that is a mismatch between the two calls, and
+            # the waiter fails with the mismatch (it stays posted until the router fails)
+            key = (frame.group, frame.seq, frame.src, frame.step)
+            with self._lock:
+                state = self._groups.get(frame.group)
+                fp = state.calls.get(frame.seq) if state is not None else None
+                if self._failed is None:
+                    self._coll_posted[key] = pending
+            if self._failed is not None:
+                pending.finish(None, self._failed)
+            self._on_mismatch(frame, fp, f"rank {frame.src} sent {frame.payload_len} bytes "
+                              f"where {pending.nbytes} were expected (uneven split sizes?)")
+            return
         if pending.nbytes != frame.payload_len:
             pending.finish(frame, DistError(
                 f"message from rank {frame.src} has {frame.payload_len} bytes but the "
