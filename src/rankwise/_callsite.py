@@ -81,40 +81,61 @@ _by_id: dict[int, CallSite] = {0: UNKNOWN}
 _internal: dict[str, bool] = {}
 
 
+def _classify(filename: str) -> bool:
+    # sys.path may hold non-normalized paths ("bench/../src")
+    path = os.path.abspath(filename)
+    known = _internal[filename] = path.startswith(_PACKAGE_DIR) or path.endswith(_SKIP_FILES)
+    return known
+
+
 def _is_internal(frame: FrameType) -> bool:
     name = frame.f_code.co_filename
     known = _internal.get(name)
-    if known is None:  # sys.path may hold non-normalized paths ("bench/../src")
-        path = os.path.abspath(name)
-        known = _internal[name] = path.startswith(_PACKAGE_DIR) or path.endswith(_SKIP_FILES)
-    return known
+    return _classify(name) if known is None else known
 
 
 def capture() -> CallSite:
     """The call site of the innermost frame outside the rankwise package, with up to
-    three user callers (frames of rankwise and contextlib are skipped everywhere)."""
+    three user callers (frames of rankwise and contextlib are skipped everywhere).
+
+    Hot path (every collective): one walk with inlined lookups; the frames' text is
+    only built the first time a (code, line) chain is seen.
+    """
     if not _enabled:
         return UNKNOWN
     frame: FrameType | None = sys._getframe(1)
-    user: list[FrameType] = []
+    internal = _internal
     key: list[object] = []
-    while frame is not None and len(user) < _DEPTH:
-        if not _is_internal(frame):
-            user.append(frame)
-            key.append(frame.f_code)
+    n = 0
+    while frame is not None:
+        code = frame.f_code
+        known = internal.get(code.co_filename)
+        if known is None:
+            known = _classify(code.co_filename)
+        if not known:
+            key.append(code)
             key.append(frame.f_lineno)
+            n += 1
+            if n == _DEPTH:
+                break
         frame = frame.f_back
-    if not user:
+    if not n:
         return UNKNOWN
     tkey = tuple(key)
     site = _cache.get(tkey)
     if site is None:
-        frames = [(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in user]
-        text = "\n".join(f"{f}\t{ln}\t{fn}" for f, ln, fn in frames)
-        site = CallSite(zlib.crc32(text.encode()) or 1, tuple(frames))
-        if len(_cache) < 65536:
-            _cache[tkey] = site
-        _by_id[site.id] = site
+        site = _build(tkey)
+    return site
+
+
+def _build(tkey: tuple[object, ...]) -> CallSite:
+    frames = [(code.co_filename, line, code.co_name)  # type: ignore[attr-defined]
+              for code, line in zip(tkey[::2], tkey[1::2])]
+    text = "\n".join(f"{f}\t{ln}\t{fn}" for f, ln, fn in frames)
+    site = CallSite(zlib.crc32(text.encode()) or 1, tuple(frames))  # type: ignore[arg-type]
+    if len(_cache) < 65536:
+        _cache[tkey] = site
+    _by_id[site.id] = site
     return site
 
 
