@@ -138,7 +138,10 @@ def _outer() -> Any:
 
 
 def test_capture_skips_contextlib_and_keeps_callers() -> None:
-    site, again = (_outer() for _ in range(2))
+    sites = []
+    for _ in range(2):
+        sites.append(_outer())
+    site, again = sites
     names = [fn for _, _, fn in site.frames]
     assert names[:3] == ["_ctx", "_outer", "test_capture_skips_contextlib_and_keeps_callers"]
     assert all(not f.endswith("contextlib.py") for f, _, _ in site.frames)
