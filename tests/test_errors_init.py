@@ -126,18 +126,18 @@ def test_wrong_token_on_one_rank_fails_fast_and_the_others_bounded() -> None:
     bad = results[2]
     assert bad.raised("AuthError"), f"{bad.error_type}: {bad.message}"
     assert "token" in bad.message.lower(), bad.message
-    assert bad.elapsed < 2.5, f"wrong token noticed after {bad.elapsed:.1f}s"
+    assert bad.elapsed < 3.0, f"wrong token noticed after {bad.elapsed:.1f}s"
     # the ranks with the right token cannot form the group: they name the missing rank
     assert_every_rank(results, "RendezvousError", "missing ranks [2]", within=timeout + 4,
                       ranks=[0, 1])
 
 
 def test_missing_token_on_one_rank_is_an_auth_error() -> None:
-    results = run_ranks(_join, 2, args=(free_port(), [0, 1], [2, 2], 3.0, ["s3cret", None]),
+    results = run_ranks(_join, 2, args=(free_port(), [0, 1], [2, 2], 4.0, ["s3cret", None]),
                         init=False, timeout=40, env={"RANKWISE_TOKEN": ""})
     assert results[1].raised("AuthError"), f"{results[1].error_type}: {results[1].message}"
-    assert results[1].elapsed < 2.5
-    assert_every_rank(results, "DistError", within=8.0)
+    assert results[1].elapsed < 3.0
+    assert_every_rank(results, "DistError", within=9.0)
 
 
 def test_same_token_everywhere_works() -> None:

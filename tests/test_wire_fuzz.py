@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import numpy as np
-import pytest
 
 import rankwise as dist
 from rankwise import _wire
@@ -145,19 +144,10 @@ def test_object_decoder_only_raises_invalid_argument() -> None:
         except dist.InvalidArgument:
             pass
         except Exception as exc:
-            if _known_leak(exc):  # BUGS.md B4: see test_object_decoder_known_leaks
-                continue
             raise AssertionError(f"loads({bytes(blob)!r}) raised {exc!r}") from exc
     assert tried > 1000
 
 
-def _known_leak(exc: BaseException) -> bool:
-    return isinstance(exc, UnicodeDecodeError) or (
-        type(exc) is ValueError and "multiple of element size" in str(exc))
-
-
-@pytest.mark.xfail(strict=True, reason="BUGS.md B4: _serialize.loads leaks UnicodeDecodeError "
-                   "/ ValueError on hostile bytes; when fixed, drop _known_leak too")
 def test_object_decoder_known_leaks() -> None:
     bad_utf8 = b"Ss\x01\x00\x00\x00\xff"
     ragged = (b"Sa\x03\x00\x00\x00<i8\x01\x00\x00\x00" + struct.pack("<q", 1)
