@@ -142,6 +142,21 @@ def test_seed_trap_names_the_validation_loader_barrier() -> None:
           "collective #4", within=15.0)
 
 
+def test_seed_trap_under_the_launcher() -> None:
+    """The acceptance command itself: ``python -m rankwise run -n 4 examples/barrier_trap.py``."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rankwise", "run", "-n", "4", TRAP],
+                          env={**os.environ, "PYTHONPATH": SRC, "RANKWISE_TIMEOUT": "60"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    took = time.monotonic() - start
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "CollectiveMismatch" in out
+    assert "Where the ranks diverged: collective #3" in out
+    assert f"in create_dataloader <- barrier_trap.py:{line_of('val', TRAP)} in main" in out
+    assert took < 30, f"took {took:.1f}s"
+
+
 def test_seed_trap_fixed_runs_clean_and_silent() -> None:
     ranks = run(TRAP, "--fixed", n=4, timeout=30.0, warn=1.0)
     for res in ranks:

@@ -155,13 +155,13 @@ class OpLink:
 
     def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
         self.comm.send(self.group.ranks[peer], Kind.COLL,
-                       memoryview(data.view(np.uint8)) if data.size else None,
+                       data.view(np.uint8).data if data.size else None,
                        self.deadline, group=self.group.id, seq=self.seq, fp=self.fp,
                        site=self.site, step=step)
 
     def post(self, peer: int, out: np.ndarray[Any, Any], step: int) -> Pending:
         key = (self.group.id, self.seq, self.group.ranks[peer], step)
-        return self.comm.router.post_coll(key, memoryview(out.view(np.uint8)))
+        return self.comm.router.post_coll(key, out.view(np.uint8).data)
 
     def wait(self, handle: Any) -> None:
         assert isinstance(handle, Pending)
