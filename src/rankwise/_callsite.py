@@ -74,7 +74,7 @@ class CallSite:
 
 
 UNKNOWN = CallSite(0, ())
-_cache: dict[tuple[object, ...], CallSite] = {}
+_cache: dict[tuple[int, ...], CallSite] = {}
 _by_id: dict[int, CallSite] = {0: UNKNOWN}
 
 
@@ -105,35 +105,41 @@ def capture() -> CallSite:
         return UNKNOWN
     frame: FrameType | None = sys._getframe(1)
     internal = _internal
-    key: list[object] = []
-    n = 0
+    # keyed by id(code), not the code object: hashing a code object hashes its bytecode
+    # and constants, on every call. Safe because the cache keeps the code objects alive
+    # (their ids cannot be reused while the entry exists).
+    key: list[int] = []
+    user: list[FrameType] = []
     while frame is not None:
         code = frame.f_code
         known = internal.get(code.co_filename)
         if known is None:
             known = _classify(code.co_filename)
         if not known:
-            key.append(code)
+            key.append(id(code))
             key.append(frame.f_lineno)
-            n += 1
-            if n == _DEPTH:
+            user.append(frame)
+            if len(user) == _DEPTH:
                 break
         frame = frame.f_back
-    if not n:
+    if not user:
         return UNKNOWN
     tkey = tuple(key)
     site = _cache.get(tkey)
     if site is None:
-        site = _build(tkey)
+        site = _build(tkey, user)
     return site
 
 
-def _build(tkey: tuple[object, ...]) -> CallSite:
-    frames = [(code.co_filename, line, code.co_name)  # type: ignore[attr-defined]
-              for code, line in zip(tkey[::2], tkey[1::2])]
+_alive: list[object] = []  #: code objects whose ids are cache keys
+
+
+def _build(tkey: tuple[int, ...], user: list[FrameType]) -> CallSite:
+    frames = [(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in user]
     text = "\n".join(f"{f}\t{ln}\t{fn}" for f, ln, fn in frames)
-    site = CallSite(zlib.crc32(text.encode()) or 1, tuple(frames))  # type: ignore[arg-type]
+    site = CallSite(zlib.crc32(text.encode()) or 1, tuple(frames))
     if len(_cache) < 65536:
+        _alive.extend(f.f_code for f in user)
         _cache[tkey] = site
     _by_id[site.id] = site
     return site
