@@ -1,0 +1,101 @@
+"""Seed 003's programs print exactly what the seed's comments promise, at 2 and 4 ranks.
+
+Why parse per rank: the ranks print concurrently into one pipe, so lines from different
+processes interleave (a header can even end up glued to another rank's line). One
+process's own writes stay in order, though, so each rank's sequence of
+``Rank  i  has data  X`` values is compared with the sequence the seed promises for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: one printed value: a tensor repr, a list of them (gather / all_gather), or a formatted
+#: scalar (p2p prints ``f"{tensor[0]}"``, which formats as ``1.0``)
+_LINE = re.compile(r"Rank  (\d+)  has data  "
+                   r"(\[(?:tensor\(\[[^\]]*\]\)(?:, )?)*\]|tensor\([^)]*\)|-?\d+\.\d+)")
+_ANY = object()  #: a value the seed makes no promise about
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("RANK", None)  # the examples take RANK as "started by a launcher"
+    env.pop("MASTER_PORT", None)
+    return env
+
+
+def _run(args: list[str], timeout: float = 120) -> str:
+    proc = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, env=_env(), timeout=timeout,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, (f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                                  f"stderr:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _per_rank(out: str) -> dict[int, list[str]]:
+    values: dict[int, list[str]] = {}
+    for m in _LINE.finditer(out):
+        values.setdefault(int(m.group(1)), []).append(m.group(2))
+    return values
+
+
+def _check(out: str, want: dict[int, list[object]]) -> None:
+    got = _per_rank(out)
+    assert sorted(got) == sorted(want), f"ranks that printed: {sorted(got)}\n{out}"
+    for rank, expected in want.items():
+        seq = got[rank]
+        assert len(seq) == len(expected) and all(
+            e is _ANY or s == e for s, e in zip(seq, expected)), \
+            f"rank {rank} printed {seq}, the seed promises {expected}\nfull output:\n{out}"
+
+
+def _p2p_expected(n: int) -> dict[int, list[object]]:
+    return {r: ["1.0", "1.0"] for r in range(n)}  # sync, then async: every rank 1.
+
+
+def _collectives_expected(n: int) -> dict[int, list[object]]:
+    """The run order is reduce, all_reduce, gather, all_gather, broadcast, scatter."""
+    ones = "[" + ", ".join(["tensor([1.])"] * n) + "]"
+    want: dict[int, list[object]] = {}
+    for r in range(n):
+        seq: list[object] = [f"tensor([{n}.])" if r == 0 else _ANY,  # reduce: rank 0 has n
+                             f"tensor([{n}.])"]  # all_reduce: every rank n
+        if r == 0:
+            seq.append(ones)  # gather: rank 0 [1, 1, ...]
+        seq += [ones,  # all_gather: every rank [1, 1, ...]
+                "tensor([2.])",  # broadcast: every rank 2
+                f"tensor([{r + 1}.])"]  # scatter: rank i has i+1
+        want[r] = seq
+    return want
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_p2p_example(n: int) -> None:
+    _check(_run(["examples/p2p.py", str(n)]), _p2p_expected(n))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_collectives_example(n: int) -> None:
+    _check(_run(["examples/collectives.py", str(n)]), _collectives_expected(n))
+
+
+@pytest.mark.parametrize("script,expected", [("examples/collectives.py", _collectives_expected),
+                                             ("examples/p2p.py", _p2p_expected)])
+def test_examples_under_launcher(script: str, expected: object) -> None:
+    out = _run(["-m", "rankwise", "run", "-n", "4", script])
+    _check(out, expected(4))  # type: ignore[operator]
+
+
+def test_parser_sees_interleaved_lines() -> None:
+    """The parser finds a value even when another rank's header is glued to it."""
+    text = ("Rank  2  has data  tensor([2.])******test_broadcast******\n"
+            "Rank  0  has data  [tensor([1.]), tensor([1.])]\n")
+    assert _per_rank(text) == {2: ["tensor([2.])"], 0: ["[tensor([1.]), tensor([1.])]"]}
