@@ -921,3 +921,43 @@ def differential_worker(rank: int, ws: int, seed: int, n_cases: int, torch_port:
 
 #: predicates that keep cases hitting a filed bug (BUGS.md) out of the main run
 SKIPS: dict[str, Callable[[Case], bool]] = {}
+
+
+# --- targeted repros for filed bugs ----------------------------------------------------------
+
+def cross_group_p2p(rank: int, ws: int, torch_port: int) -> dict[str, Any]:
+    """Same (peer, tag) on two groups: torch keeps each group's p2p traffic apart.
+
+    Rank 1 sends A to rank 2 on WORLD, then B on group [1, 2], same tag; rank 0 sends C
+    to rank 2 on WORLD. Rank 2 first receives on the subgroup (src=1, then src=None),
+    then on WORLD. In torch every process group has its own channels, so the subgroup
+    receives get B and nothing from rank 0 (not even a member).
+    """
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank,
+                          world_size=ws)
+    out: dict[str, Any] = {}
+    try:
+        for name, lib in (("gloo", td), ("rankwise", rw)):
+            sub = lib.new_group([1, 2])
+            a, b, c = (torch.full((4,), v) for v in (1.0, 2.0, 3.0))
+            works = []  # isend: gloo's send would wait for rank 2 to post the matching recv
+            if rank == 1:
+                works = [lib.isend(a, dst=2, tag=5), lib.isend(b, dst=2, group=sub, tag=5),
+                         lib.isend(b, dst=2, group=sub, tag=6)]
+            elif rank == 0:
+                works = [lib.isend(c, dst=2, tag=6)]
+            lib.barrier()
+            if rank == 2:
+                got = []
+                for src, group, tag in ((1, sub, 5), (None, sub, 6), (1, None, 5),
+                                        (None, None, 6)):
+                    t = torch.zeros(4)
+                    sender = lib.recv(t, src=src, group=group, tag=tag)
+                    got.append((int(sender), float(t[0])))
+                out[name] = got
+            for w in works:
+                w.wait()
+            lib.barrier()
+    finally:
+        td.destroy_process_group()
+    return out
