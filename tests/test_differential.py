@@ -91,8 +91,6 @@ def test_cases_cover_every_op(ws: int) -> None:
     assert make_cases(_seed(ws), ws, N_CASES) == cases, "case generation is not deterministic"
 
 
-@pytest.mark.xfail(strict=True, reason="BUGS.md: p2p frames are matched by (src, tag) only, "
-                                       "not by process group")
 def test_p2p_is_scoped_by_group() -> None:
     results = run_ranks(cross_group_p2p, 3, args=(free_port(),), timeout=45)
     for r in results:

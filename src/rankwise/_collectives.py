@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ __all__ = [
 
 #: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
 RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
+ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
@@ -120,10 +122,23 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "all_reduce")
     arr = buf.array
-    algorithm = alg.ring.all_reduce if buf.nbytes >= RING_THRESHOLD and buf.numel >= g.size() \
-        else alg.doubling.all_reduce
+    algorithm = _all_reduce_algorithm(buf.nbytes, buf.numel, g.size())
     return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
                   lambda link: algorithm(link, arr), async_op)
+
+
+def _all_reduce_algorithm(nbytes: int, numel: int, n: int) -> Callable[..., None]:
+    """Latency-bound sizes: recursive doubling (log2 n rounds). Bandwidth-bound sizes:
+    Rabenseifner on powers of two (2 log2 n hops), else the pipelined ring.
+    ``RANKWISE_ALLREDUCE`` = doubling | ring | halving forces one (benchmarking)."""
+    forced = ALLREDUCE_ALGORITHM
+    if forced == "doubling" or (forced == "auto" and (nbytes < RING_THRESHOLD or numel < n)):
+        return alg.doubling.all_reduce
+    if numel < n:
+        return alg.doubling.all_reduce
+    if forced == "ring" or not alg.halving.usable(n):
+        return alg.ring.all_reduce
+    return alg.halving.all_reduce
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,

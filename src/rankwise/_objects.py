@@ -196,7 +196,7 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group: Any 
         raise InvalidArgument("object_list must be a list")
     peer = _peer(g, src, group_src, "src", allow_any=True)
     g.comm.router.check_alive()
-    pending = g.comm.router.post_p2p(Kind.OBJ, peer, len(object_list), None)
+    pending = g.comm.router.post_p2p(Kind.OBJ, g.id, peer, len(object_list), None)
     site = capture()
     frame = g.comm.wait(pending, time.monotonic() + g.timeout,
                         lambda: f"rank {g.comm.rank} timed out in recv_object_list at "

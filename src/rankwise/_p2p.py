@@ -10,7 +10,8 @@ so a send never waits for the matching recv to be posted and cannot deadlock on 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._buffers import Buffer, as_buffer, dtype_name
 from ._callsite import capture
@@ -61,7 +62,7 @@ def _do_send(g: ProcessGroup, buf: Buffer, dst: int, tag: int) -> None:
 
 
 def _post_recv(g: ProcessGroup, buf: Buffer, src: int, tag: int) -> Pending:
-    return g.comm.router.post_p2p(Kind.P2P, src, tag, buf.array.view("uint8").data)
+    return g.comm.router.post_p2p(Kind.P2P, g.id, src, tag, buf.array.view("uint8").data)
 
 
 def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int,

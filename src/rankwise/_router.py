@@ -51,15 +51,17 @@ class Pending:
     Waiting blocks in the kernel (a lock acquire with timeout), never spins.
     """
 
-    __slots__ = ("_done", "buffer", "completed", "error", "frame", "nbytes", "src", "tag")
+    __slots__ = ("_done", "buffer", "completed", "error", "frame", "group", "nbytes", "src",
+                 "tag")
 
-    def __init__(self, buffer: memoryview | None, src: int, tag: int = 0) -> None:
+    def __init__(self, buffer: memoryview | None, src: int, tag: int = 0, group: int = 0) -> None:
         self._done = threading.Lock()
         self._done.acquire()
         self.buffer = buffer  #: destination; None means "allocate what arrives" (objects)
         self.nbytes = -1 if buffer is None else buffer.nbytes
         self.src = src  #: -1 for any source
         self.tag = tag
+        self.group = group
         self.error: BaseException | None = None
         self.frame: Frame | None = None
         self.completed = False
@@ -182,8 +184,11 @@ class Router:
             self._deliver_copy(copy_from, pending)
         return pending
 
-    def post_p2p(self, kind: int, src: int, tag: int, buffer: memoryview | None) -> Pending:
-        pending = Pending(buffer, src, tag)
+    def post_p2p(self, kind: int, group: int, src: int, tag: int,
+                 buffer: memoryview | None) -> Pending:
+        """Point-to-point receives match (group, source or any, tag), in arrival order:
+        each group is its own namespace, as each torch process group is."""
+        pending = Pending(buffer, src, tag, group)
         with self._lock:
             if self._failed is not None:
                 pending.finish(None, self._failed)
@@ -191,7 +196,8 @@ class Router:
             queue = self._p2p_arrived[kind]
             for arrival in queue:
                 f = arrival.frame
-                if (src == -1 or f.src == src) and f.tag == tag and arrival.waiter is None:
+                if (src == -1 or f.src == src) and f.tag == tag and f.group == group \
+                        and arrival.waiter is None:
                     queue.remove(arrival)
                     if not arrival.complete:
                         arrival.waiter = pending
@@ -264,7 +270,8 @@ class Router:
         with self._lock:
             posted = self._p2p_posted[frame.kind]
             for i, pending in enumerate(posted):
-                if (pending.src == -1 or pending.src == frame.src) and pending.tag == frame.tag:
+                if (pending.src == -1 or pending.src == frame.src) and pending.tag == frame.tag \
+                        and pending.group == frame.group:
                     if pending.nbytes == frame.payload_len:
                         del posted[i]
                         assert pending.buffer is not None
