@@ -102,7 +102,12 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                   lambda link: alg.tree.broadcast(link, buf.array, root), async_op)
 
 
-def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name: str) -> int:
+def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name: str,
+          default: int | None = None) -> int:
+    """The group-local index of a root given as a global rank (torch's ``src``/``dst``)
+    or as a group rank (``group_src``/``group_dst``); ``default`` when neither is given."""
+    if global_rank is None and group_rank is None and default is not None:
+        global_rank = default
     if global_rank is not None and group_rank is not None:
         raise InvalidArgument(f"pass {name} or group_{name}, not both")
     if group_rank is not None:
@@ -194,26 +199,33 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op)
 
 
+def _root_slots(g: ProcessGroup, root: int, xs: Any, ref: Buffer, op: str, name: str,
+                role: str, writable: bool) -> list[np.ndarray[Any, Any]] | None:
+    """The root's per-rank tensor list for gather/scatter, validated; None elsewhere.
+
+    As in torch, the list is required on the root and must be None (or empty) on the
+    other ranks."""
+    if g.group_rank != root:
+        if xs:
+            raise InvalidArgument(f"{op}: {name} must be None on ranks other than {role} "
+                                  f"(rank {g.ranks[root]}), as in torch.distributed")
+        return None
+    if xs is None:
+        raise InvalidArgument(f"{op}: {name} is required on the {role} rank")
+    bufs = _list(xs, g.size(), name, writable=writable)
+    _same_dtype(bufs, ref, name)
+    _equal_sizes(bufs, ref.numel, name)
+    return [b.array for b in bufs]
+
+
 def gather(tensor: Any, gather_list: Any = None, dst: int | None = None, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     g = resolve_group(group)
     if g is None:
         return None
-    if dst is None and group_dst is None:
-        dst = 0
     mine = as_buffer(tensor, "tensor")
-    root = _root(g, dst, group_dst, "dst")
-    slots = None
-    if g.group_rank == root:
-        if gather_list is None:
-            raise InvalidArgument("gather: gather_list is required on the destination rank")
-        outs = _list(gather_list, g.size(), "gather_list", writable=True)
-        _same_dtype(outs, mine, "gather_list")
-        _equal_sizes(outs, mine.numel, "gather_list")
-        slots = [b.array for b in outs]
-    elif gather_list:
-        raise InvalidArgument("gather: gather_list must be None on ranks other than dst "
-                              f"(rank {g.ranks[root]}), as in torch.distributed")
+    root = _root(g, dst, group_dst, "dst", default=0)
+    slots = _root_slots(g, root, gather_list, mine, "gather", "gather_list", "dst", True)
     return launch(g, Op.gather, mine.dtype, mine.numel, None, root,
                   lambda link: alg.direct.gather(link, mine.array, slots, root), async_op)
 
@@ -223,21 +235,9 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group
     g = resolve_group(group)
     if g is None:
         return None
-    if src is None and group_src is None:
-        src = 0
     out = as_buffer(tensor, "tensor", writable=True)
-    root = _root(g, src, group_src, "src")
-    slots = None
-    if g.group_rank == root:
-        if scatter_list is None:
-            raise InvalidArgument("scatter: scatter_list is required on the source rank")
-        ins = _list(scatter_list, g.size(), "scatter_list", writable=False)
-        _same_dtype(ins, out, "scatter_list")
-        _equal_sizes(ins, out.numel, "scatter_list")
-        slots = [b.array for b in ins]
-    elif scatter_list:
-        raise InvalidArgument("scatter: scatter_list must be None on ranks other than src "
-                              f"(rank {g.ranks[root]}), as in torch.distributed")
+    root = _root(g, src, group_src, "src", default=0)
+    slots = _root_slots(g, root, scatter_list, out, "scatter", "scatter_list", "src", False)
     return launch(g, Op.scatter, out.dtype, out.numel, None, root,
                   lambda link: alg.direct.scatter(link, out.array, slots, root), async_op)
 

@@ -17,7 +17,7 @@ import numpy as np
 from . import algorithms as alg
 from ._buffers import as_buffer
 from ._callsite import capture
-from ._collectives import launch
+from ._collectives import _root, launch
 from ._group import OpLink, ProcessGroup
 from ._p2p import _peer
 from ._serialize import dumps, loads, pickle_allowed
@@ -32,6 +32,12 @@ __all__ = [
 
 _U8 = as_buffer(np.zeros(1, np.uint8), "bytes").dtype
 _I64 = as_buffer(np.zeros(1, np.int64), "sizes").dtype
+
+
+def _require_list(x: Any, name: str) -> None:
+    """torch fills object lists in place, so they must be real lists."""
+    if not isinstance(x, list):
+        raise InvalidArgument(f"{name} must be a list, got {type(x).__name__}")
 
 
 def _gather_sizes(g: ProcessGroup, size: int) -> list[int]:
@@ -72,16 +78,11 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None,
 def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                           device: Any = None, group_src: int | None = None,
                           allow_pickle: bool | None = None) -> None:
-    from ._collectives import _root
-
     g = resolve_group(group)
     if g is None:
         return
-    if not isinstance(object_list, list):
-        raise InvalidArgument("object_list must be a list")
-    if src is None and group_src is None:
-        src = 0
-    root = _root(g, src, group_src, "src")
+    _require_list(object_list, "object_list")
+    root = _root(g, src, group_src, "src", default=0)
     pickle_ok = pickle_allowed(allow_pickle)
     is_root = g.group_rank == root
     data = dumps(list(object_list), pickle_ok) if is_root else b""
@@ -102,14 +103,10 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None,
                   group: Any = None, group_dst: int | None = None,
                   allow_pickle: bool | None = None) -> None:
-    from ._collectives import _root
-
     g = resolve_group(group)
     if g is None:
         return
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _root(g, dst, group_dst, "dst")
+    root = _root(g, dst, group_dst, "dst", default=0)
     is_root = g.group_rank == root
     if is_root and (not isinstance(object_gather_list, list)
                     or len(object_gather_list) != g.size()):
@@ -137,16 +134,12 @@ def scatter_object_list(scatter_object_output_list: list[Any],
                         src: int | None = None, group: Any = None,
                         group_src: int | None = None,
                         allow_pickle: bool | None = None) -> None:
-    from ._collectives import _root
-
     g = resolve_group(group)
     if g is None:
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise InvalidArgument("scatter_object_output_list must be a non-empty list")
-    if src is None and group_src is None:
-        src = 0
-    root = _root(g, src, group_src, "src")
+    root = _root(g, src, group_src, "src", default=0)
     is_root = g.group_rank == root
     pickle_ok = pickle_allowed(allow_pickle)
     n = g.size()
@@ -177,8 +170,7 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
     g = resolve_group(group)
     if g is None:
         return
-    if not isinstance(object_list, list):
-        raise InvalidArgument("object_list must be a list")
+    _require_list(object_list, "object_list")
     peer = _peer(g, dst, group_dst, "dst")
     data = dumps(list(object_list), pickle_allowed(allow_pickle))
     g.comm.router.check_alive([peer])
@@ -192,8 +184,7 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group: Any 
     g = resolve_group(group)
     if g is None:
         return -1
-    if not isinstance(object_list, list):
-        raise InvalidArgument("object_list must be a list")
+    _require_list(object_list, "object_list")
     peer = _peer(g, src, group_src, "src", allow_any=True)
     g.comm.router.check_alive()
     pending = g.comm.router.post_p2p(Kind.OBJ, g.id, peer, len(object_list), None)
