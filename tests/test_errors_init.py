@@ -127,9 +127,12 @@ def test_wrong_token_on_one_rank_fails_fast_and_the_others_bounded() -> None:
     assert bad.raised("AuthError"), f"{bad.error_type}: {bad.message}"
     assert "token" in bad.message.lower(), bad.message
     assert bad.elapsed < 3.0, f"wrong token noticed after {bad.elapsed:.1f}s"
-    # the ranks with the right token cannot form the group: they name the missing rank
+    # the ranks with the right token cannot form the group: they name the missing rank,
+    # and why it is probably missing (the store saw a connection fail the token check)
     assert_every_rank(results, "RendezvousError", "missing ranks [2]", within=timeout + 4,
                       ranks=[0, 1])
+    for r in results[:2]:
+        assert "failed the token check" in r.message, r.message
 
 
 def test_missing_token_on_one_rank_is_an_auth_error() -> None:

@@ -257,6 +257,7 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
     keys = [f"joined/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
+    auth_note = ""
     while True:
         if store.check(["error"]):
             raise failed(RendezvousError(store.get("error").decode()))
@@ -265,17 +266,32 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
             store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
             break
         except DistTimeout:
+            note = _auth_note(store)
+            if note and not auth_note:
+                sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
+                                 f"rendezvous store reports: {note}\n")
+            auth_note = note or auth_note
             if remaining <= 0:
                 missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
                 joined = world_size - len(missing)
+                hint = (f" Meanwhile the store reports: {auth_note} — was a missing rank "
+                        "started with a different RANKWISE_TOKEN?") if auth_note else ""
                 raise fail(
                     f"rank {rank}: only {joined} of {world_size} ranks joined within "
                     f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
                     f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
-                    "reaches MASTER_ADDR:MASTER_PORT") from None
+                    f"reaches MASTER_ADDR:MASTER_PORT.{hint}") from None
     if store.check(["error"]):
         raise failed(RendezvousError(store.get("error").decode()))
     return bytes.fromhex(job_hex)
+
+
+def _auth_note(store: Any) -> str:
+    probe = getattr(store, "auth_failures", None)
+    try:
+        return str(probe()) if callable(probe) else ""
+    except DistError:
+        return ""
 
 
 # --- leaving ------------------------------------------------------------------------------

@@ -26,10 +26,12 @@ from .protocol import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, Limits
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "to_seconds"]
+__all__ = ["AUTH_FAILURES_KEY", "DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "to_seconds"]
 
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 RESERVED_PREFIX = b"\x00"
+#: where a TCP store server notes connections that failed the token check
+AUTH_FAILURES_KEY = RESERVED_PREFIX + b"auth_failures"
 
 
 def to_seconds(timeout: timedelta | float, what: str = "timeout") -> float:
@@ -95,6 +97,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _num_keys(self) -> int: ...
+
+    def auth_failures(self) -> str:
+        """What the server noted about connections that failed the token check ("" if
+        none): a rank started with a different RANKWISE_TOKEN shows up here, so waiting
+        ranks can say why it never joined."""
+        if not self._check([AUTH_FAILURES_KEY]):
+            return ""
+        return (self._get(AUTH_FAILURES_KEY, 1.0) or b"").decode("utf-8", "replace")
 
     def _describe(self) -> str:
         """Where this store lives, for error messages."""

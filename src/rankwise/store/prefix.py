@@ -40,6 +40,9 @@ class PrefixStore(Store):
     def prefix(self) -> str:
         return self._prefix_str
 
+    def auth_failures(self) -> str:
+        return self._store.auth_failures()  # server-wide, not namespaced
+
     def _timeout_seconds(self) -> float:
         return self._store._timeout_seconds()
 

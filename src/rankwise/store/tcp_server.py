@@ -28,7 +28,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .._auth import resolve_token, server_handshake
-from ..errors import DistError, DistNetworkError, InvalidArgument, StoreError
+from ..errors import AuthError, DistError, DistNetworkError, InvalidArgument, StoreError
+from .base import AUTH_FAILURES_KEY
 from .protocol import (
     DEFAULT_LIMITS,
     Limits,
@@ -101,6 +102,7 @@ class TCPStoreServer:
         self._frame_timeout = frame_timeout
         self._max_connections = max_connections
         self._table = KVTable()
+        self._auth_failures = 0
         self._listener: socket.socket | None = None
         self._port: int | None = None
         self._lock = threading.Lock()
@@ -239,13 +241,29 @@ class TCPStoreServer:
                 conn.sendall(encode_response(status, fields))
                 if status is Status.CLOSED:
                     return
+        except AuthError as exc:
+            self._note_auth_failure(peer, exc)
         except (DistError, OSError) as exc:
-            # Auth failures, malformed frames and hang-ups all end this client only.
+            # Malformed frames and hang-ups end this client only.
             log.debug("store: dropping %s: %s", peer, exc)
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
             conn.close()
+
+    def _note_auth_failure(self, peer: str, exc: AuthError) -> None:
+        """Remember (bounded) that ``peer`` failed the token check, for the ranks that
+        wait for a rank that will never arrive. Nothing else happens: a stranger failing
+        the check must not be able to abort a job."""
+        with self._lock:
+            self._auth_failures += 1
+            count = self._auth_failures
+        note = f"{count} connection(s) failed the token check; the last, from {peer}: {exc}"
+        try:
+            self._table.set(AUTH_FAILURES_KEY, note[:1000].encode())
+        except TableClosed:
+            pass
+        log.debug("store: %s", note)
 
     def _dispatch(self, req: Request) -> tuple[Status, list[bytes]]:
         """Run one request against the table; the reply status and fields."""
