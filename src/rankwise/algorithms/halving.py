@@ -10,7 +10,8 @@ range, sends the other half to its partner and reduces the partner's copy of its
 half into place. Afterwards each rank owns one fully reduced range (each element is
 summed in exactly one place, so results are bit-identical on all ranks). All-gather
 retraces the steps, exchanging whole ranges. Every receive is posted before the first
-send, and partners exchange a clear-to-send first, so no payload is parked and copied.
+send, and for large messages partners exchange a clear-to-send first, so no payload is
+parked and copied.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .link import Array, Handle, Link
-from .ring import scratch, segments
+from .ring import CTS_BYTES, scratch, segments
 
 __all__ = ["all_reduce", "usable"]
 
@@ -67,11 +68,12 @@ def all_reduce(link: Link, data: Array) -> None:
         phase = len(plan) + j
         ag.append([link.post(peer, seg, phase * _STRIDE + k)
                    for k, seg in enumerate(segments(data[slo:shi]))])
-    ready = [link.post(peer, np.empty(0, np.uint8), _CTS) for peer, *_ in plan]
-    for peer, *_ in plan:
-        link.send(peer, _EMPTY, _CTS)
-    for h in ready:
-        link.wait(h)
+    if data.nbytes // 2 >= CTS_BYTES:  # the first exchange would otherwise get parked
+        ready = [link.post(peer, np.empty(0, np.uint8), _CTS) for peer, *_ in plan]
+        for peer, *_ in plan:
+            link.send(peer, _EMPTY, _CTS)
+        for h in ready:
+            link.wait(h)
     for i, (peer, klo, khi, slo, shi) in enumerate(plan):
         for k, seg in enumerate(segments(data[slo:shi])):
             link.send(peer, seg, i * _STRIDE + k)
