@@ -259,7 +259,11 @@ class Communicator:
         message = str(info.get("message", ""))[:200000]
         origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
         exc: DistError
-        if kind == "mismatch":
+        if info.get("relayed_by") is not None and kind != "mismatch":
+            exc = PeerFailure(f"{message}\n(passed on by rank {src}, which left after it)",
+                              rank=origin, remote_traceback=str(info.get("traceback", "")),
+                              last_collective=str(info.get("last", "")))
+        elif kind == "mismatch":
             exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
                                      f"rank {self.rank})")
         elif message.startswith("CollectiveMismatch: "):
@@ -489,21 +493,34 @@ class Communicator:
         payload = json.dumps(info).encode()[: (8 << 20)]
 
         def run() -> None:
-            deadline = time.monotonic() + timeout
-            for peer in range(self.world_size):
-                if peer == self.rank or self.router.peer_gone(peer):
-                    continue
-                try:
-                    self.transport.send(peer, encode_header(Kind.ABORT,
-                                                            payload_len=len(payload)),
-                                        payload, deadline)
-                except DistError:
-                    pass
+            self._tell_everyone(Kind.ABORT, payload, time.monotonic() + timeout)
 
         if background:
             threading.Thread(target=run, name="rankwise-abort", daemon=True).start()
         else:
             run()
+
+    def relay_of(self, failure: BaseException) -> dict[str, Any]:
+        """The ABORT that passes on a failure this rank only suffered (a dead or failed
+        peer, a mismatch): it names the rank where it started, so peers that hear from us
+        first blame the right rank, not us."""
+        origin = getattr(failure, "rank", None)
+        return {"kind": "mismatch" if isinstance(failure, CollectiveMismatch) else "exception",
+                "rank": self.rank if origin is None else origin, "relayed_by": self.rank,
+                "message": str(failure)[:20000],
+                "traceback": str(getattr(failure, "remote_traceback", ""))[:40000],
+                "last": str(getattr(failure, "last_collective", ""))}
+
+    def _tell_everyone(self, kind: Kind, payload: bytes, deadline: float) -> None:
+        """One control frame to every live peer; a peer we cannot reach is skipped (this
+        runs while failing or leaving, when nothing better can be done about it)."""
+        header = encode_header(kind, payload_len=len(payload))
+        for peer in range(self.world_size):
+            if peer != self.rank and not self.router.peer_gone(peer):
+                try:
+                    self.transport.send(peer, header, payload, deadline)
+                except DistError:
+                    pass
 
     def goodbye(self, where: str, timeout: float = 2.0) -> None:
         """Tell peers we leave cleanly, then close the connections."""
@@ -514,17 +531,13 @@ class Communicator:
                 self.tracer.write()
             except OSError as exc:
                 log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
-        payload = where.encode()[:2000]
-        deadline = time.monotonic() + timeout
-        if self.router.failure is None:
-            for peer in range(self.world_size):
-                if peer != self.rank and not self.router.peer_gone(peer):
-                    try:
-                        self.transport.send(peer, encode_header(Kind.BYE,
-                                                                payload_len=len(payload)),
-                                            payload, deadline)
-                    except DistError:
-                        pass
+        failure = self.router.failure
+        if failure is None:
+            self._tell_everyone(Kind.BYE, where.encode()[:2000], time.monotonic() + timeout)
+        else:
+            # Leaving after a failure: pass the root cause on. Without this, a peer that
+            # notices our closed connection before the original one blames us.
+            self.broadcast_abort(self.relay_of(failure), timeout=timeout)
         self.closed = True
         self.transport.close()
 

@@ -30,7 +30,7 @@ from ._callsite import capture
 from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
-from .errors import DistError, DistTimeout, InvalidArgument, RendezvousError
+from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from .transport.mesh import Mesh, local_address_for
 from .transport.tcp import TcpTransport
 
@@ -390,12 +390,14 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
     world = maybe_current()
     if world is not None and not world.comm.closed:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
+        if isinstance(exc, PeerFailure) and exc.rank is not None:
+            info = world.comm.relay_of(exc)  # secondary: name the rank that failed first
+        else:
+            info = {"kind": "exception", "rank": world.comm.rank,
+                    "message": f"{exc_type.__name__}: {exc}"[:4000],
+                    "traceback": text[-40000:], "last": world.comm.last_call}
         try:
-            world.comm.broadcast_abort({
-                "kind": "exception", "rank": world.comm.rank,
-                "message": f"{exc_type.__name__}: {exc}"[:4000],
-                "traceback": text[-40000:], "last": world.comm.last_call,
-            })
+            world.comm.broadcast_abort(info)
         except Exception:  # noqa: BLE001, S110 - the original error matters more
             pass
     _previous_excepthook(exc_type, exc, tb)

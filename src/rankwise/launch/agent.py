@@ -165,7 +165,9 @@ class LocalAgent:
             max_restarts=cfg.max_restarts, run_id=cfg.run_id, error_file=error_file,
         )
         logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
-        piped = cfg.prefix or cfg.log_dir is not None
+        # several workers sharing one console interleave mid-line (print() writes the
+        # text and the newline separately): pipe them and pass on whole lines
+        piped = cfg.prefix or cfg.log_dir is not None or cfg.nnodes * cfg.nproc > 1
         proc = subprocess.Popen(
             list(cfg.cmd),
             env=worker_environment(spec, cfg.base_env),

@@ -32,7 +32,10 @@ _STAGE = 1 << 18  #: staging buffer per connection for small frames
 _DIRECT_MIN = 1 << 15  #: payload remainders at least this big are read straight into place
 _SOCK_BUF = 4 << 20
 _LOWAT_MAX = int(os.environ.get("RANKWISE_RCVLOWAT", str(256 << 10)))
-_SEND_SLICE = 0.25  #: seconds between failure checks while a send waits for room
+_SEND_SLICE = 0.25
+#: bytes read from one connection before the I/O thread looks at the others again: a peer
+#: streaming a large message must not delay noticing that another peer died
+_READ_BUDGET = 8 << 20  #: seconds between failure checks while a send waits for room
 
 
 @dataclass(slots=True)
@@ -159,13 +162,15 @@ class TcpTransport:
     def _read(self, conn: _Conn) -> bool:
         """Read what is available on ``conn``; False once the connection has ended."""
         assert self._handler is not None
+        budget = _READ_BUDGET  # then let select() serve the other connections too
         try:
-            while True:
+            while budget > 0:
                 if conn.target is not None:
                     n = conn.sock.recv_into(conn.target[conn.got:])
                     if n == 0:
                         return self._lost(conn, None)
                     conn.got += n
+                    budget -= n
                     if conn.got == len(conn.target):
                         self._set_lowat(conn, 1)
                         self._payload_done(conn)
@@ -178,7 +183,9 @@ class TcpTransport:
                 if n == 0:
                     return self._lost(conn, None)
                 conn.end += n
+                budget -= n
                 self._parse(conn)
+            return True
         except BlockingIOError:
             return True
         except WireError as exc:
