@@ -118,10 +118,9 @@ class Communicator:
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
         self.report_provider: Callable[[], dict[str, Any]] = self._report
-        self._where_waiters: dict[int, tuple[threading.Event, dict[int, dict[str, Any]]]] = {}
-        self._where_lock = threading.Lock()
-        self._where_id = 0
-        self._where_expected: dict[int, int] = {}
+        from .diagnosis.where import WhereService  # diagnosis imports the API: load late
+
+        self.where = WhereService(self)
         self.site_lookup: Callable[[int, int], CallSite | None] | None = None
         self.closed = False
         #: seconds a wait may last before this rank asks everyone where they are
@@ -211,9 +210,9 @@ class Communicator:
             self._bye[frame.src] = where
             self.router.fail_peer(frame.src, self._departed_error(frame.src, where))
         elif frame.kind == Kind.WHERE:
-            self._answer_where(frame)
+            self.where.answer(frame)
         elif frame.kind == Kind.HERE:
-            self._on_here(frame, payload)
+            self.where.on_here(frame, payload)
 
     def _doing(self) -> str:
         """``all_reduce #5 at data.py:12 in load`` — what this rank waits in now."""
@@ -556,82 +555,15 @@ class Communicator:
 
         return build_report(self)
 
-    def _answer_where(self, frame: Frame) -> None:
-        try:
-            report = self.report_provider()
-        except Exception as exc:  # noqa: BLE001 - a report must never kill the I/O thread
-            report = {"rank": self.rank, "state": f"(report failed: {exc!r})"}
-        payload = json.dumps(report).encode()[: (4 << 20)]
-        header = encode_header(Kind.HERE, tag=frame.tag, payload_len=len(payload))
-
-        def run() -> None:
-            try:
-                self.transport.send(frame.src, header, payload, time.monotonic() + 2.0)
-            except DistError:
-                pass
-
-        threading.Thread(target=run, name="rankwise-here", daemon=True).start()
-
-    def _on_here(self, frame: Frame, payload: bytes) -> None:
-        with self._where_lock:
-            entry = self._where_waiters.get(frame.tag)
-        if entry is None:
-            return
-        try:
-            report = json.loads(payload.decode("utf-8", "replace"))
-        except ValueError:
-            report = {"state": "(unreadable report)"}
-        event, answers = entry
-        answers[frame.src] = report if isinstance(report, dict) else {"state": str(report)}
-        if len(answers) >= self._where_expected.get(frame.tag, 0):
-            event.set()
+    @property
+    def departures(self) -> dict[int, str]:
+        """Peers that said goodbye, with where they left ("called destroy_process_group at
+        train.py:99")."""
+        return self._bye
 
     def where_is_everyone(self, timeout: float = 2.0) -> dict[int, dict[str, Any]]:
-        """Ask every live peer for its state; ranks that do not answer are marked so."""
-        with self._where_lock:
-            self._where_id += 1
-            rid = self._where_id
-            event = threading.Event()
-            answers: dict[int, dict[str, Any]] = {}
-            self._where_waiters[rid] = (event, answers)
-        peers = [p for p in range(self.world_size) if p != self.rank]
-        live = [p for p in peers if not self.router.peer_gone(p)]
-        self._where_expected[rid] = len(live)
-        deadline = time.monotonic() + timeout
-        for p in live:
-            try:
-                self.transport.send(p, encode_header(Kind.WHERE, tag=rid), None, deadline)
-            except DistError:
-                pass
-        while live and not event.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            event.wait(min(left, 0.05))
-            # a peer that leaves or dies meanwhile will never answer: stop waiting for it
-            if all(p in answers or self.router.peer_gone(p) is not None for p in live):
-                break
-        with self._where_lock:
-            self._where_waiters.pop(rid, None)
-        self._where_expected.pop(rid, None)
-        try:
-            mine = self.report_provider()
-        except Exception as exc:  # noqa: BLE001 - same as in _answer_where
-            mine = {"rank": self.rank, "state": f"(report failed: {exc!r})"}
-        result: dict[int, dict[str, Any]] = {self.rank: mine}
-        for p in peers:
-            if p in answers:
-                result[p] = answers[p]
-            elif p in self._bye:
-                result[p] = {"rank": p, "state": f"exited: {self._bye[p]}", "gone": True}
-            elif self.router.peer_gone(p) is not None:
-                result[p] = {"rank": p, "state": f"gone: {self.router.peer_gone(p)}",
-                             "gone": True}
-            else:
-                result[p] = {"rank": p, "no_answer": True, "state": "did not answer within "
-                             f"{timeout:g}s (hung, stopped, or busy without releasing the GIL)"}
-        return result
-
+        """Every rank's state report (see ``diagnosis.where``)."""
+        return self.where.ask_everyone(timeout)
 
 def _ranks(ranks: list[int]) -> str:
     from .diagnosis.report import rank_list
