@@ -75,34 +75,30 @@ def _env_int(name: str) -> int | None:
         raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _resolve_rank_world(rank: int, world_size: int, master: tuple[str | None, int | None]
-                        ) -> tuple[int, int, str | None, int | None]:
-    """Fill rank/world size/master from the environment where the caller did not."""
-    addr, port = master
-    if rank == -1 or world_size == -1 or addr is None or port is None:
-        env = None
-        try:
-            from .launch.env import detect_env
+def _from_cluster_env(rank: int, world_size: int, addr: str | None, port: int | None
+                      ) -> tuple[int, int, str | None, int | None]:
+    """Fill what the caller did not give from the cluster environment: torchrun/rankwise
+    (RANK, WORLD_SIZE), SLURM, Open MPI or PMI. One parser for those variables
+    (``launch.env.detect_env``), shared with the launcher that writes them."""
+    if rank != -1 and world_size != -1 and addr is not None and port is not None:
+        return rank, world_size, addr, port
+    from .launch.env import detect_env
 
-            env = detect_env(os.environ)
-        except ImportError:  # pragma: no cover - launcher package absent
-            env = None
-        if env is not None:
-            rank = env.rank if rank == -1 else rank
-            world_size = env.world_size if world_size == -1 else world_size
-            addr = addr or env.master_addr
-            port = port if port is not None else env.master_port
-    return rank, world_size, addr, port
+    env = detect_env(os.environ)
+    if env is None:
+        return rank, world_size, addr, port
+    return (env.rank if rank == -1 else rank, env.world_size if world_size == -1 else world_size,
+            addr or env.master_addr, port if port is not None else env.master_port)
 
 
 def _validate_rank_world(rank: int, world_size: int) -> None:
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise InvalidArgument(f"{name} must be an int, got {value!r}")
+    if rank == -1:  # first: without RANK, the environment's WORLD_SIZE is not read either
+        raise InvalidArgument("rank is unknown: pass rank= or set RANK")
     if world_size == -1:
         raise InvalidArgument("world_size is unknown: pass world_size= or set WORLD_SIZE")
-    if rank == -1:
-        raise InvalidArgument("rank is unknown: pass rank= or set RANK")
     if world_size < 1:
         raise InvalidArgument(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -173,18 +169,12 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
     url = urlparse(init_method)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if "rank" in query and rank == -1:
-        rank = int(query["rank"])
+        rank = _query_int(query, "rank", init_method)
     if "world_size" in query and world_size == -1:
-        world_size = int(query["world_size"])
+        world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
-        addr = os.environ.get("MASTER_ADDR")
-        port = _env_int("MASTER_PORT")
-        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if rank == -1 and env_rank is not None:
-            rank = env_rank
-        if world_size == -1 and env_world is not None:
-            world_size = env_world
-        rank, world_size, addr, port = _resolve_rank_world(rank, world_size, (addr, port))
+        rank, world_size, addr, port = _from_cluster_env(
+            rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
         if not addr:
             raise InvalidArgument("init_method='env://' needs MASTER_ADDR (the host of rank 0 "
@@ -207,6 +197,14 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
         return FileStore(path, world_size), rank, world_size, "127.0.0.1"
     raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
                           "tcp://host:port or file:///path")
+
+
+def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
+    try:
+        return int(query[name])
+    except ValueError:
+        raise InvalidArgument(f"init_method {init_method!r}: {name}={query[name]!r} is not "
+                              "an integer") from None
 
 
 def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,
