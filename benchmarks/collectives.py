@@ -95,8 +95,8 @@ def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes
     for op in ops:
         for size in sizes if op != "barrier" else [0]:
             numel = max(1, size // 4)
-            if op == "reduce_scatter":
-                numel = max(1, numel // n)
+            if op in ("all_gather", "reduce_scatter"):
+                numel = max(1, numel // n)  # per-rank piece; the row's size is the total
             torch.manual_seed(rank)
             t = torch.rand(numel, dtype=torch.float32)
             scratch = None
@@ -106,7 +106,9 @@ def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes
                 scratch = torch.rand(numel * n, dtype=torch.float32)
             g = _time(tdist, op, t, scratch, n, budget)
             r = _time(rankwise, op, t, scratch, n, budget)
-            rows.append((op, numel * 4 if op != "barrier" else 0, g, r))
+            # nccl-tests: all_gather/reduce_scatter sizes are the whole (gathered) buffer
+            total = numel * 4 * (n if op in ("all_gather", "reduce_scatter") else 1)
+            rows.append((op, total if op != "barrier" else 0, g, r))
     if rank == 0:
         out.put(rows)
     rankwise.destroy_process_group()
