@@ -251,6 +251,38 @@ def test_rank_stuck_in_a_long_computation() -> None:
     check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
 
 
+# --- large messages: the waiting thread reads for itself (transport drive) ---------------
+# Failures must still reach it at once, and reports must still get the peers' answers
+# (which only a reader brings in) when the wait ends in an error or a warning.
+
+LARGE = 1 << 18
+
+
+def test_large_shape_mismatch_gets_the_divergence_report() -> None:
+    ranks = case("shape", warn=1.0, env={"NUMEL": str(LARGE)})
+    check(ranks, "CollectiveMismatch", f"all_reduce(float32 x {LARGE}, op=SUM)",
+          f"all_reduce(float32 x {LARGE + 1}, op=SUM)", f"{P}:{line_of('shape')}",
+          "Where the ranks diverged", within=15.0)
+
+
+def test_large_all_reduce_with_a_killed_peer() -> None:
+    ranks = case("killed", env={"NUMEL": str(LARGE)})
+    assert ranks[1].rc == -9
+    check(ranks, "PeerFailure", "rank 1 died", "without a goodbye",
+          f"Last collective seen from rank 1: all_reduce(float32 x {LARGE}, op=SUM) at "
+          f"{P}:{line_of('killed-step')}", only=[0], within=15.0)
+
+
+def test_large_all_reduce_waiting_for_a_stuck_peer() -> None:
+    ranks = case("stuck_large", timeout=3.0, warn=1.0, env={"STUCK_FOR": "6",
+                                                           "NUMEL": str(LARGE)})
+    zero = ranks[0]
+    assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
+    check(ranks, "DistTimeout", f"timed out after 3s in all_reduce(float32 x {LARGE}, op=SUM)",
+          f"at {P}:{line_of('stuck-large')}", "who is where", "rank 1: running user code since",
+          only=[0], within=12.0)
+
+
 def test_p2p_cycle_is_named() -> None:
     ranks = case("p2p_cycle", timeout=3.0, warn=1.0)
     recv_line = f"{P}:{line_of('cycle-recv')}"

@@ -52,9 +52,15 @@ def uneven_batches(dist, rank, world):
     dist.all_reduce(metric)  # @uneven-metric
 
 
+def _numel() -> int:
+    """Element count of the failing calls: NUMEL=262144 and up makes them large messages,
+    which the waiting thread reads for itself (transport drive) instead of the I/O thread."""
+    return int(os.environ.get("NUMEL", "4"))
+
+
 def shape(dist, rank, world):
     dist.barrier()
-    t = np.ones(4 + rank, np.float32)
+    t = np.ones(_numel() + rank, np.float32)
     dist.all_reduce(t)  # @shape
 
 
@@ -93,7 +99,7 @@ def exits_early(dist, rank, world):
 
 
 def killed(dist, rank, world):
-    t = np.ones(4, np.float32)
+    t = np.ones(_numel(), np.float32)
     for epoch in range(3):
         if rank == 1 and epoch == 1:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -105,6 +111,14 @@ def stuck(dist, rank, world):
     if rank == 1:
         _busy(float(os.environ.get("STUCK_FOR", "6")))  # a long computation  @busy
     dist.barrier()  # @stuck-barrier
+
+
+def stuck_large(dist, rank, world):
+    t = np.ones(_numel(), np.float32)
+    dist.all_reduce(t)
+    if rank == 1:
+        _busy(float(os.environ.get("STUCK_FOR", "6")))
+    dist.all_reduce(t)  # @stuck-large
 
 
 def p2p_cycle(dist, rank, world):
@@ -163,7 +177,7 @@ def traced(dist, rank, world):
 
 
 CASES = {f.__name__: f for f in (subset_barrier, uneven_batches, shape, dtype, root, op,
-                                   raises, exits_early, killed, stuck, p2p_cycle,
+                                   raises, exits_early, killed, stuck, stuck_large, p2p_cycle,
                                    barrier_names, zero_first_raises, zero_first_slow_ok,
                                    monitored, traced)}
 

@@ -35,6 +35,9 @@ __all__ = [
 #: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
 RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
 ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
+#: from this size a blocking collective reads its own frames (transport.drive_begin):
+#: the hand-over costs a few wake-ups, each saved frame hand-off one or two
+DRIVE_BYTES = int(os.environ.get("RANKWISE_DRIVE_BYTES", str(256 << 10)))
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
@@ -48,11 +51,17 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     link = OpLink(group, seq, record, dtype, reduce_op)
     comm = group.comm
 
+    big = dtype is not None and count * dtype.storage.itemsize >= DRIVE_BYTES
+
     def run() -> None:
         comm.activity = Activity(op.name, group.id, seq, site, time.time())
+        transport = comm.transport
+        drive = big and transport.drive_begin()
         try:
             body(link)
         finally:
+            if drive:
+                transport.drive_end()
             comm.call_done(group, record)  # history, trace span, back to "user code"
 
     if async_op:

@@ -325,6 +325,11 @@ class Communicator:
         try:
             if pending.completed:
                 return pending.wait(deadline, what)
+            if self.transport.driving():
+                self._drive(pending, deadline if quiet else
+                            min(deadline, time.monotonic() + self.warn_after))
+                if pending.completed:
+                    return pending.wait(deadline, what)
             if patient:
                 while True:
                     try:
@@ -358,6 +363,24 @@ class Communicator:
         except CollectiveMismatch:
             self.await_diagnosis()  # raise it with the divergence report in it
             raise
+
+    def _drive(self, pending: Pending, limit: float) -> None:
+        """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive).
+
+        Anything but a clean completion hands reading back to the I/O thread before the
+        caller goes on: warning tables, diagnosis and error reports wait for answers
+        from the peers, and only a reader gets those to them.
+        """
+        progress = self.transport.progress
+        try:
+            while not pending.completed:
+                remaining = limit - time.monotonic()
+                if remaining <= 0:
+                    break
+                progress(min(remaining, 0.25))
+        finally:
+            if not pending.completed or pending.error is not None:
+                self.transport.drive_end()
 
     def _warn_slow(self, what: Callable[[], str]) -> None:
         try:

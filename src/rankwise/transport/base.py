@@ -45,5 +45,18 @@ class Transport(Protocol):
     def start(self, handler: FrameHandler) -> None:
         """Begin delivering arriving frames to ``handler``."""
 
+    def drive_begin(self) -> bool:
+        """Let the calling thread read arriving frames itself (``progress``) instead of
+        the transport's I/O thread; False when another thread drives already."""
+
+    def drive_end(self) -> None:
+        """Hand reading back to the I/O thread (no-op unless this thread drives)."""
+
+    def driving(self) -> bool:
+        """True when the calling thread is the one reading."""
+
+    def progress(self, timeout: float) -> None:
+        """Driver only: wait up to ``timeout`` seconds for frames and deliver them."""
+
     def close(self) -> None:
         """Close every connection; pending sends fail, the I/O thread ends."""

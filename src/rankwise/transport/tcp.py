@@ -30,12 +30,13 @@ __all__ = ["TcpTransport"]
 
 _STAGE = 1 << 18  #: staging buffer per connection for small frames
 _DIRECT_MIN = 1 << 15  #: payload remainders at least this big are read straight into place
-_SOCK_BUF = 4 << 20
+_SOCK_BUF = 4 << 20  #: per direction and connection; RANKWISE_SOCKBUF overrides
 _LOWAT_MAX = int(os.environ.get("RANKWISE_RCVLOWAT", str(256 << 10)))
-_SEND_SLICE = 0.25
+_SEND_SLICE = 0.25  #: seconds between failure checks while a send waits for room
+_READ_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
 #: bytes read from one connection before the I/O thread looks at the others again: a peer
 #: streaming a large message must not delay noticing that another peer died
-_READ_BUDGET = 8 << 20  #: seconds between failure checks while a send waits for room
+_READ_BUDGET = 8 << 20
 
 
 @dataclass(slots=True)
@@ -51,6 +52,9 @@ class _Conn:
     token: object = None
     got: int = 0
     lowat: int = 1  #: current SO_RCVLOWAT: wake the I/O thread only for this many bytes
+    #: the last frame was large, so the next probably is: read its header alone rather
+    #: than pull the start of its payload into the stage and copy it out again
+    large: bool = False
     closed: bool = False
     broken: BaseException | None = None
 
@@ -62,12 +66,13 @@ class TcpTransport:
         self.rank = rank
         self.world_size = world_size
         self._conns: dict[int, _Conn] = {}
+        bufsize = int(os.environ.get("RANKWISE_SOCKBUF", str(_SOCK_BUF)))
         for peer, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
-                    sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+                    sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
                 except OSError:
                     pass
             self._conns[peer] = _Conn(peer, sock)
@@ -76,6 +81,13 @@ class TcpTransport:
         os.set_blocking(self._wake_r, False)
         self._closing = False
         self._thread: threading.Thread | None = None
+        #: progress hand-over: a caller thread blocked in a large collective reads the
+        #: sockets itself while the I/O thread is parked (see ``drive``)
+        self._cv = threading.Condition()
+        self._driver: int | None = None
+        self._io_busy = False
+        self._poller: select.poll | None = None
+        self._polled: dict[int, _Conn] = {}
 
     # --- sending (caller threads) ------------------------------------------------------
 
@@ -87,8 +99,25 @@ class TcpTransport:
         parts: list[memoryview] = [memoryview(header)]
         if payload is not None and len(payload):
             parts.append(memoryview(payload).cast("B"))
-        with conn.send_lock:
+        lock = conn.send_lock
+        if not lock.acquire(blocking=False):
+            self._acquire_send_lock(conn, deadline)
+        try:
             self._send_parts(conn, parts, deadline)
+        finally:
+            lock.release()
+
+    def _acquire_send_lock(self, conn: _Conn, deadline: float) -> None:
+        """Another thread is sending to the same peer. A driver keeps reading meanwhile:
+        that sender may wait for room that the peer makes only once it gets our data."""
+        if self._driver != threading.get_ident():
+            conn.send_lock.acquire()
+            return
+        while not conn.send_lock.acquire(blocking=False):
+            if time.monotonic() > deadline:
+                raise DistTimeout(f"rank {self.rank} could not send to rank {conn.rank} "
+                                  "before the timeout: another send to it never finished")
+            self._progress(0.001, None)
 
     def _send_parts(self, conn: _Conn, parts: list[memoryview], deadline: float) -> None:
         sock = conn.sock
@@ -123,9 +152,75 @@ class TcpTransport:
                 f"rank {self.rank} could not send to rank {conn.rank} before the timeout: "
                 f"rank {conn.rank} is not reading (hung or stopped?)"
             )
+        if self._driver == threading.get_ident():
+            self._progress(min(remaining, _SEND_SLICE), conn)
+            return
         poller = select.poll()
         poller.register(conn.sock, select.POLLOUT)
         poller.poll(min(remaining, _SEND_SLICE) * 1000)
+
+    # --- progress hand-over (caller threads) ---------------------------------------------
+
+    def drive_begin(self) -> bool:
+        """Make the calling thread the reader of every socket until ``drive_end``.
+
+        Why: for large messages with more ranks than cores, each frame handed from the
+        I/O thread to the waiting thread costs a wake-up and a GIL hand-off in both
+        processes; a thread that reads for itself while it waits pays neither. False
+        (and nothing changes) when another thread already drives.
+        """
+        me = threading.get_ident()
+        with self._cv:
+            if self._driver is not None or self._closing:
+                return False
+            self._driver = me
+            if self._io_busy:
+                try:
+                    os.write(self._wake_w, b"d")
+                except OSError:
+                    pass
+                while self._io_busy:
+                    self._cv.wait()
+        return True
+
+    def drive_end(self) -> None:
+        with self._cv:
+            if self._driver == threading.get_ident():
+                self._driver = None
+                self._cv.notify_all()
+
+    def driving(self) -> bool:
+        return self._driver == threading.get_ident()
+
+    def progress(self, timeout: float) -> None:
+        """Driver only: wait up to ``timeout`` for data and read what arrived."""
+        self._progress(timeout, None)
+
+    def _progress(self, timeout: float, writable: _Conn | None) -> None:
+        """Poll every live connection (and ``writable`` for room), read what arrived."""
+        poller, polled = self._poller, self._polled
+        if poller is None:
+            poller = self._poller = select.poll()
+            for conn in self._conns.values():
+                if conn.broken is None and not conn.closed:
+                    poller.register(conn.sock, select.POLLIN)
+                    polled[conn.sock.fileno()] = conn
+        out = writable.sock if writable is not None and \
+            writable.sock.fileno() in polled else None
+        if out is not None:
+            poller.modify(out, select.POLLIN | select.POLLOUT)
+        try:
+            events = poller.poll(timeout * 1000)
+        finally:
+            if out is not None:
+                poller.modify(out, select.POLLIN)
+        for fd, ev in events:
+            ready = polled.get(fd)
+            if ready is None or not ev & _READ_EVENTS:
+                continue
+            if ready.broken is not None or ready.closed or not self._read(ready):
+                poller.unregister(fd)
+                del polled[fd]
 
     # --- receiving (the I/O thread) ----------------------------------------------------
 
@@ -142,13 +237,25 @@ class TcpTransport:
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while not self._closing and sel.get_map():
-                for key, _ in sel.select():
-                    conn = key.data
-                    if conn is None:
-                        self._drain_wake()
-                        continue
-                    if not self._read(conn):
-                        sel.unregister(conn.sock)
+                with self._cv:
+                    while self._driver is not None and not self._closing:
+                        self._cv.wait()
+                    self._io_busy = True
+                try:
+                    for conn in self._conns.values():  # a driver may have seen it end
+                        if conn.broken is not None and conn.sock in sel.get_map():
+                            sel.unregister(conn.sock)
+                    for key, _ in sel.select():
+                        conn = key.data
+                        if conn is None:
+                            self._drain_wake()
+                            continue
+                        if not self._read(conn):
+                            sel.unregister(conn.sock)
+                finally:
+                    with self._cv:
+                        self._io_busy = False
+                        self._cv.notify_all()
         finally:
             sel.close()
 
@@ -179,7 +286,9 @@ class TcpTransport:
                     continue
                 if conn.end == len(conn.stage):
                     self._compact(conn)
-                n = conn.sock.recv_into(memoryview(conn.stage)[conn.end:])
+                limit = conn.end + HEADER.size if conn.large and conn.start == conn.end \
+                    else len(conn.stage)
+                n = conn.sock.recv_into(memoryview(conn.stage)[conn.end:limit])
                 if n == 0:
                     return self._lost(conn, None)
                 conn.end += n
@@ -231,6 +340,7 @@ class TcpTransport:
                     self._compact(conn)
                 return  # small frame still arriving: wait for it in the stage
             conn.start += hsize
+            conn.large = n >= _DIRECT_MIN
             target, token = self._handler.on_header(frame)
             view = memoryview(target).cast("B")
             take = min(n, available)
@@ -262,7 +372,9 @@ class TcpTransport:
     def close(self) -> None:
         if self._closing:
             return
-        self._closing = True
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
