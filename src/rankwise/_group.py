@@ -163,10 +163,6 @@ class OpLink:
         key = (self.group.id, self.seq, self.group.ranks[peer], step)
         return self.comm.router.post_coll(key, out.view(np.uint8).data)
 
-    def ready(self, handle: Any) -> bool:
-        assert isinstance(handle, Pending)
-        return handle.completed
-
     def wait(self, handle: Any) -> None:
         assert isinstance(handle, Pending)
         activity = self.comm.activity

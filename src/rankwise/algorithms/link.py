@@ -31,9 +31,6 @@ class Link(Protocol):
     def post(self, peer: int, out: Array, step: int) -> Handle:
         """Arrange for the message (peer, step) to land in ``out`` (exact size)."""
 
-    def ready(self, handle: Handle) -> bool:
-        """True once the posted receive is complete (never blocks)."""
-
     def wait(self, handle: Handle) -> None:
         """Block until the posted receive is complete (bounded by the op's deadline)."""
 
