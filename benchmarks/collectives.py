@@ -1,7 +1,8 @@
 """rankwise vs torch.distributed (gloo), side by side in one run, same inputs.
 
 Each rank process initializes BOTH libraries, and for every (op, size) row times gloo
-and rankwise back to back on the same tensor, so machine noise hits both alike. Printed
+and rankwise on the same tensor in alternating rounds (median reported), so machine
+noise hits both alike. Printed
 per row: latency (max over ranks of the mean per-op time), bus bandwidth (nccl-tests
 definitions), and the rankwise/gloo ratio (>1 means rankwise is faster for bandwidth,
 and the latency ratio is rankwise/gloo time, <1 means rankwise is faster).
@@ -15,12 +16,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import socket
+import statistics
 import sys
 import time
 from datetime import timedelta
 from typing import Any
 
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
@@ -59,29 +63,50 @@ def _run_op(lib: Any, op: str, t: Any, scratch: Any, n: int) -> None:
         raise ValueError(op)
 
 
-def _time(lib: Any, op: str, t: Any, scratch: Any, n: int, budget: float) -> float:
+def _max_over_ranks(lib: Any, seconds: float) -> float:
     import torch
 
+    t = torch.tensor([seconds], dtype=torch.float64)
+    lib.all_reduce(t, op=lib.ReduceOp.MAX)
+    return float(t[0])
+
+
+def _calibrate(lib: Any, op: str, t: Any, scratch: Any, n: int, budget: float) -> int:
+    """Warm up, then pick an iteration count (agreed by all ranks) that fills ``budget``."""
     for _ in range(2):
         _run_op(lib, op, t, scratch, n)
-    # agree on an iteration count: estimate from one timed call, take the max over ranks
     lib.barrier()
     t0 = time.perf_counter()
     _run_op(lib, op, t, scratch, n)
-    one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    lib.all_reduce(one, op=lib.ReduceOp.MAX)
-    iters = int(max(3, min(2000, budget / max(float(one[0]), 1e-6))))
+    one = _max_over_ranks(lib, time.perf_counter() - t0)
+    return int(max(3, min(2000, budget / max(one, 1e-6))))
+
+
+def _time(lib: Any, op: str, t: Any, scratch: Any, n: int, iters: int) -> float:
+    """Mean seconds per call over ``iters`` calls, the slowest rank's."""
     lib.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         _run_op(lib, op, t, scratch, n)
-    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-    lib.all_reduce(elapsed, op=lib.ReduceOp.MAX)
-    return float(elapsed[0])
+    return _max_over_ranks(lib, (time.perf_counter() - t0) / iters)
+
+
+def _compare(libs: dict[str, Any], op: str, t: Any, scratch: Any, n: int, budget: float,
+             rounds: int) -> dict[str, float]:
+    """Median over ``rounds`` alternating rounds (gloo first, then rankwise first, ...):
+    a slow spell of the shared machine then lands on both libraries, not on one."""
+    iters = {name: _calibrate(lib, op, t, scratch, n, budget / rounds)
+             for name, lib in libs.items()}
+    samples: dict[str, list[float]] = {name: [] for name in libs}
+    order = list(libs)
+    for i in range(rounds):
+        for name in order if i % 2 == 0 else order[::-1]:
+            samples[name].append(_time(libs[name], op, t, scratch, n, iters[name]))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes: list[int],
-            budget: float, out: Any) -> None:
+            budget: float, rounds: int, out: Any) -> None:
     import torch
     import torch.distributed as tdist
 
@@ -104,8 +129,9 @@ def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes
                 scratch = torch.empty(numel * n, dtype=torch.float32)
             elif op == "reduce_scatter":
                 scratch = torch.rand(numel * n, dtype=torch.float32)
-            g = _time(tdist, op, t, scratch, n, budget)
-            r = _time(rankwise, op, t, scratch, n, budget)
+            times = _compare({"gloo": tdist, "rankwise": rankwise}, op, t, scratch, n,
+                             budget, rounds)
+            g, r = times["gloo"], times["rankwise"]
             # nccl-tests: all_gather/reduce_scatter sizes are the whole (gathered) buffer
             total = numel * 4 * (n if op in ("all_gather", "reduce_scatter") else 1)
             rows.append((op, total if op != "barrier" else 0, g, r))
@@ -122,7 +148,22 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float) -> list[str]:
+def _collect(procs: list[Any], q: Any, limit: float) -> Any:
+    """The rows rank 0 puts on ``q``; fails at once when a worker dies instead."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"benchmark worker {dead[0].name} exited with "
+                                   f"{dead[0].exitcode} (its traceback is above)")
+    raise TimeoutError(f"no benchmark result within {limit:.0f}s")
+
+
+def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float,
+        rounds: int = 3) -> list[str]:
     ctx = mp.get_context("spawn")
     lines = []
     header = (f"{'ranks':>5} {'op':<15} {'size':>9} {'gloo lat':>10} {'rw lat':>10} "
@@ -132,12 +173,13 @@ def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float) -> li
     for n in ranks:
         q = ctx.Queue()
         port_rw, port_tg = _free_port(), _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, n, port_rw, port_tg, ops, sizes, budget, q))
+        procs = [ctx.Process(target=_worker, name=f"rank{r}",
+                             args=(r, n, port_rw, port_tg, ops, sizes, budget, rounds, q))
                  for r in range(n)]
         for p in procs:
             p.start()
         try:
-            rows = q.get(timeout=1800)
+            rows = _collect(procs, q, 1800)
         finally:
             for p in procs:
                 p.join(timeout=60)
@@ -158,14 +200,22 @@ def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float) -> li
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--ops", default="all_reduce")
+    ap.add_argument("--ops", default="all_reduce", help=f"comma-separated: {','.join(OPS)}")
     ap.add_argument("--min-size", default="4")
     ap.add_argument("--max-size", default="64M")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timing per cell")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating timing rounds per cell; the median is reported")
     args = ap.parse_args(argv)
+    ops = args.ops.split(",")
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        ap.error(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     lo, hi = _parse_size(args.min_size), _parse_size(args.max_size)
     sizes = [s for s in SIZES if lo <= s <= hi]
-    run([int(x) for x in args.ranks.split(",")], args.ops.split(","), sizes, args.budget)
+    run([int(x) for x in args.ranks.split(",")], ops, sizes, args.budget, args.rounds)
     return 0
 
 

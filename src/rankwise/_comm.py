@@ -308,9 +308,10 @@ class Communicator:
         try:
             self.transport.send(dst, header, payload, deadline)
         except DistNetworkError as exc:
-            failure = self.router.failure or self.router.peer_gone(dst)
-            if failure is not None:
-                raise failure from exc
+            self.transport.drive_end()  # if this thread was the reader, let another read
+            failure = self.router.wait_for_cause(dst, 1.0)
+            if failure is not None:  # the cause explains it; the broken pipe adds nothing
+                raise self._as_of_now(failure) from None
             raise PeerFailure(f"rank {self.rank} lost its connection to rank {dst} while "
                               f"sending: {exc}", rank=dst) from exc
 
@@ -323,27 +324,10 @@ class Communicator:
         ``quiet``: no table, a bare ``DistTimeout`` (the caller reports by itself).
         """
         try:
-            if pending.completed:
-                return pending.wait(deadline, what)
-            if self.transport.driving():
-                self._drive(pending, deadline if quiet else
-                            min(deadline, time.monotonic() + self.warn_after))
-                if pending.completed:
-                    return pending.wait(deadline, what)
-            if patient:
-                while True:
-                    try:
-                        return pending.wait(time.monotonic() + 3600.0, what)
-                    except DistTimeout:
-                        continue
-            if not quiet:
-                warn_at = time.monotonic() + self.warn_after
-                if warn_at < deadline:
-                    try:
-                        return pending.wait(warn_at, what)
-                    except DistTimeout:
-                        self._warn_slow(what)
-            return pending.wait(deadline, what)
+            try:
+                return self._block(pending, deadline, what, patient, quiet)
+            finally:
+                self._stop_driving_unless_done(pending)
         except DistTimeout:
             self.router.cancel(pending)
             if quiet:
@@ -355,14 +339,47 @@ class Communicator:
                 raise failure from None
             raise DistTimeout(what(), report=table) from None
         except PeerFailure as exc:
-            where = getattr(exc, "departed_where", None)
-            if where is None or exc.rank is None:
+            now = self._as_of_now(exc)
+            if now is exc:
                 raise
-            # say what *this* rank waits in now, not what it did when the goodbye came
-            raise self._departed_error(exc.rank, where) from None
+            raise now from None
         except CollectiveMismatch:
             self.await_diagnosis()  # raise it with the divergence report in it
             raise
+
+    def _as_of_now(self, failure: BaseException) -> BaseException:
+        """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
+        was doing when the goodbye came; other failures as they are."""
+        where = getattr(failure, "departed_where", None)
+        rank = getattr(failure, "rank", None)
+        if where is None or rank is None:
+            return failure
+        return self._departed_error(rank, where)
+
+    def _block(self, pending: Pending, deadline: float, what: Callable[[], str],
+               patient: bool, quiet: bool) -> Frame:
+        """The waiting itself, in the phases ``wait`` describes."""
+        if pending.completed:
+            return pending.wait(deadline, what)
+        if self.transport.driving():
+            self._drive(pending, deadline if quiet else
+                        min(deadline, time.monotonic() + self.warn_after))
+            if pending.completed:
+                return pending.wait(deadline, what)
+        if patient:
+            while True:
+                try:
+                    return pending.wait(time.monotonic() + 3600.0, what)
+                except DistTimeout:
+                    continue
+        if not quiet:
+            warn_at = time.monotonic() + self.warn_after
+            if warn_at < deadline:
+                try:
+                    return pending.wait(warn_at, what)
+                except DistTimeout:
+                    self._warn_slow(what)
+        return pending.wait(deadline, what)
 
     def _drive(self, pending: Pending, limit: float) -> None:
         """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive).
@@ -379,8 +396,11 @@ class Communicator:
                     break
                 progress(min(remaining, 0.25))
         finally:
-            if not pending.completed or pending.error is not None:
-                self.transport.drive_end()
+            self._stop_driving_unless_done(pending)
+
+    def _stop_driving_unless_done(self, pending: Pending) -> None:
+        if not pending.completed or pending.error is not None:
+            self.transport.drive_end()
 
     def _warn_slow(self, what: Callable[[], str]) -> None:
         try:

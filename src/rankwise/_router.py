@@ -119,6 +119,7 @@ class Router:
 
     def __init__(self, on_mismatch: MismatchHandler) -> None:
         self._lock = threading.Lock()
+        self._news = threading.Condition(self._lock)  #: a failure or a departure was noted
         self._on_mismatch = on_mismatch
         self._coll_posted: dict[tuple[int, int, int, int], Pending] = {}
         self._coll_arrived: dict[tuple[int, int, int, int], _Arrival] = {}
@@ -136,6 +137,15 @@ class Router:
 
     def peer_gone(self, rank: int) -> BaseException | None:
         return self._gone.get(rank)
+
+    def wait_for_cause(self, rank: int, timeout: float) -> BaseException | None:
+        """Block (at most ``timeout``) until the reader has noted why the connection to
+        ``rank`` broke: what the peer sent before it closed (an abort it relays, its
+        goodbye) names the real cause better than the broken pipe does."""
+        with self._news:
+            self._news.wait_for(lambda: self._failed is not None or rank in self._gone,
+                                timeout)
+            return self._failed or self._gone.get(rank)
 
     def register_call(self, group: int, seq: int, fp: Fingerprint, keep: int = 1024) -> None:
         """Record this rank's call #seq; check frames that arrived before it was made."""
@@ -351,6 +361,7 @@ class Router:
         with self._lock:
             if self._failed is None:
                 self._failed = exc
+            self._news.notify_all()
             waiters = list(self._coll_posted.values())
             self._coll_posted.clear()
             for lst in self._p2p_posted.values():
@@ -366,6 +377,7 @@ class Router:
         """``rank`` is gone: fail the receives that can only be satisfied by it."""
         with self._lock:
             self._gone.setdefault(rank, exc)
+            self._news.notify_all()
             doomed = [k for k, p in self._coll_posted.items() if k[2] == rank]
             waiters = [self._coll_posted.pop(k) for k in doomed]
             for lst in self._p2p_posted.values():

@@ -10,6 +10,13 @@ through a staging buffer, so a 4-byte all_reduce costs few system calls.
 
 Sockets are non-blocking; a send that would block waits in ``poll`` for at most the
 caller's deadline, in slices, so a failure elsewhere interrupts it.
+
+One exception to "the I/O thread reads": a thread blocked in a large collective may take
+over reading (``drive_begin``) while the I/O thread parks, because with more ranks than
+cores each frame's hand-off between two threads (a wake-up and a GIL exchange) cost
+more than the Python that reads it. The driver reads every connection, not just its
+own, whenever it waits — for a frame, for room to send, or for a send lock — so the
+guarantee "every receiver always drains" still holds.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ _DIRECT_MIN = 1 << 15  #: payload remainders at least this big are read straight
 _SOCK_BUF = 4 << 20  #: per direction and connection; RANKWISE_SOCKBUF overrides
 _LOWAT_MAX = int(os.environ.get("RANKWISE_RCVLOWAT", str(256 << 10)))
 _SEND_SLICE = 0.25  #: seconds between failure checks while a send waits for room
+_HANDOVER_WAIT = 1.0  #: seconds a caller waits for the I/O thread to park before giving up
 _READ_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
 #: bytes read from one connection before the I/O thread looks at the others again: a peer
 #: streaming a large message must not delay noticing that another peer died
@@ -169,18 +177,18 @@ class TcpTransport:
         processes; a thread that reads for itself while it waits pays neither. False
         (and nothing changes) when another thread already drives.
         """
-        me = threading.get_ident()
         with self._cv:
             if self._driver is not None or self._closing:
                 return False
-            self._driver = me
+            self._driver = threading.get_ident()
             if self._io_busy:
                 try:
                     os.write(self._wake_w, b"d")
                 except OSError:
                     pass
-                while self._io_busy:
-                    self._cv.wait()
+                if not self._cv.wait_for(lambda: not self._io_busy, _HANDOVER_WAIT):
+                    self._driver = None  # the I/O thread is slow to let go: keep it
+                    return False
         return True
 
     def drive_end(self) -> None:
