@@ -104,6 +104,18 @@ def test_cycle_detection() -> None:
     assert "DEADLOCK" not in format_where(reports, "test")
 
 
+def test_ranks_inside_one_collective_are_no_deadlock() -> None:
+    # a snapshot taken mid all_reduce: the ranks wait for each other while data moves
+    def coll(seq: int, waits: int) -> dict[str, object]:
+        return {"op": "all_reduce", "kind": "collective", "group": 0, "seq": seq,
+                "waiting_for": waits, "site": "t.py:9 in step"}
+
+    reports = {0: coll(7, 1), 1: coll(7, 0), 2: {"op": "", "waiting_for": -1}}
+    assert find_cycle(reports) == [] and "DEADLOCK" not in format_where(reports, "test")
+    reports[1] = coll(8, 0)  # different calls: neither can finish the other's
+    assert find_cycle(reports) == [0, 1]
+
+
 def test_stalled_mismatch_needs_same_seq_and_different_calls() -> None:
     a = {"op": "gather", "kind": "collective", "group": 0, "seq": 4,
          "call": "gather(float32 x 2, root=0)"}

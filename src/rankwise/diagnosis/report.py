@@ -123,7 +123,12 @@ def _describe(fp: Any) -> str:
 # --- who is where --------------------------------------------------------------------------
 
 def find_cycle(reports: dict[int, dict[str, Any]]) -> list[int]:
-    """Ranks that block on each other in a cycle (each waits for the next), or []."""
+    """Ranks that block on each other in a cycle (each waits for the next), or [].
+
+    Ranks inside one and the same collective wait for each other all the time while
+    its data moves (a ring is such a cycle at every step), so a cycle whose ranks are
+    all in the same collective call is progress, not a deadlock.
+    """
     edges: dict[int, int] = {}
     for r, rep in reports.items():
         w = rep.get("waiting_for", -1)
@@ -138,8 +143,15 @@ def find_cycle(reports: dict[int, dict[str, Any]]) -> list[int]:
             path.append(node)
             node = edges[node]
         if node is not None and node in seen:
-            return path[seen[node]:]
+            cycle = path[seen[node]:]
+            if not _one_collective(reports, cycle):
+                return cycle
     return []
+
+
+def _one_collective(reports: dict[int, dict[str, Any]], ranks: list[int]) -> bool:
+    calls = {(reports[r].get("group"), reports[r].get("seq")) for r in ranks}
+    return len(calls) == 1 and all(reports[r].get("kind") != "recv" for r in ranks)
 
 
 def _wait_text(rep: dict[str, Any]) -> str:
