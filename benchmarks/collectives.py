@@ -21,6 +21,7 @@ import socket
 import statistics
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -112,6 +113,8 @@ def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes
 
     import rankwise
 
+    # torch 2.13 deprecates the *_tensor names it still documents; not our news here
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     rankwise.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port_rw}", rank=rank,
                                 world_size=n, timeout=timedelta(seconds=300))
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port_tg}", rank=rank,
