@@ -58,6 +58,24 @@ def test_world_size_disagreement_fails_every_process_at_once() -> None:
     assert_every_rank(results, "RendezvousError", "world sizes disagree", within=8.0)
 
 
+def _join_after_the_error(rank: int, world: int, port: int, ranks: list[int],
+                          worlds: list[int], timeout: float) -> float:
+    """Like ``_join``, but the last process starts only once the others found the error
+    (a process slow to start): it must still get the explanation, not a dead store."""
+    if rank == world - 1:
+        watcher = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        watcher.wait(["rankwise/0/error"])
+        del watcher
+    return _join(rank, world, port, ranks, worlds, timeout)
+
+
+def test_a_late_process_still_learns_why_the_rendezvous_failed() -> None:
+    # ranks 0 and 2 disagree on the world size at once; rank 1 comes in afterwards
+    results = run_ranks(_join_after_the_error, 3, args=(free_port(), [0, 2, 1], [3, 4, 3],
+                                                        20.0), init=False, timeout=40)
+    assert_every_rank(results, "RendezvousError", "world sizes disagree", within=12.0)
+
+
 def test_port_in_use_is_a_network_error_saying_so() -> None:
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

@@ -218,27 +218,35 @@ def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeo
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                 hosting: bool = False) -> bytes:
     """Agree on world size and identities; return the job's id (shared by all ranks)."""
-    def failed(exc: RendezvousError) -> RendezvousError:
+    def failed(exc: RendezvousError, late_ones: bool = True) -> RendezvousError:
         # Count this process as having seen the failure. The process hosting the store
-        # keeps it up (bounded) until every process that arrived has seen it too, or they
-        # would meet a dead store ("StoreError: went away") instead of this explanation.
+        # keeps it up (bounded) until every process has seen it too, or they would meet a
+        # dead store ("connection refused", "went away") instead of this explanation.
+        # ``late_ones``: also wait for processes still starting up (an error found early,
+        # like a duplicate rank); after a join timeout, only for those that arrived.
         try:
             store.add("error/seen", 1)
             if hosting:
                 linger = time.monotonic() + min(5.0, timeout_s)
-                while time.monotonic() < linger and \
-                        int(store.add("error/seen", 0)) < int(store.add("arrived", 0)):
+                while time.monotonic() < linger and int(store.add("error/seen", 0)) < max(
+                        int(store.add("arrived", 0)), world_size if late_ones else 0):
                     time.sleep(0.02)
         except DistError:
             pass
         return exc
 
-    def fail(message: str) -> RendezvousError:
+    def fail(message: str, late_ones: bool = True) -> RendezvousError:
         try:
+            if not late_ones:
+                store.set("error/no-late-ones", "1")  # before the error: readers see both
             store.set("error", message)
         except DistError:
             pass
-        return failed(RendezvousError(message))
+        return failed(RendezvousError(message), late_ones)
+
+    def failed_elsewhere() -> RendezvousError:
+        message = store.get("error").decode()
+        return failed(RendezvousError(message), not store.check(["error/no-late-ones"]))
 
     store.add("arrived", 1)
     agreed = store.compare_set("world_size", "", str(world_size)).decode()
@@ -258,7 +266,7 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     auth_note = ""
     while True:
         if store.check(["error"]):
-            raise failed(RendezvousError(store.get("error").decode()))
+            raise failed_elsewhere()
         remaining = deadline - time.monotonic()
         try:
             store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
@@ -278,9 +286,9 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                     f"rank {rank}: only {joined} of {world_size} ranks joined within "
                     f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
                     f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
-                    f"reaches MASTER_ADDR:MASTER_PORT.{hint}") from None
+                    f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
     if store.check(["error"]):
-        raise failed(RendezvousError(store.get("error").decode()))
+        raise failed_elsewhere()
     return bytes.fromhex(job_hex)
 
 
