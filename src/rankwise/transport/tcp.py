@@ -90,7 +90,7 @@ class TcpTransport:
         self._closing = False
         self._thread: threading.Thread | None = None
         #: progress hand-over: a caller thread blocked in a large collective reads the
-        #: sockets itself while the I/O thread is parked (see ``drive``)
+        #: sockets itself while the I/O thread is parked (see ``drive_begin``)
         self._cv = threading.Condition()
         self._driver: int | None = None
         self._io_busy = False
