@@ -112,6 +112,9 @@ class Communicator:
         self._sites_sent: dict[int, set[int]] = {r: set() for r in range(world_size)}
         self.peer_sites: dict[int, dict[int, CallSite]] = {r: {} for r in range(world_size)}
         self._bye: dict[int, str] = {}
+        #: the who-is-where report a peer sent with its mismatch abort: it may have left
+        #: before our own question reached it
+        self.last_reports: dict[int, dict[str, Any]] = {}
         self._last_seen: dict[int, Frame] = {}  #: last collective frame from each peer
         self.activity = Activity()
         self._last_record: tuple[Any, str] | None = None
@@ -255,6 +258,9 @@ class Communicator:
         except ValueError:
             info = {"kind": "exception", "message": "(unreadable abort message)"}
         kind = str(info.get("kind", "exception"))
+        report = info.get("report")
+        if isinstance(report, dict):
+            self.last_reports[src] = report
         message = str(info.get("message", ""))[:200000]
         origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
         exc: DistError
@@ -512,7 +518,8 @@ class Communicator:
         try:
             # peers before our own raise: this rank may exit right after, and the abort
             # must reach them before its closed connection does
-            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full})
+            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full,
+                                  "report": self.where.mine()})
         finally:
             self._diag_done.set()
 
@@ -580,6 +587,7 @@ class Communicator:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
             # notices our closed connection before the original one blames us.
             self.broadcast_abort(self.relay_of(failure), timeout=timeout)
+        self.where.settle(min(timeout, 1.0))
         self.closed = True
         self.transport.close()
 

@@ -33,8 +33,10 @@ class WhereService:
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, tuple[threading.Event, dict[int, Report], int]] = {}
+        self._answering: set[threading.Thread] = set()  #: answers not yet sent
 
-    def _mine(self) -> Report:
+    def mine(self) -> Report:
+        """This rank's report, as it answers WHERE."""
         try:
             return self._comm.report_provider()
         except Exception as exc:  # noqa: BLE001 - a report must never kill the I/O thread
@@ -42,7 +44,7 @@ class WhereService:
 
     def answer(self, frame: Frame) -> None:
         """A peer asked (I/O thread): reply with this rank's report, off this thread."""
-        payload = json.dumps(self._mine()).encode()[: (4 << 20)]
+        payload = json.dumps(self.mine()).encode()[: (4 << 20)]
         header = encode_header(Kind.HERE, tag=frame.tag, payload_len=len(payload))
         transport = self._comm.transport
 
@@ -51,8 +53,23 @@ class WhereService:
                 transport.send(frame.src, header, payload, time.monotonic() + 2.0)
             except DistError:
                 pass
+            finally:
+                with self._lock:
+                    self._answering.discard(thread)
 
-        threading.Thread(target=run, name="rankwise-here", daemon=True).start()
+        thread = threading.Thread(target=run, name="rankwise-here", daemon=True)
+        with self._lock:
+            self._answering.add(thread)
+        thread.start()
+
+    def settle(self, timeout: float) -> None:
+        """Let answers still being sent go out (bounded) before this rank leaves: a peer
+        building a mismatch report waits for ours, and a daemon thread dies at exit."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._answering)
+        for thread in pending:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def on_here(self, frame: Frame, payload: bytes) -> None:
         """A peer answered (I/O thread)."""
@@ -92,15 +109,18 @@ class WhereService:
                 break
             event.wait(min(left, 0.05))
             # a peer that leaves or dies meanwhile will never answer: stop waiting for it
-            if all(p in answers or router.peer_gone(p) is not None for p in live):
+            if all(p in answers or p in comm.last_reports or router.peer_gone(p) is not None
+                   for p in live):
                 break
         with self._lock:
             self._waiting.pop(rid, None)
-        result: dict[int, Report] = {comm.rank: self._mine()}
+        result: dict[int, Report] = {comm.rank: self.mine()}
         for p in peers:
             gone = router.peer_gone(p)
             if p in answers:
                 result[p] = answers[p]
+            elif p in comm.last_reports:  # it failed, and sent its report with the abort
+                result[p] = comm.last_reports[p]
             elif p in comm.departures:
                 result[p] = {"rank": p, "state": f"exited: {comm.departures[p]}", "gone": True}
             elif gone is not None:
