@@ -371,7 +371,8 @@ class Communicator:
             self._drive(pending, deadline if quiet else
                         min(deadline, time.monotonic() + self.warn_after))
             if pending.completed:
-                return pending.wait(deadline, what)
+                return pending.wait(deadline, what)  # an error: ``wait`` stops driving
+            self.transport.drive_end()  # past the warning threshold: the I/O thread reads
         if patient:
             while True:
                 try:
@@ -388,23 +389,18 @@ class Communicator:
         return pending.wait(deadline, what)
 
     def _drive(self, pending: Pending, limit: float) -> None:
-        """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive).
-
-        Anything but a clean completion hands reading back to the I/O thread before the
-        caller goes on: warning tables, diagnosis and error reports wait for answers
-        from the peers, and only a reader gets those to them.
-        """
+        """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive_begin)."""
         progress = self.transport.progress
-        try:
-            while not pending.completed:
-                remaining = limit - time.monotonic()
-                if remaining <= 0:
-                    break
-                progress(min(remaining, 0.25))
-        finally:
-            self._stop_driving_unless_done(pending)
+        while not pending.completed:
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                return
+            progress(min(remaining, 0.25))
 
     def _stop_driving_unless_done(self, pending: Pending) -> None:
+        """Anything but a clean completion hands reading back to the I/O thread before the
+        caller goes on: warning tables, diagnosis and error reports wait for answers from
+        the peers, and only a reader gets those to them."""
         if not pending.completed or pending.error is not None:
             self.transport.drive_end()
 

@@ -116,16 +116,22 @@ class TcpTransport:
             lock.release()
 
     def _acquire_send_lock(self, conn: _Conn, deadline: float) -> None:
-        """Another thread is sending to the same peer. A driver keeps reading meanwhile:
-        that sender may wait for room that the peer makes only once it gets our data."""
-        if self._driver != threading.get_ident():
-            conn.send_lock.acquire()
-            return
-        while not conn.send_lock.acquire(blocking=False):
-            if time.monotonic() > deadline:
+        """Another thread is sending to the same peer: wait for it, until ``deadline``.
+        A driver keeps reading meanwhile: that sender may wait for room that the peer
+        makes only once it gets our data."""
+        driving = self._driver == threading.get_ident()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise DistTimeout(f"rank {self.rank} could not send to rank {conn.rank} "
                                   "before the timeout: another send to it never finished")
-            self._progress(0.001, None)
+            if not driving:
+                if conn.send_lock.acquire(timeout=remaining):
+                    return
+            elif conn.send_lock.acquire(blocking=False):
+                return
+            else:
+                self._progress(min(remaining, 0.001), None)
 
     def _send_parts(self, conn: _Conn, parts: list[memoryview], deadline: float) -> None:
         sock = conn.sock
