@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import faulthandler
 import socket
 import statistics
@@ -114,6 +115,12 @@ def worker(rank: int, world: int, ports: tuple[int, int], opts: argparse.Namespa
             times[name] += timed_steps(step, opts.steps, barrier)
     if rank == 0:
         report(world, {name: statistics.median(t) for name, t in times.items()}, ours, base)
+    # torch's DDP keeps the gloo group alive; left to interpreter exit, gloo's threads
+    # tear down mid-finalization and abort the process ("terminate called without an
+    # active exception", 1 run in 6). Drop it while the peers are still all here.
+    del runs, theirs
+    gc.collect()
+    tdist.barrier()
     tdist.destroy_process_group()
     rankwise.destroy_process_group()
 
