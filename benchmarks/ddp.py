@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import faulthandler
+import gc
 import socket
 import statistics
 import time
