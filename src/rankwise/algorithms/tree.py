@@ -32,11 +32,17 @@ def _parent_children(v: int, n: int) -> tuple[int, list[int]]:
     return parent, children
 
 
+#: A tree is a pipeline only if the message is cut finer than the rings cut theirs: a
+#: 4 MiB broadcast on 4 ranks in 4 MiB pieces ran at 1.26x gloo's bandwidth, in 1 MiB
+#: pieces at 1.39x.
+PIPELINE_BYTES = 1 << 20
+
+
 def broadcast(link: Link, data: Array, root: int) -> None:
     n = link.size
     v = (link.rank - root) % n
     parent, children = _parent_children(v, n)
-    segs = ring.segments(data)
+    segs = ring.segments(data, PIPELINE_BYTES)
     real = [(c + root) % n for c in children]
     if parent < 0:
         for k, seg in enumerate(segs):
