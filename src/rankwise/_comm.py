@@ -612,6 +612,7 @@ class Communicator:
         """Every rank's state report (see ``diagnosis.where``)."""
         return self.where.ask_everyone(timeout)
 
+
 def _ranks(ranks: list[int]) -> str:
     from .diagnosis.report import rank_list
 
