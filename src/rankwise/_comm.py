@@ -35,6 +35,7 @@ from .transport.base import Transport
 __all__ = ["RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call"]
 
 log = logging.getLogger("rankwise")
+_COLL = int(Kind.COLL)
 
 #: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
 #: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
@@ -167,16 +168,18 @@ class Communicator:
     # --- FrameHandler ----------------------------------------------------------------------
 
     def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
-        if frame.kind == Kind.COLL:
+        if frame.kind == _COLL:
             self._last_seen[frame.src] = frame
-            return self.router.on_header(frame)
+            return self.router.coll_header(frame)
         if frame.kind in (Kind.P2P, Kind.OBJ):
             return self.router.on_header(frame)
         buf = bytearray(frame.payload_len)
         return buf, buf
 
     def on_payload(self, frame: Frame, token: object) -> None:
-        if frame.kind in (Kind.COLL, Kind.P2P, Kind.OBJ):
+        if type(token) is Pending:  # the common case: it landed in a posted receive
+            token.finish(frame)
+        elif frame.kind in (Kind.COLL, Kind.P2P, Kind.OBJ):
             self.router.on_payload(frame, token)  # type: ignore[arg-type]
         else:  # control frames: the token is the bytearray we returned in on_header
             assert isinstance(token, bytearray)
@@ -296,10 +299,7 @@ class Communicator:
              site: CallSite = UNKNOWN, step: int = 0, tag: int = 0) -> None:
         """Send one frame to global rank ``dst`` (site text first if new there)."""
         if site.id and site.id not in self._sites_sent[dst]:
-            self._sites_sent[dst].add(site.id)
-            text = site.encode().encode()
-            self._send_raw(dst, encode_header(Kind.SITE, site=site.id, payload_len=len(text)),
-                           text, deadline)
+            self._send_site(dst, site, deadline)
         n = 0 if payload is None else memoryview(payload).nbytes
         if fp is None:
             header = encode_header(kind, group=group, seq=seq, site=site.id, step=step,
@@ -308,6 +308,20 @@ class Communicator:
             header = encode_header(kind, group, seq, fp.op, fp.dtype, fp.reduce, 0, fp.root,
                                    fp.count, tag, site.id, step, n)
         self._send_raw(dst, header, payload, deadline)
+
+    def send_frame(self, dst: int, header: bytes, payload: memoryview | None, deadline: float,
+                   site: CallSite) -> None:
+        """Send a frame whose header the caller packed (a collective's, see ``OpLink``)."""
+        if site.id and site.id not in self._sites_sent[dst]:
+            self._send_site(dst, site, deadline)
+        self._send_raw(dst, header, payload, deadline)
+
+    def _send_site(self, dst: int, site: CallSite, deadline: float) -> None:
+        """Define ``site.id`` for ``dst`` (once per connection) before a frame names it."""
+        self._sites_sent[dst].add(site.id)
+        text = site.encode().encode()
+        self._send_raw(dst, encode_header(Kind.SITE, site=site.id, payload_len=len(text)),
+                       text, deadline)
 
     def _send_raw(self, dst: int, header: bytes, payload: memoryview | bytes | None,
                   deadline: float) -> None:

@@ -22,12 +22,13 @@ from ._buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ._callsite import CallSite
 from ._comm import Communicator, describe_call
 from ._router import Fingerprint, Pending
-from ._wire import Kind
+from ._wire import HEADER, MAGIC, VERSION, Kind
 from .errors import InvalidArgument
 
 __all__ = ["CallRecord", "OpLink", "ProcessGroup"]
 
 HISTORY = 64
+_pack = HEADER.pack
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ class OpLink:
         "dtype",
         "fp",
         "group",
+        "head",
         "op",
         "patient",
         "quiet",
@@ -152,12 +154,17 @@ class OpLink:
         self.patient = False
         #: on timeout raise a bare DistTimeout (the caller builds its own report)
         self.quiet = False
+        fp = self.fp
+        #: every header field of this call's frames but the step and the payload length
+        self.head = (MAGIC, VERSION, Kind.COLL, group.id, seq, fp.op, fp.dtype, fp.reduce, 0,
+                     fp.root, fp.count, 0, self.site.id)
 
     def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
-        self.comm.send(self.group.ranks[peer], Kind.COLL,
-                       data.view(np.uint8).data if data.size else None,
-                       self.deadline, group=self.group.id, seq=self.seq, fp=self.fp,
-                       site=self.site, step=step)
+        # the header is packed here rather than in Communicator.send: this runs for every
+        # frame of every collective, and one pack of prepared fields is the cheapest way
+        n = data.nbytes
+        self.comm.send_frame(self.group.ranks[peer], _pack(*self.head, step, n),
+                             data.view(np.uint8).data if n else None, self.deadline, self.site)
 
     def post(self, peer: int, out: np.ndarray[Any, Any], step: int) -> Pending:
         key = (self.group.id, self.seq, self.group.ranks[peer], step)
@@ -168,6 +175,8 @@ class OpLink:
         activity = self.comm.activity
         activity.waiting_for = handle.src
         activity.patient = self.patient
+        if handle.completed and handle.error is None:
+            return  # it has landed: nothing to wait for (the common case in a pipeline)
         self.comm.wait(handle, self.deadline, self._timeout_message(handle.src),
                        patient=self.patient, quiet=self.quiet)
 

@@ -107,6 +107,9 @@ _DISCARD = _Arrival(Frame(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), memoryview(b""
 @dataclass(slots=True)
 class _GroupState:
     calls: dict[int, Fingerprint] = field(default_factory=dict)
+    #: per call, the header fields (op, dtype, reduce, flags, root, count) a matching frame
+    #: carries, compared in one step on the hot path; absent where counts may differ
+    wire: dict[int, tuple[int, ...]] = field(default_factory=dict)
     early: dict[int, list[Frame]] = field(default_factory=dict)
 
 
@@ -153,6 +156,9 @@ class Router:
             state = self._groups.setdefault(group, _GroupState())
             state.calls[seq] = fp
             state.calls.pop(seq - keep, None)
+            if fp.count != -1:
+                state.wire[seq] = (fp.op, fp.dtype, fp.reduce, 0, fp.root, fp.count)
+            state.wire.pop(seq - keep, None)
             bad = [f for f in state.early.pop(seq, ()) if fp.differs(f)]
             for f in bad:  # parked before we made the call: never deliver it
                 self._coll_arrived.pop((f.group, f.seq, f.src, f.step), None)
@@ -238,11 +244,28 @@ class Router:
         """Decide where the payload of ``frame`` goes: a writable buffer and a token
         that the transport passes to ``on_payload`` once the buffer is filled."""
         if frame.kind == Kind.COLL:
-            return self._coll_header(frame)
+            return self.coll_header(frame)
         return self._p2p_header(frame)
 
-    def _coll_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
+    def coll_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
+        """``on_header`` for a collective frame.
+
+        The common case first: the frame matches our call and its receive is posted
+        with the right size. Anything else (early, parked, mismatched) takes the full path.
+        """
         key = (frame.group, frame.seq, frame.src, frame.step)
+        with self._lock:
+            state = self._groups.get(frame.group)
+            if state is not None and state.wire.get(frame.seq) == frame[3:9]:
+                pending = self._coll_posted.pop(key, None)
+                if pending is not None:
+                    if pending.nbytes == frame.payload_len and pending.buffer is not None:
+                        return pending.buffer, pending
+                    self._coll_posted[key] = pending
+        return self._coll_header(frame, key)
+
+    def _coll_header(self, frame: Frame, key: tuple[int, int, int, int]
+                     ) -> tuple[memoryview, Pending | _Arrival]:
         arrival: _Arrival | None = None
         first = True
         while True:

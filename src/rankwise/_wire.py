@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "HEADER",
@@ -86,9 +86,12 @@ _KINDS = frozenset(int(k) for k in Kind)
 _OPS = frozenset(int(o) for o in Op)
 
 
-@dataclass(slots=True)
-class Frame:
-    """A decoded header (the payload is read separately, into its destination)."""
+class Frame(NamedTuple):
+    """A decoded header (the payload is read separately, into its destination).
+
+    A tuple, not a dataclass: the receiver builds one per frame, and ``tuple.__new__``
+    does that in C where a generated ``__init__`` ran ~30 interpreter steps.
+    """
 
     kind: int
     group: int
@@ -98,31 +101,15 @@ class Frame:
     reduce: int
     flags: int
     root: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, on purpose
     tag: int
     site: int
     step: int
     payload_len: int
-    src: int = -1  #: filled in by the receiver: the global rank of the connection
+    src: int = -1  #: the receiver's side: the global rank of the connection it came on
 
     def encode(self) -> bytes:
-        return HEADER.pack(
-            MAGIC,
-            VERSION,
-            self.kind,
-            self.group,
-            self.seq,
-            self.op,
-            self.dtype,
-            self.reduce,
-            self.flags,
-            self.root,
-            self.count,
-            self.tag,
-            self.site,
-            self.step,
-            self.payload_len,
-        )
+        return HEADER.pack(MAGIC, VERSION, *self[:13])
 
 
 def encode_header(
@@ -147,12 +134,33 @@ def encode_header(
     )
 
 
-def decode_header(data: bytes | bytearray | memoryview) -> Frame:
-    """Decode and validate one header; raise ``WireError`` on anything unexpected."""
-    if len(data) != HEADER.size:
-        raise WireError(f"header must be {HEADER.size} bytes, got {len(data)}")
-    (magic, version, kind, group, seq, op, dtype, reduce, flags, root, count, tag, site, step,
-     payload_len) = HEADER.unpack(data)
+_unpack_from = HEADER.unpack_from
+_tuple_new = tuple.__new__
+#: kinds whose payload may exceed MAX_CONTROL_PAYLOAD
+_DATA_KINDS = frozenset((Kind.COLL, Kind.P2P, Kind.OBJ))
+
+
+def decode_header(data: bytes | bytearray | memoryview, offset: int = 0,
+                  src: int = -1) -> Frame:
+    """Decode and validate the header at ``data[offset:]``, received from global rank
+    ``src``; raise ``WireError`` on anything unexpected.
+
+    Runs once per frame received: the common case is one ``unpack`` and one combined
+    test, and only a header that fails it is examined field by field.
+    """
+    if len(data) - offset < HEADER.size:
+        raise WireError(f"header must be {HEADER.size} bytes, got {len(data) - offset}")
+    fields = _unpack_from(data, offset)
+    if fields[0] != MAGIC or fields[1] != VERSION or fields[2] not in _DATA_KINDS \
+            or fields[5] not in _OPS or fields[14] > MAX_PAYLOAD or fields[10] < -1:
+        _validate(fields)
+    return _tuple_new(Frame, fields[2:] + (src,))
+
+
+def _validate(fields: tuple[int, ...]) -> None:
+    """The slow path of ``decode_header``: name what is wrong, or accept a control frame."""
+    (magic, version, kind, _group, _seq, op, _dtype, _reduce, _flags, _root, count, _tag,
+     _site, _step, payload_len) = fields
     if magic != MAGIC:
         raise WireError(f"bad magic 0x{magic:04x}: the peer is not speaking rankwise")
     if version != VERSION:
@@ -163,9 +171,7 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
         raise WireError(f"unknown op code {op}")
     if payload_len > MAX_PAYLOAD:
         raise WireError(f"payload length {payload_len} exceeds the limit {MAX_PAYLOAD}")
-    if kind not in (Kind.COLL, Kind.P2P, Kind.OBJ) and payload_len > MAX_CONTROL_PAYLOAD:
+    if kind not in _DATA_KINDS and payload_len > MAX_CONTROL_PAYLOAD:
         raise WireError(f"control frame of {payload_len} bytes exceeds {MAX_CONTROL_PAYLOAD}")
     if count < -1:
         raise WireError(f"negative element count {count}")
-    return Frame(kind, group, seq, op, dtype, reduce, flags, root, count, tag, site, step,
-                 payload_len)

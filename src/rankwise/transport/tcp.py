@@ -104,14 +104,26 @@ class TcpTransport:
         conn = self._conns.get(dst)
         if conn is None:
             raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
-        parts: list[memoryview] = [memoryview(header)]
-        if payload is not None and len(payload):
-            parts.append(memoryview(payload).cast("B"))
         lock = conn.send_lock
         if not lock.acquire(blocking=False):
             self._acquire_send_lock(conn, deadline)
         try:
-            self._send_parts(conn, parts, deadline)
+            body = memoryview(payload if payload is not None else b"").cast("B")
+            if conn.broken is None and not conn.closed:
+                try:  # the common case: the socket takes the whole frame at once
+                    sent = conn.sock.sendmsg((header, body) if len(body) else (header,))
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    sent = 0  # _send_parts meets it again and reports it
+                if sent == len(header) + len(body):
+                    return
+                if sent >= len(header):
+                    self._send_parts(conn, [body[sent - len(header):]], deadline)
+                    return
+                self._send_parts(conn, [memoryview(header)[sent:], body], deadline)
+                return
+            self._send_parts(conn, [memoryview(header), body], deadline)
         finally:
             lock.release()
 
@@ -281,31 +293,42 @@ class TcpTransport:
             pass
 
     def _read(self, conn: _Conn) -> bool:
-        """Read what is available on ``conn``; False once the connection has ended."""
+        """Read what is available on ``conn``; False once the connection has ended.
+
+        Runs for every frame received, so the loop keeps its state in locals and calls
+        out only to hand over a header or a finished payload.
+        """
         assert self._handler is not None
+        recv_into = conn.sock.recv_into
         budget = _READ_BUDGET  # then let select() serve the other connections too
         try:
             while budget > 0:
-                if conn.target is not None:
-                    n = conn.sock.recv_into(conn.target[conn.got:])
+                target = conn.target
+                if target is not None:
+                    n = recv_into(target[conn.got:])
                     if n == 0:
                         return self._lost(conn, None)
-                    conn.got += n
+                    got = conn.got = conn.got + n
                     budget -= n
-                    if conn.got == len(conn.target):
+                    remaining = len(target) - got
+                    if remaining:
+                        want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
+                        if want != conn.lowat:
+                            self._set_lowat(conn, want)
+                        continue
+                    if conn.lowat != 1:
                         self._set_lowat(conn, 1)
-                        self._payload_done(conn)
-                    else:
-                        self._set_lowat(conn, len(conn.target) - conn.got)
+                    self._payload_done(conn)
                     continue
-                if conn.end == len(conn.stage):
+                end = conn.end
+                if end == _STAGE:
                     self._compact(conn)
-                limit = conn.end + HEADER.size if conn.large and conn.start == conn.end \
-                    else len(conn.stage)
-                n = conn.sock.recv_into(memoryview(conn.stage)[conn.end:limit])
+                    end = conn.end
+                limit = end + HEADER.size if conn.large and conn.start == end else _STAGE
+                n = recv_into(memoryview(conn.stage)[end:limit])
                 if n == 0:
                     return self._lost(conn, None)
-                conn.end += n
+                conn.end = end + n
                 budget -= n
                 self._parse(conn)
             return True
@@ -318,20 +341,19 @@ class TcpTransport:
         except OSError as exc:
             return self._lost(conn, exc)
 
-    def _set_lowat(self, conn: _Conn, remaining: int) -> None:
-        """Let epoll wake us only when a good part of a large payload is queued.
+    def _set_lowat(self, conn: _Conn, want: int) -> None:
+        """Let epoll wake us only when ``want`` bytes are queued (a good part of a large
+        payload; 1 otherwise).
 
         Each wake-up costs the I/O thread a GIL acquisition; with many ranks on few
         cores those hand-offs, not the copying, dominated large messages. The mark never
         exceeds what is still owed, so the last bytes always wake us.
         """
-        want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
-        if want != conn.lowat:
-            try:
-                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                conn.lowat = want
-            except OSError:
-                pass
+        try:
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            conn.lowat = want
+        except OSError:
+            pass
 
     def _compact(self, conn: _Conn) -> None:
         pending = conn.end - conn.start
@@ -340,32 +362,39 @@ class TcpTransport:
 
     def _parse(self, conn: _Conn) -> None:
         """Consume whole frames from the staging buffer; switch to direct reads for the
-        rest of a large payload."""
-        assert self._handler is not None
-        stage = memoryview(conn.stage)
+        rest of a large payload. (``conn`` is kept current before every hand-over, so a
+        handler may read from it again.)"""
+        handler = self._handler
+        assert handler is not None
+        stage = conn.stage
         hsize = HEADER.size
-        while conn.end - conn.start >= hsize and conn.target is None:
-            frame = decode_header(stage[conn.start:conn.start + hsize])
-            frame.src = conn.rank
+        while conn.target is None:
+            start, end = conn.start, conn.end
+            if end - start < hsize:
+                break
+            frame = decode_header(stage, start, conn.rank)
             n = frame.payload_len
-            available = conn.end - conn.start - hsize
+            available = end - start - hsize
             if n > available and n - available < _DIRECT_MIN and n <= _STAGE - hsize:
-                if conn.start:
+                if start:
                     self._compact(conn)
                 return  # small frame still arriving: wait for it in the stage
-            conn.start += hsize
-            conn.large = n >= _DIRECT_MIN
-            target, token = self._handler.on_header(frame)
-            view = memoryview(target).cast("B")
+            start += hsize
             take = min(n, available)
+            conn.start = start + take
+            conn.large = n >= _DIRECT_MIN
+            target, token = handler.on_header(frame)
+            view = memoryview(target).cast("B")
             if take:
-                view[:take] = stage[conn.start:conn.start + take]
-                conn.start += take
+                view[:take] = memoryview(stage)[start:start + take]
             if take == n:
-                self._handler.on_payload(frame, token)
-            else:
-                conn.frame, conn.target, conn.token, conn.got = frame, view, token, take
-                self._set_lowat(conn, n - take)
+                handler.on_payload(frame, token)
+                continue
+            conn.frame, conn.target, conn.token, conn.got = frame, view, token, take
+            remaining = n - take
+            want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
+            if want != conn.lowat:
+                self._set_lowat(conn, want)
         if conn.start == conn.end:
             conn.start = conn.end = 0
 
