@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import _hugepages as hugepages
 from .errors import InvalidArgument
 
 __all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "dtype_by_code", "reduce_into"]
@@ -156,13 +157,17 @@ def as_buffer(x: Any, what: str, writable: bool = False) -> Buffer:
     ``what`` names the argument in error messages ("tensor", "output_tensor_list[2]").
     """
     if isinstance(x, np.ndarray):
-        return _from_numpy(x, what, writable)
-    torch = _torch_module()
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _from_torch(torch, x, what, writable)
-    raise InvalidArgument(
-        f"{what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
-    )
+        buf = _from_numpy(x, what, writable)
+    else:
+        torch = _torch_module()
+        if torch is None or not isinstance(x, torch.Tensor):
+            raise InvalidArgument(
+                f"{what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+            )
+        buf = _from_torch(torch, x, what, writable)
+    if buf.nbytes >= hugepages.MIN_BYTES:
+        hugepages.advise(buf.array)  # a reused large buffer moves onto 2 MiB pages
+    return buf
 
 
 def _from_numpy(a: npt.NDArray[Any], what: str, writable: bool) -> Buffer:

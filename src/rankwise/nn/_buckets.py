@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .. import _hugepages as hugepages
+
 __all__ = ["FIRST_BUCKET_BYTES", "Bucket", "assign_buckets", "build_buckets"]
 
 FIRST_BUCKET_BYTES = 1024 * 1024
@@ -80,9 +82,7 @@ def build_buckets(
     for bucket_index, positions in enumerate(assign_buckets(sizes, caps)):
         members = [order[p] for p in positions]
         first = params[members[0]]
-        buffer = torch.zeros(
-            sum(params[i].numel() for i in members), dtype=first.dtype, device=first.device
-        )
+        buffer = _zeros(sum(params[i].numel() for i in members), first)
         views: list[torch.Tensor] = []
         offset = 0
         for i in members:
@@ -93,3 +93,13 @@ def build_buckets(
         bucket.reset()
         buckets.append(bucket)
     return buckets
+
+
+def _zeros(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A zeroed flat buffer for ``numel`` elements of ``like``'s dtype and device. On the
+    CPU a large one sits on huge pages: every step all-reduces it, and the kernel copies
+    it in and out of sockets faster (see ``rankwise._hugepages``)."""
+    nbytes = numel * like.element_size()
+    if like.device.type != "cpu" or nbytes < hugepages.MIN_BYTES:
+        return torch.zeros(numel, dtype=like.dtype, device=like.device)
+    return torch.from_numpy(hugepages.empty(nbytes)).view(like.dtype).zero_()
