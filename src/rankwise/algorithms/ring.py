@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _hugepages as hugepages
 from .link import Array, Handle, Link
 
 __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segments"]
@@ -50,10 +51,11 @@ _local = threading.local()
 
 def scratch(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A per-thread buffer reused across calls: fresh multi-MiB allocations cost a page
-    fault per 4 KiB on first touch, which showed up as ~10% of a large all_reduce."""
+    fault per 4 KiB on first touch, which showed up as ~10% of a large all_reduce. Large
+    ones sit on huge pages (see ``_hugepages``)."""
     buf: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_local, "buf", None)
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1 << 16), np.uint8)
+        buf = hugepages.empty(max(nbytes, 1 << 16))
         _local.buf = buf
     return buf
 
@@ -62,6 +64,8 @@ def segments(chunk: Array, limit: int | None = None) -> list[Array]:
     """``chunk`` cut into pieces of about SEGMENT_BYTES, or ``limit`` if smaller (views,
     no copies)."""
     size = SEGMENT_BYTES if limit is None else min(limit, SEGMENT_BYTES)
+    if chunk.nbytes <= size:
+        return [chunk]
     per = max(1, size // max(1, chunk.itemsize))
     if chunk.size <= per:
         return [chunk]
