@@ -109,21 +109,17 @@ class TcpTransport:
             self._acquire_send_lock(conn, deadline)
         try:
             body = memoryview(payload if payload is not None else b"").cast("B")
+            sent = 0
             if conn.broken is None and not conn.closed:
                 try:  # the common case: the socket takes the whole frame at once
                     sent = conn.sock.sendmsg((header, body) if len(body) else (header,))
-                except BlockingIOError:
+                except OSError:  # would block, or broken: _send_parts waits or reports
                     sent = 0
-                except OSError:
-                    sent = 0  # _send_parts meets it again and reports it
                 if sent == len(header) + len(body):
                     return
-                if sent >= len(header):
-                    self._send_parts(conn, [body[sent - len(header):]], deadline)
-                    return
-                self._send_parts(conn, [memoryview(header)[sent:], body], deadline)
-                return
-            self._send_parts(conn, [memoryview(header), body], deadline)
+            hsize = len(header)
+            rest = [memoryview(header)[sent:], body] if sent < hsize else [body[sent - hsize:]]
+            self._send_parts(conn, [part for part in rest if len(part)], deadline)
         finally:
             lock.release()
 
