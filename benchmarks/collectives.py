@@ -5,7 +5,8 @@ and rankwise on the same tensor in alternating rounds (median reported), so mach
 noise hits both alike. Printed
 per row: latency (max over ranks of the mean per-op time), bus bandwidth (nccl-tests
 definitions), and the rankwise/gloo ratio (>1 means rankwise is faster for bandwidth,
-and the latency ratio is rankwise/gloo time, <1 means rankwise is faster).
+and the latency ratio is rankwise/gloo time, <1 means rankwise is faster), with the
+lowest and highest bandwidth ratio of single rounds: the machine's noise, in the row.
 
     python benchmarks/collectives.py                 # 2 and 4 ranks, all_reduce, 4 B..64 MiB
     python benchmarks/collectives.py --ranks 2 --ops all_reduce,broadcast --max-size 16M
@@ -93,9 +94,10 @@ def _time(lib: Any, op: str, t: Any, scratch: Any, n: int, iters: int) -> float:
 
 
 def _compare(libs: dict[str, Any], op: str, t: Any, scratch: Any, n: int, budget: float,
-             rounds: int) -> dict[str, float]:
-    """Median over ``rounds`` alternating rounds (gloo first, then rankwise first, ...):
-    a slow spell of the shared machine then lands on both libraries, not on one."""
+             rounds: int) -> dict[str, list[float]]:
+    """Per-op seconds of each library in ``rounds`` alternating rounds (gloo first, then
+    rankwise first, ...): a slow spell of the shared machine then lands on both
+    libraries, not on one, and round i of one library pairs with round i of the other."""
     iters = {name: _calibrate(lib, op, t, scratch, n, budget / rounds)
              for name, lib in libs.items()}
     samples: dict[str, list[float]] = {name: [] for name in libs}
@@ -103,7 +105,7 @@ def _compare(libs: dict[str, Any], op: str, t: Any, scratch: Any, n: int, budget
     for i in range(rounds):
         for name in order if i % 2 == 0 else order[::-1]:
             samples[name].append(_time(libs[name], op, t, scratch, n, iters[name]))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples
 
 
 def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes: list[int],
@@ -134,10 +136,9 @@ def _worker(rank: int, n: int, port_rw: int, port_tg: int, ops: list[str], sizes
                 scratch = torch.rand(numel * n, dtype=torch.float32)
             times = _compare({"gloo": tdist, "rankwise": rankwise}, op, t, scratch, n,
                              budget, rounds)
-            g, r = times["gloo"], times["rankwise"]
             # nccl-tests: all_gather/reduce_scatter sizes are the whole (gathered) buffer
             total = numel * 4 * (n if op in ("all_gather", "reduce_scatter") else 1)
-            rows.append((op, total if op != "barrier" else 0, g, r))
+            rows.append((op, total if op != "barrier" else 0, times["gloo"], times["rankwise"]))
     if rank == 0:
         out.put(rows)
     rankwise.destroy_process_group()
@@ -170,7 +171,8 @@ def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float,
     ctx = mp.get_context("spawn")
     lines = []
     header = (f"{'ranks':>5} {'op':<15} {'size':>9} {'gloo lat':>10} {'rw lat':>10} "
-              f"{'gloo busbw':>11} {'rw busbw':>10} {'rw/gloo lat':>11} {'rw/gloo bw':>10}")
+              f"{'gloo busbw':>11} {'rw busbw':>10} {'rw/gloo lat':>11} {'rw/gloo bw':>10} "
+              f"{'bw ratio range':>14}")
     print(header, flush=True)
     lines.append(header)
     for n in ranks:
@@ -188,13 +190,17 @@ def run(ranks: list[int], ops: list[str], sizes: list[int], budget: float,
                 p.join(timeout=60)
                 if p.is_alive():
                     p.kill()
-        for op, nbytes, g, r in rows:
+        for op, nbytes, gs, rs in rows:
+            g, r = statistics.median(gs), statistics.median(rs)
             f = _bus_factor(op, n)
             gbw = nbytes / g * f / 1e9 if nbytes else 0.0
             rbw = nbytes / r * f / 1e9 if nbytes else 0.0
+            # each round's own ratio: how far one round's verdict can stray from the median
+            paired = sorted(gi / ri for gi, ri in zip(gs, rs))
             line = (f"{n:>5} {op:<15} {_human(nbytes):>9} {g * 1e6:>8.1f}us {r * 1e6:>8.1f}us "
                     f"{gbw:>9.3f}GB/s {rbw:>8.3f}GB/s {r / g:>11.2f} "
-                    f"{(rbw / gbw if gbw else float('nan')):>10.2f}")
+                    f"{(rbw / gbw if gbw else float('nan')):>10.2f} "
+                    f"{f'{paired[0]:.2f}-{paired[-1]:.2f}':>14}")
             print(line, flush=True)
             lines.append(line)
     return lines
