@@ -15,9 +15,10 @@ CPU allocator does not. So:
   the same buffer (address and size) comes by, it is marked for huge pages and
   collapsed into them (``MADV_COLLAPSE``, Linux >= 6.1; older kernels leave it to the
   background ``khugepaged``). Only whole 2 MiB pages inside the buffer are touched, so
-  no memory outside it changes and none is added. The contents never change; the cost
-  (~5 ms per 16 MiB, once) is paid only by buffers that are reused, as training loops
-  reuse theirs, never by one-off buffers.
+  no memory outside it changes and none is added. The contents never change. The cost,
+  paid once and only by buffers that are reused (as training loops reuse theirs), is
+  5 ms per 16 MiB when the kernel has free huge pages and up to ~100 ms when it must
+  compact memory first (measured here).
 
 ``RANKWISE_HUGEPAGES=0`` turns both off; so does a kernel with huge pages set to "never".
 """
