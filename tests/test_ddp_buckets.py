@@ -34,3 +34,16 @@ def test_views_alias_one_flat_buffer_in_the_given_order() -> None:
     floats.views[1].fill_(7.0)
     assert floats.buffer.tolist() == [0.0] * 4 + [7.0] * 6
     assert floats.views[1].shape == (2, 3) and floats.pending == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_large_buckets_are_zeroed_aliased_and_keep_their_dtype(dtype: torch.dtype) -> None:
+    # from 4 MiB a bucket's buffer comes from rankwise._hugepages (numpy, huge pages)
+    params = [torch.ones(1 << 20, dtype=dtype), torch.ones(3, 1 << 19, dtype=dtype)]
+    (bucket,) = build_buckets(params, order=[0, 1], caps=[1 << 30])
+    assert bucket.buffer.nbytes >= 4 << 20 and bucket.buffer.dtype == dtype
+    assert not bucket.buffer.any()
+    bucket.views[1].fill_(2.5)
+    assert bucket.buffer[: 1 << 20].sum().item() == 0
+    assert bucket.buffer[1 << 20:].float().sum().item() == 2.5 * 3 * (1 << 19)
+    assert bucket.views[1].shape == params[1].shape
