@@ -15,8 +15,6 @@ import pytest
 
 from rankwise import _hugepages as hp
 
-torch = pytest.importorskip("torch")
-
 
 def _huge_kib(address: int, nbytes: int) -> int:
     """AnonHugePages (KiB) of the mappings overlapping [address, address + nbytes)."""
@@ -53,6 +51,7 @@ def test_empty_faults_in_huge_pages() -> None:
 
 @needs_thp
 def test_a_reused_torch_buffer_moves_to_huge_pages_and_keeps_its_values() -> None:
+    torch = pytest.importorskip("torch")
     t = torch.arange(5 * hp.PAGE // 4, dtype=torch.float32)  # torch: small pages
     before = t.clone()
     a = t.numpy()

@@ -100,8 +100,6 @@ class Activity:
     call: str = ""  #: the call's description, when known without formatting on the hot path
 
 
-
-
 class Communicator:
     """Owns the transport and router of this process for the lifetime of the job."""
 

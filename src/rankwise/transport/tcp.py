@@ -307,14 +307,9 @@ class TcpTransport:
                     got = conn.got = conn.got + n
                     budget -= n
                     remaining = len(target) - got
-                    if remaining:
-                        want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
-                        if want != conn.lowat:
-                            self._set_lowat(conn, want)
-                        continue
-                    if conn.lowat != 1:
-                        self._set_lowat(conn, 1)
-                    self._payload_done(conn)
+                    self._set_lowat(conn, remaining)
+                    if not remaining:
+                        self._payload_done(conn)
                     continue
                 end = conn.end
                 if end == _STAGE:
@@ -337,19 +332,22 @@ class TcpTransport:
         except OSError as exc:
             return self._lost(conn, exc)
 
-    def _set_lowat(self, conn: _Conn, want: int) -> None:
-        """Let epoll wake us only when ``want`` bytes are queued (a good part of a large
-        payload; 1 otherwise).
+    @staticmethod
+    def _set_lowat(conn: _Conn, remaining: int) -> None:
+        """Let epoll wake us only when a good part of a large payload is queued.
 
         Each wake-up costs the I/O thread a GIL acquisition; with many ranks on few
         cores those hand-offs, not the copying, dominated large messages. The mark never
-        exceeds what is still owed, so the last bytes always wake us.
+        exceeds what is still owed, so the last bytes always wake us. (Called for every
+        read of a payload: the system call is made only when the mark changes.)
         """
-        try:
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            conn.lowat = want
-        except OSError:
-            pass
+        want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
+        if want != conn.lowat:
+            try:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                conn.lowat = want
+            except OSError:
+                pass
 
     def _compact(self, conn: _Conn) -> None:
         pending = conn.end - conn.start
@@ -387,10 +385,7 @@ class TcpTransport:
                 handler.on_payload(frame, token)
                 continue
             conn.frame, conn.target, conn.token, conn.got = frame, view, token, take
-            remaining = n - take
-            want = 1 if remaining < _DIRECT_MIN else min(remaining, _LOWAT_MAX)
-            if want != conn.lowat:
-                self._set_lowat(conn, want)
+            self._set_lowat(conn, n - take)
         if conn.start == conn.end:
             conn.start = conn.end = 0
 
