@@ -32,8 +32,8 @@ import torch
 import torch.distributed as td
 
 import rankwise as rw
-from rankwise.engines import message as rw_message
 from rankwise.algorithms import ring as rw_ring
+from rankwise.engines import message as rw_message
 
 # --- dtypes and ops ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
+
 from ._callsite import CallSite
 from ._comm import Communicator, describe_call
 from ._router import Fingerprint

@@ -32,8 +32,8 @@ from .._collectives import launch
 from .._comm import RZF_MARK, barrier_name_code
 from .._group import seconds
 from .._wire import Op
-from ..engines.base import Call, Engine
 from .._world import resolve_group
+from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
 from .report import rank_list
 
