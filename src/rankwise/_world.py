@@ -35,6 +35,8 @@ class World:
     comm: Communicator
     default_group: ProcessGroup
     store: Any
+    #: the job's rendezvous namespace in ``store`` (per-group engine agreement uses it)
+    rendezvous: Any
     backend: str
     timeout: float
     groups: dict[int, ProcessGroup] = field(default_factory=dict)
