@@ -1,0 +1,310 @@
+"""Rounds on the segment: publish, wait for every rank, check fingerprints, fail loudly.
+
+One round: each rank writes what it contributes into its own slot of the round's parity,
+(on a call's first round) its fingerprint, then stores its sequence number ``s``; it then
+waits until every rank's sequence number is ``>= s`` and only then reads peers' slots.
+
+Why x86 TSO suffices for data: stores become visible in program order, so a peer that
+sees our ``seq == s`` also sees the slot bytes and fingerprint written before it (numpy
+copies are memcpy; glibc ends non-temporal copy loops with ``sfence``). Other machines
+are refused at construction (``ShmUnavailable``).
+
+Why two slots (ping-pong by ``s % 2``) are enough: data written for round ``s`` is read
+by peers after they saw every rank at ``>= s`` and before they publish ``s + 1``. The
+writer reuses that slot at round ``s + 2``, and starts writing it only after its round
+``s + 1`` wait completed, i.e. after every rank published ``s + 1``, i.e. after every
+rank finished its reads of round ``s``. Consequences: a peer's sequence number is
+always ``s - 1``, ``s`` or ``s + 1`` while we are in round ``s`` (anything else is
+corruption and raises), and data a rank writes for reading *after* round ``s + 1`` must
+go into the slot of parity ``s + 1`` (the pipelined all_reduce relies on this).
+
+Fingerprints are written on a call's first round only, into the copy of parity ``s % 2``
+(a peer already in round ``s + 1`` writes the other copy, so a slow rank still reads
+the right one). Every rank compares every rank's fingerprint with its own before using
+any data, so a disagreement raises ``CollectiveMismatch`` on every rank, senders too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import time
+from collections.abc import Callable
+
+from ... import _callsite
+from ..._buffers import dtype_name, reduce_op_by_code
+from ..._wire import Op
+from ...errors import CollectiveMismatch, DistError, DistTimeout, PeerFailure
+from .futex import fence, futex_wait, futex_wake
+from .layout import (
+    FP_COUNT,
+    FP_DTYPE,
+    FP_OP,
+    FP_REDUCE,
+    FP_ROOT,
+    FP_SEQ,
+    FP_SITE,
+    R_FP,
+    R_FUTEX,
+    R_PID,
+    R_SEQ,
+    R_SITE_ID,
+    R_SITE_LEN,
+    R_SLEEPING,
+    R_STATE,
+    SITE_BYTES,
+    STATE_CLOSED,
+    STATE_FAILED,
+    STATE_LIVE,
+    Layout,
+)
+from .segment import Segment
+from .waiting import policy_for
+
+__all__ = ["Call", "Channel"]
+
+#: (op, dtype code, element count, reduce-op code, root, call-site id)
+Call = tuple[int, int, int, int, int, int]
+
+_LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
+
+
+def _describe(rank: int, call: Call | None, site: str) -> str:
+    if call is None:
+        return f"rank {rank}: <no call>"
+    op, dt, count, red, root, _ = call
+    try:
+        name = Op(op).name
+    except ValueError:
+        name = f"op#{op}"
+    parts = [f"rank {rank} called {name}(dtype={dtype_name(dt)}, count={count}"]
+    r = reduce_op_by_code(red)
+    if r is not None:
+        parts.append(f", op=ReduceOp.{r.name}")
+    if root >= 0:
+        parts.append(f", root={root}")
+    return "".join(parts) + f") at {site or '<unknown site>'}"
+
+
+class Channel:
+    """This rank's view of the segment's control records; runs rounds."""
+
+    def __init__(self, seg: Segment, rank: int, size: int, *, check: Callable[[], None],
+                 names: list[int]) -> None:
+        self.seg = seg
+        self.rank = rank
+        self.size = size
+        self.names = names  #: global rank of each group rank, for messages
+        self._check = check
+        lay: Layout = seg.layout
+        self.w = memoryview(seg.mm).cast("B").cast("q")
+        anchor = ctypes.c_char.from_buffer(seg.mm)
+        self._base = ctypes.addressof(anchor)
+        del anchor  # drop the buffer export so close() can unmap
+        self._seq = [lay.record_word(r, R_SEQ) for r in range(size)]
+        self._state = [lay.record_word(r, R_STATE) for r in range(size)]
+        self._sleep = [lay.record_word(r, R_SLEEPING) for r in range(size)]
+        self._futex = [lay.record_word(r, R_FUTEX) for r in range(size)]
+        self._fp = [[lay.record_word(r, R_FP[p]) for p in (0, 1)] for r in range(size)]
+        self._peers = [r for r in range(size) if r != rank]
+        self._me_seq = self._seq[rank]
+        self.seq = int(self.w[self._me_seq])  # 0 for a fresh segment
+        self._pidfds: dict[int, int] = {}
+        self._site_id = -1
+        self._site_text = ""
+        self.policy = policy_for(size)
+        self.broken: BaseException | None = None
+        self.w[lay.record_word(rank, R_PID)] = os.getpid()
+        self.w[self._state[rank]] = STATE_LIVE
+
+    # --- publishing ------------------------------------------------------------------
+
+    def set_site(self, site_id: int, text: str) -> None:
+        """Put the call-site text peers show in mismatch messages (only on change)."""
+        if site_id == self._site_id:
+            return
+        lay = self.seg.layout
+        raw = text.encode("utf-8", "replace")[:SITE_BYTES]
+        off = lay.site(self.rank)
+        self.seg.mm[off:off + len(raw)] = raw
+        self.w[lay.record_word(self.rank, R_SITE_LEN)] = len(raw)
+        self.w[lay.record_word(self.rank, R_SITE_ID)] = site_id
+        self._site_id = site_id
+        self._site_text = text
+
+    def publish(self, call: Call | None = None) -> int:
+        """Start round ``seq + 1``: write the fingerprint (first round of a call), store
+        the sequence number, wake sleeping peers. Returns the round's number."""
+        s = self.seq + 1
+        w = self.w
+        if call is not None:
+            base = self._fp[self.rank][s & 1]
+            w[base + FP_OP], w[base + FP_DTYPE], w[base + FP_COUNT] = call[0], call[1], call[2]
+            w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE] = call[3], call[4], call[5]
+            w[base + FP_SEQ] = s
+        w[self._me_seq] = s
+        self.seq = s
+        fence()  # our seq store before the sleeping-flag loads (see futex.py)
+        for r in self._peers:
+            if w[self._sleep[r]]:
+                w[self._futex[r]] = (s * self.size + self.rank) & 0x7FFFFFFF
+                futex_wake(self._base + self._futex[r] * 8)
+        return s
+
+    # --- waiting ---------------------------------------------------------------------
+
+    def _missing(self, s: int) -> list[int]:
+        w = self.w
+        return [r for r in range(self.size) if w[self._seq[r]] < s]
+
+    def wait(self, s: int, deadline: float, what: Callable[[], str]) -> None:
+        """Return once every rank published round ``s``; raise DistTimeout at
+        ``deadline``, PeerFailure when a rank we wait for died, failed or closed."""
+        w = self.w
+        seqs = self._seq
+        for i in seqs:
+            if w[i] < s:
+                break
+        else:
+            return
+        pol = self.policy
+        now = time.monotonic()
+        spin_end = now + pol.spin_s
+        while now < spin_end:
+            if all(w[i] >= s for i in seqs):
+                return
+            now = time.monotonic()
+        yield_end = now + pol.yield_s
+        while now < yield_end:
+            os.sched_yield()
+            if all(w[i] >= s for i in seqs):
+                return
+            now = time.monotonic()
+        self._sleep_until(s, deadline, what)
+
+    def _sleep_until(self, s: int, deadline: float, what: Callable[[], str]) -> None:
+        w = self.w
+        me = self.rank
+        fut = self._futex[me]
+        addr = self._base + fut * 8
+        next_liveness = 0.0
+        while True:
+            missing = self._missing(s)
+            if not missing:
+                return
+            now = time.monotonic()
+            self._check_peers(missing, s, what, now >= next_liveness)
+            if now >= next_liveness:
+                next_liveness = now + _LIVENESS_EVERY
+            self._check()
+            if now >= deadline:
+                ahead = ", ".join(f"rank {self.names[r]} at round {w[self._seq[r]]}"
+                                  for r in missing)
+                raise DistTimeout(f"{what()}: timed out on shared memory waiting for "
+                                  f"{ahead} (this rank {self.names[me]} is at round {s}); "
+                                  "those ranks are slow, stuck, or made a different call")
+            w[self._sleep[me]] = 1
+            fence()  # the flag store before the futex/seq loads
+            v = w[fut]
+            if self._missing(s):
+                futex_wait(addr, v, min(self.policy.sleep_s, max(deadline - now, 1e-4)))
+            w[self._sleep[me]] = 0
+
+    def _check_peers(self, missing: list[int], s: int, what: Callable[[], str],
+                     liveness: bool) -> None:
+        w = self.w
+        for r in missing:
+            state = w[self._state[r]]
+            if state == STATE_FAILED or state == STATE_CLOSED:
+                how = "failed (raised an error)" if state == STATE_FAILED else "closed the group"
+                raise PeerFailure(f"{what()}: rank {self.names[r]} {how} before reaching "
+                                  f"round {s} on shared memory", rank=self.names[r])
+            if liveness and not self._alive(r):
+                raise PeerFailure(f"{what()}: rank {self.names[r]} (pid "
+                                  f"{w[self.seg.layout.record_word(r, R_PID)]}) died before "
+                                  f"reaching round {s} on shared memory", rank=self.names[r])
+
+    def _alive(self, r: int) -> bool:
+        fd = self._pidfds.get(r)
+        if fd is None:
+            pid = int(self.w[self.seg.layout.record_word(r, R_PID)])
+            if pid <= 0:
+                return True  # not attached yet
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return False
+            except OSError:
+                try:  # no pidfd (old kernel, seccomp): fall back to a signal probe
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return False
+                except OSError:
+                    pass
+                return True
+            self._pidfds[r] = fd
+        # a pidfd polls readable once the process has exited (zombies included)
+        readable, _, _ = select.select([fd], [], [], 0)
+        return not readable
+
+    # --- fingerprints ----------------------------------------------------------------
+
+    def peer_call(self, r: int, s: int) -> tuple[Call, int]:
+        base = self._fp[r][s & 1]
+        w = self.w
+        call = (w[base + FP_OP], w[base + FP_DTYPE], w[base + FP_COUNT],
+                w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE])
+        return call, int(w[base + FP_SEQ])
+
+    def peer_site(self, r: int) -> str:
+        lay = self.seg.layout
+        n = int(self.w[lay.record_word(r, R_SITE_LEN)])
+        if not 0 <= n <= SITE_BYTES:  # untrusted: bound it
+            return "<corrupt call-site text>"
+        off = lay.site(r)
+        text = bytes(self.seg.mm[off:off + n]).decode("utf-8", "replace")
+        site_id = int(self.w[lay.record_word(r, R_SITE_ID)])
+        return _callsite.CallSite.decode(site_id, text).chain if text else ""
+
+    def check_calls(self, s: int, mine: Call, vary_count: bool = False) -> None:
+        """Compare every rank's fingerprint for round ``s`` with ours (all ranks do the
+        same comparisons, so all raise together). ``vary_count``: counts may differ."""
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            theirs, seq = self.peer_call(r, s)
+            if seq != s:
+                raise DistError(f"shared-memory protocol out of step: rank {self.names[r]}'s "
+                                f"fingerprint is for round {seq}, expected {s}")
+            same = theirs[:2] == mine[:2] and theirs[3:5] == mine[3:5] and (
+                vary_count or theirs[2] == mine[2])
+            if not same:
+                raise CollectiveMismatch(
+                    "ranks made different collective calls at the same point (shared-memory "
+                    f"round {s}):\n  {_describe(self.names[self.rank], mine, self._site_text)}"
+                    f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}")
+
+    # --- failure and shutdown --------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> None:
+        """Mark this rank failed so waiting peers raise PeerFailure at once."""
+        if self.broken is None:
+            self.broken = exc
+        self._set_state(STATE_FAILED)
+
+    def _set_state(self, state: int) -> None:
+        w = self.w
+        w[self._state[self.rank]] = state
+        fence()
+        for r in self._peers:
+            w[self._futex[r]] = (w[self._futex[r]] + 1) & 0x7FFFFFFF
+            futex_wake(self._base + self._futex[r] * 8)
+
+    def close(self) -> None:
+        if self.broken is None:
+            self._set_state(STATE_CLOSED)
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
+        self.w.release()

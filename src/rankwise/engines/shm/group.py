@@ -1,0 +1,412 @@
+"""``ShmGroup``: torch.distributed collectives run inline on a shared segment.
+
+Why inline: a 4-byte all_reduce over loopback TCP costs 150-430 us, mostly wake-ups and
+hand-offs; here the calling thread copies its contribution into its own slot, publishes
+a sequence number, waits (spin, yield, futex: ``waiting.py``) and reads the peers' slots
+directly. See ``channel.py`` for the round protocol and why two slots per rank suffice.
+
+Integration contract (every method):
+
+- buffers are flat, C-contiguous numpy arrays in the storage dtype (``Buffer.array``);
+  results are written in place; a method returns when this rank's part is done.
+- ``fp`` is the call's ``rankwise._router.Fingerprint``: ``op``, ``dtype``, ``reduce``
+  and ``root`` are compared across ranks (``fp.root`` is *the* root of rooted calls);
+  the element count compared is the one the engine sees in the buffers (``fp.count`` is
+  not used). ``site`` is the ``CallSite`` shown when calls disagree.
+- ``deadline`` is a ``time.monotonic()`` instant.
+- Raises ``CollectiveMismatch`` (on every rank) when calls disagree, ``DistTimeout``
+  naming the missing ranks, ``PeerFailure`` when a rank we wait for died (pidfd), failed
+  or closed, or whatever ``check()`` raises (called every <= 20 ms while sleeping).
+  After any exception this group is unusable (peers waiting on us get PeerFailure).
+
+Results of reductions are bit-identical on every rank: each element is reduced by one
+rank in rank order (``reduce_into``), everyone copies that result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+import numpy as np
+import numpy.typing as npt
+
+from ... import _callsite
+from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ..._router import Fingerprint
+from ..._wire import Op
+from ...errors import CollectiveMismatch, DistError, InvalidArgument
+from .channel import Call, Channel
+from .errors import ShmUnavailable
+from .futex import supported
+from .segment import StoreLike, open_segment
+
+__all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
+
+Array = npt.NDArray[Any]
+
+DEFAULT_SLOT_BYTES = 4 << 20
+#: all_reduce up to this size: one round, every rank reduces everything itself
+SMALL_BYTES = 64 << 10
+_ALIGN = 64  #: region boundaries inside a slot, in bytes
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw else None
+
+
+class ShmGroup:
+    """One process group's shared-memory collective engine (see the module docstring).
+
+    ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
+    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES`` or 4 MiB) is the
+    size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
+    default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
+    bounds the setup. ``global_ranks[r]`` names group rank r in messages.
+    Raises ``ShmUnavailable`` when shared memory cannot be used here.
+    """
+
+    def __init__(self, store: StoreLike, prefix: str, rank: int, size: int, *,
+                 timeout: float, slot_bytes: int | None = None, method: str | None = None,
+                 check: Callable[[], None] = lambda: None,
+                 global_ranks: Sequence[int] | None = None) -> None:
+        if not supported():
+            raise ShmUnavailable("the shared-memory engine relies on x86_64 memory ordering "
+                                 "(TSO) and Linux futexes; this machine is not x86_64 Linux")
+        if not 0 <= rank < size:
+            raise InvalidArgument(f"rank {rank} is not in a group of {size}")
+        slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or DEFAULT_SLOT_BYTES
+        slot = max(65536, slot // 65536 * 65536)
+        how = method or os.environ.get("RANKWISE_SHM_METHOD", "auto")
+        self.rank = rank
+        self.size = size
+        self.seg = open_segment(store, prefix, rank, size, slot_bytes=slot, method=how,
+                                timeout=timeout)
+        self.slot_bytes = self.seg.layout.slot_bytes
+        names = list(global_ranks) if global_ranks is not None else list(range(size))
+        self.ch = Channel(self.seg, rank, size, check=check, names=names)
+        u8 = np.frombuffer(self.seg.mm, np.uint8)
+        lay = self.seg.layout
+        self._slots: list[list[Array]] = [
+            [u8[lay.slot(r, p):lay.slot(r, p) + lay.slot_bytes] for p in (0, 1)]
+            for r in range(size)]
+        del u8
+        self._region = self.slot_bytes // size // _ALIGN * _ALIGN
+        self._closed = False
+
+    @property
+    def method(self) -> str:
+        """How the segment is shared: "memfd" or "file"."""
+        return self.seg.method
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _begin(self, fp: Fingerprint, site: _callsite.CallSite, count: int) -> Call:
+        if self._closed:
+            raise DistError("this shared-memory group is closed")
+        if self.ch.broken is not None:
+            raise DistError("this shared-memory group is unusable after an earlier error: "
+                            f"{self.ch.broken}") from self.ch.broken
+        if site.id != self.ch._site_id:
+            self.ch.set_site(site.id, site.encode())
+        return (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+
+    def _what(self, call: Call) -> Callable[[], str]:
+        def describe() -> str:
+            try:
+                name = Op(call[0]).name
+            except ValueError:
+                name = f"op#{call[0]}"
+            return f"{name} on rank {self.ch.names[self.rank]}"
+        return describe
+
+    def _round(self, call: Call, first: bool, deadline: float,
+               vary_count: bool = False) -> int:
+        """Publish and wait for one round; check fingerprints on a call's first round.
+        Returns the slot parity the round's data is in."""
+        ch = self.ch
+        s = ch.publish(call if first else None)
+        ch.wait(s, deadline, self._what(call))
+        if first:
+            ch.check_calls(s, call, vary_count)
+        return s & 1
+
+    def _parity(self) -> int:
+        """Parity of the next round: where to write before publishing it."""
+        return (self.ch.seq + 1) & 1
+
+    def _root(self, fp: Fingerprint) -> int:
+        if not 0 <= fp.root < self.size:
+            raise InvalidArgument(f"root {fp.root} is not a rank of this group of {self.size}")
+        return fp.root
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            self.ch.fail(exc)
+            raise
+
+    @staticmethod
+    def _u8(a: Array) -> Array:
+        return a.reshape(-1).view(np.uint8)
+
+    # --- collectives -----------------------------------------------------------------
+
+    def barrier(self, fp: Fingerprint, site: _callsite.CallSite, deadline: float) -> None:
+        call = self._begin(fp, site, 0)
+
+        def run() -> None:
+            self._round(call, True, deadline)
+        self._guard(run)
+
+    def broadcast(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
+                  deadline: float) -> None:
+        """Root's ``arr`` into every rank's ``arr``, one slot-sized chunk per round."""
+        call = self._begin(fp, site, arr.size)
+        root = self._root(fp)
+
+        def run() -> None:
+            a = self._u8(arr)
+            nb, S = a.size, self.slot_bytes
+            for i in range(max(1, -(-nb // S))):
+                lo, hi = i * S, min(nb, (i + 1) * S)
+                p = self._parity()
+                if self.rank == root:
+                    self._slots[root][p][:hi - lo] = a[lo:hi]
+                self._round(call, i == 0, deadline)
+                if self.rank != root:
+                    a[lo:hi] = self._slots[root][p][:hi - lo]
+        self._guard(run)
+
+    def all_reduce(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array, dtype: DType,
+                   op: ReduceOp, deadline: float) -> None:
+        """Reduce ``arr`` across ranks in place, bit-identically on every rank."""
+        call = self._begin(fp, site, arr.size)
+        self._guard(lambda: self._reduce(call, arr, dtype, op, deadline, None))
+
+    def reduce(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array, dtype: DType,
+               op: ReduceOp, deadline: float) -> None:
+        """Reduce into the root's ``arr``; other ranks' ``arr`` are left unchanged."""
+        call = self._begin(fp, site, arr.size)
+        root = self._root(fp)
+        self._guard(lambda: self._reduce(call, arr, dtype, op, deadline, root))
+
+    def _reduce(self, call: Call, arr: Array, dtype: DType, op: ReduceOp, deadline: float,
+                root: int | None) -> None:
+        a = arr.reshape(-1)
+        st = dtype.storage
+        n, me = self.size, self.rank
+        avg = op.name == "AVG"
+        if a.nbytes <= min(SMALL_BYTES, self.slot_bytes):
+            # one round: everyone (or the root) reduces every slot itself, in rank order
+            p = self._parity()
+            self._slots[me][p][:a.nbytes] = a.view(np.uint8)
+            self._round(call, True, deadline)
+            if root is None or root == me:
+                np.copyto(a, self._slots[0][p][:a.nbytes].view(st))
+                for r in range(1, n):
+                    reduce_into(a, self._slots[r][p][:a.nbytes].view(st), dtype, op)
+                if avg:
+                    divide_in_place(a, dtype, n)
+            return
+        # pipelined: per chunk, copy in; rank j reduces part j of the chunk out of every
+        # slot into its slot of the next parity; everyone gathers the parts
+        item = st.itemsize
+        per_chunk = self.slot_bytes // item
+        part_quant = max(1, _ALIGN // item)
+        first = True
+        for c0 in range(0, a.size, per_chunk):
+            m = min(per_chunk, a.size - c0)
+            q = -(-m // n)
+            q = -(-q // part_quant) * part_quant
+            bounds = [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
+            p = self._parity()
+            self._slots[me][p][:m * item] = a[c0:c0 + m].view(np.uint8)
+            self._round(call, first, deadline)
+            first = False
+            lo, hi = bounds[me]
+            acc = self._slots[me][1 - p][lo * item:hi * item].view(st)
+            np.copyto(acc, self._slots[0][p][lo * item:hi * item].view(st))
+            for r in range(1, n):
+                reduce_into(acc, self._slots[r][p][lo * item:hi * item].view(st), dtype, op)
+            if avg:
+                divide_in_place(acc, dtype, n)
+            # the parts are read after the next round: they live in parity 1 - p
+            self._round(call, False, deadline)
+            if root is None or root == me:
+                for j in range(n):
+                    lo, hi = bounds[j]
+                    a[c0 + lo:c0 + hi] = self._slots[j][1 - p][lo * item:hi * item].view(st)
+
+    def all_gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
+                   outs: Sequence[Array], deadline: float) -> None:
+        """Every rank's ``arr`` into ``outs[rank]`` on every rank (``outs`` may be views
+        of one tensor: all_gather_into_tensor)."""
+        call = self._begin(fp, site, arr.size)
+        self._check_outs(outs, arr.nbytes, "all_gather")
+        self._guard(lambda: self._gather(call, arr, outs, deadline, None))
+
+    def gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
+               outs: Sequence[Array] | None, deadline: float) -> None:
+        """Every rank's ``arr`` into the root's ``outs[rank]`` (``outs`` only on root)."""
+        call = self._begin(fp, site, arr.size)
+        root = self._root(fp)
+        if self.rank == root:
+            if outs is None:
+                raise InvalidArgument("gather: the root needs a list of outputs")
+            self._check_outs(outs, arr.nbytes, "gather")
+        self._guard(lambda: self._gather(call, arr, outs or [], deadline, root))
+
+    def _check_outs(self, outs: Sequence[Array], nbytes: int, what: str) -> None:
+        if len(outs) != self.size or any(o.nbytes != nbytes for o in outs):
+            raise InvalidArgument(f"{what}: needs {self.size} outputs of {nbytes} bytes, got "
+                                  f"{[o.nbytes for o in outs]}")
+
+    def _gather(self, call: Call, arr: Array, outs: Sequence[Array], deadline: float,
+                root: int | None) -> None:
+        a = self._u8(arr)
+        nb, S, me = a.size, self.slot_bytes, self.rank
+        dst = [self._u8(o) for o in outs]
+        for i in range(max(1, -(-nb // S))):
+            lo, hi = i * S, min(nb, (i + 1) * S)
+            p = self._parity()
+            self._slots[me][p][:hi - lo] = a[lo:hi]
+            self._round(call, i == 0, deadline)
+            if root is None or root == me:
+                for j in range(self.size):
+                    dst[j][lo:hi] = a[lo:hi] if j == me else self._slots[j][p][:hi - lo]
+
+    def scatter(self, fp: Fingerprint, site: _callsite.CallSite, out: Array,
+                ins: Sequence[Array] | None, deadline: float) -> None:
+        """The root's ``ins[rank]`` into every rank's ``out`` (``ins`` only on root)."""
+        call = self._begin(fp, site, out.size)
+        root = self._root(fp)
+        if self.rank == root:
+            if ins is None:
+                raise InvalidArgument("scatter: the root needs a list of inputs")
+            self._check_outs(ins, out.nbytes, "scatter")
+
+        def run() -> None:
+            o = self._u8(out)
+            src = [self._u8(x) for x in ins] if ins is not None and self.rank == root else []
+            nb, R, me = o.size, self._region, self.rank
+            for i in range(max(1, -(-nb // R))):
+                lo, hi = i * R, min(nb, (i + 1) * R)
+                p = self._parity()
+                if me == root:
+                    slot = self._slots[me][p]
+                    for j in range(self.size):
+                        if j != me:
+                            slot[j * R:j * R + hi - lo] = src[j][lo:hi]
+                self._round(call, i == 0, deadline)
+                if me == root:
+                    o[lo:hi] = src[me][lo:hi]
+                else:
+                    o[lo:hi] = self._slots[root][p][me * R:me * R + hi - lo]
+        self._guard(run)
+
+    def reduce_scatter(self, fp: Fingerprint, site: _callsite.CallSite, out: Array,
+                       ins: Sequence[Array], dtype: DType, op: ReduceOp,
+                       deadline: float) -> None:
+        """``out`` = reduction over ranks of their ``ins[rank]`` (``ins`` may be views of
+        one tensor: reduce_scatter_tensor)."""
+        call = self._begin(fp, site, out.size)
+        self._check_outs(ins, out.nbytes, "reduce_scatter")
+
+        def run() -> None:
+            o = out.reshape(-1)
+            st, n, me = dtype.storage, self.size, self.rank
+            item = st.itemsize
+            src = [x.reshape(-1) for x in ins]
+            R = self._region // item  # elements per region
+            for i in range(max(1, -(-o.size // R))):
+                lo, hi = i * R, min(o.size, (i + 1) * R)
+                p = self._parity()
+                slot = self._slots[me][p]
+                for j in range(n):
+                    slot[j * R * item:(j * R + hi - lo) * item] = src[j][lo:hi].view(np.uint8)
+                self._round(call, i == 0, deadline)
+                acc = o[lo:hi]
+                part = slice(me * R * item, (me * R + hi - lo) * item)
+                np.copyto(acc, self._slots[0][p][part].view(st))
+                for r in range(1, n):
+                    reduce_into(acc, self._slots[r][p][part].view(st), dtype, op)
+                if op.name == "AVG":
+                    divide_in_place(acc, dtype, n)
+        self._guard(run)
+
+    def all_to_all(self, fp: Fingerprint, site: _callsite.CallSite, outs: Sequence[Array],
+                   ins: Sequence[Array], deadline: float) -> None:
+        """``ins[j]`` of every rank i into rank j's ``outs[i]``; sizes may differ per pair
+        (all_to_all_single with split sizes). A first round exchanges every rank's send
+        and receive sizes, so every rank checks every pair and they all agree on how
+        many rounds follow."""
+        n, me = self.size, self.rank
+        if len(outs) != n or len(ins) != n:
+            raise InvalidArgument(f"all_to_all: needs {n} inputs and {n} outputs")
+        call = self._begin(fp, site, -1)
+
+        def run() -> None:
+            p = self._parity()
+            sizes = np.array([x.nbytes for x in ins] + [o.nbytes for o in outs], np.int64)
+            self._slots[me][p][:sizes.nbytes] = sizes.view(np.uint8)
+            self._round(call, True, deadline, vary_count=True)
+            m = np.stack([self._slots[r][p][:sizes.nbytes].view(np.int64) for r in range(n)])
+            send, recv = m[:, :n], m[:, n:]
+            if (m < 0).any() or (m > 1 << 50).any():
+                raise DistError("all_to_all: corrupt size table in shared memory")
+            bad = [(i, j) for i in range(n) for j in range(n) if send[i, j] != recv[j, i]]
+            if bad:
+                i, j = bad[0]
+                raise CollectiveMismatch(
+                    f"all_to_all: rank {self.ch.names[i]} sends {send[i, j]} bytes to rank "
+                    f"{self.ch.names[j]}, which expects {recv[j, i]} bytes from it "
+                    f"({len(bad)} disagreeing pair(s))")
+            src = [self._u8(x) for x in ins]
+            dst = [self._u8(o) for o in outs]
+            dst[me][:] = src[me]
+            R = self._region
+            longest = int(max((send[i, j] for i in range(n) for j in range(n) if i != j),
+                              default=0))
+            for t in range(-(-longest // R)):
+                lo = t * R
+                p = self._parity()
+                slot = self._slots[me][p]
+                for j in range(n):
+                    if j != me and lo < src[j].size:
+                        hi = min(src[j].size, lo + R)
+                        slot[j * R:j * R + hi - lo] = src[j][lo:hi]
+                self._round(call, False, deadline)
+                for i in range(n):
+                    if i != me and lo < dst[i].size:
+                        hi = min(dst[i].size, lo + R)
+                        dst[i][lo:hi] = self._slots[i][p][me * R:me * R + hi - lo]
+        self._guard(run)
+
+    # --- shutdown --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Tell peers we left (they raise PeerFailure if they still wait on us), unmap."""
+        if self._closed:
+            return
+        self._closed = True
+        self.ch.close()
+        self._slots = []
+        try:
+            self.seg.mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with the last reference
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def statistics(self) -> dict[str, int | str]:
+        return {"rounds": self.ch.seq, "slot_bytes": self.slot_bytes, "method": self.method,
+                "spin_ns": int(self.ch.policy.spin_s * 1e9),
+                "yield_ns": int(self.ch.policy.yield_s * 1e9)}

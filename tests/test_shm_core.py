@@ -1,0 +1,332 @@
+"""The shared-memory collective core on real processes (``rankwise.engines.shm``).
+
+Each test spawns fresh ranks (``run_ranks`` kills them at its hard timeout), compares
+results with numpy computed from the same deterministic inputs, checks that results
+are bit-identical across ranks (each rank returns a digest), and that failures raise
+the right class on every rank within a bound. A FileStore in tmp_path is the rendezvous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rankwise import _callsite
+from rankwise._buffers import ReduceOp, _NUMPY_NATIVE, dtype_by_code
+from rankwise._router import Fingerprint
+from rankwise._wire import Op
+from rankwise.testing import run_ranks
+
+SLOT = 65536  #: small slots, so modest sizes exercise chunking
+SIZES = [0, 1, 7, 4099, 70001]  #: 70001 float32 > 4 slots
+
+
+def _group(rank: int, size: int, store_path: str, **kw: Any) -> Any:
+    from rankwise.engines.shm import ShmGroup
+    from rankwise.store import FileStore
+
+    store = FileStore(store_path, size, timeout=20)
+    kw.setdefault("slot_bytes", SLOT)
+    return ShmGroup(store, "g", rank, size, timeout=20, **kw)
+
+
+def _fp(op: Op, dtype_code: int = 1, reduce: int = 0, root: int = -1) -> Fingerprint:
+    return Fingerprint(int(op), dtype_code, reduce, root, -1)
+
+
+def _data(rank: int, n: int, dt: np.dtype[Any], salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(1000 * rank + salt)
+    if dt.kind == "f":
+        return rng.standard_normal(n).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(bool)
+    return rng.integers(1, 5, n).astype(dt)
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).hexdigest()
+
+
+def _deadline() -> float:
+    return time.monotonic() + 20
+
+
+# --- workers (module level: spawned processes import them) ---------------------------
+
+def w_reductions(rank: int, size: int, path: str, cases: list[tuple[str, str, int]]) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    out = []
+    for dname, opname, n in cases:
+        op = getattr(ReduceOp, opname)
+        d = _NUMPY_NATIVE[np.dtype(dname)]
+        a = _data(rank, n, d.storage)
+        g.all_reduce(_fp(Op.all_reduce, d.code, op.code), site, a, d, op, _deadline())
+        r = _data(rank, n, d.storage, 1)
+        g.reduce(_fp(Op.reduce, d.code, op.code, size - 1), site, r, d, op, _deadline())
+        rs_in = [_data(rank, n, d.storage, 2 + j) for j in range(size)]
+        rs = np.zeros(n, d.storage)
+        g.reduce_scatter(_fp(Op.reduce_scatter, d.code, op.code), site, rs, rs_in, d, op,
+                         _deadline())
+        out.append((a, r, rs))
+    g.close()
+    return out
+
+
+def w_moves(rank: int, size: int, path: str, sizes: list[int]) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    out = []
+    for n in sizes:
+        b = _data(rank, n, np.dtype(np.float32))
+        g.broadcast(_fp(Op.broadcast, root=1 % size), site, b, _deadline())
+        ag = [np.zeros(n, np.float32) for _ in range(size)]
+        g.all_gather(_fp(Op.all_gather), site, _data(rank, n, np.dtype(np.float32)), ag,
+                     _deadline())
+        big = np.zeros(size * n, np.float32)  # all_gather_into_tensor: views of one tensor
+        g.all_gather(_fp(Op.all_gather_into_tensor), site,
+                     _data(rank, n, np.dtype(np.float32)),
+                     [big[j * n:(j + 1) * n] for j in range(size)], _deadline())
+        ga = [np.zeros(n, np.float32) for _ in range(size)] if rank == 0 else None
+        g.gather(_fp(Op.gather, root=0), site, _data(rank, n, np.dtype(np.float32)), ga,
+                 _deadline())
+        sc = np.zeros(n, np.float32)
+        ins = [_data(rank, n, np.dtype(np.float32), 10 + j) for j in range(size)]
+        g.scatter(_fp(Op.scatter, root=size - 1), site, sc,
+                  ins if rank == size - 1 else None, _deadline())
+        # all_to_all with per-pair sizes: rank i sends n + i + j elements to rank j
+        a2a_in = [_data(rank, n + rank + j, np.dtype(np.float32), 20 + j) for j in range(size)]
+        a2a_out = [np.zeros(n + i + rank, np.float32) for i in range(size)]
+        g.all_to_all(_fp(Op.all_to_all_single), site, a2a_out, a2a_in, _deadline())
+        g.barrier(_fp(Op.barrier), site, _deadline())
+        out.append((b, ag, big, ga, sc, a2a_out))
+    g.close()
+    return out
+
+
+def _np_reduce(xs: list[np.ndarray], opname: str, dcode: int) -> np.ndarray:
+    d = dtype_by_code(dcode)
+    assert d is not None
+    acc = xs[0].copy()
+    from rankwise._buffers import divide_in_place, reduce_into
+    for x in xs[1:]:
+        reduce_into(acc, x, d, getattr(ReduceOp, opname))
+    if opname == "AVG":
+        divide_in_place(acc, d, len(xs))
+    return acc
+
+
+def _ok(results: list[Any]) -> list[Any]:
+    bad = [r for r in results if not r.ok]
+    assert not bad, "\n".join(f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+                              for r in bad)
+    return [r.value for r in results]
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("rankwise-shm-")}
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_reductions_match_numpy_and_are_identical(size: int, tmp_path: Any) -> None:
+    cases = [(d, o, n) for d, o in [("float32", "SUM"), ("float64", "AVG"), ("float16", "MAX"),
+                                    ("int32", "PRODUCT"), ("int64", "BXOR"), ("bool", "SUM"),
+                                    ("uint8", "MIN")]
+             for n in (SIZES if d == "float32" else [0, 5, 40000])]
+    vals = _ok(run_ranks(w_reductions, size, args=(str(tmp_path / "s"), cases), init=False,
+                         timeout=120))
+    for k, (dname, opname, n) in enumerate(cases):
+        d = _NUMPY_NATIVE[np.dtype(dname)]
+        want = _np_reduce([_data(r, n, d.storage) for r in range(size)], opname, d.code)
+        for r in range(size):
+            a, red, rs = vals[r][k]
+            np.testing.assert_array_equal(a, want, err_msg=f"all_reduce {dname} {opname} {n}")
+            assert _digest(a) == _digest(vals[0][k][0])  # bit-identical everywhere
+            mine = _data(r, n, d.storage, 1)
+            if r == size - 1:
+                np.testing.assert_array_equal(red, _np_reduce(
+                    [_data(q, n, d.storage, 1) for q in range(size)], opname, d.code))
+            else:
+                np.testing.assert_array_equal(red, mine)  # non-roots untouched
+            np.testing.assert_array_equal(rs, _np_reduce(
+                [_data(q, n, d.storage, 2 + r) for q in range(size)], opname, d.code))
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_data_movement(size: int, tmp_path: Any) -> None:
+    vals = _ok(run_ranks(w_moves, size, args=(str(tmp_path / "s"), SIZES), init=False,
+                         timeout=120))
+    f32 = np.dtype(np.float32)
+    for k, n in enumerate(SIZES):
+        for r in range(size):
+            b, ag, big, ga, sc, a2a = vals[r][k]
+            np.testing.assert_array_equal(b, _data(1 % size, n, f32))
+            for j in range(size):
+                np.testing.assert_array_equal(ag[j], _data(j, n, f32))
+                np.testing.assert_array_equal(big[j * n:(j + 1) * n], _data(j, n, f32))
+                np.testing.assert_array_equal(a2a[j], _data(j, n + j + r, f32, 20 + r))
+                if r == 0:
+                    np.testing.assert_array_equal(ga[j], _data(j, n, f32))
+            np.testing.assert_array_equal(sc, _data(size - 1, n, f32, 10 + r))
+
+
+def test_bfloat16_all_reduce(tmp_path: Any) -> None:
+    vals = _ok(run_ranks(w_bf16, 2, args=(str(tmp_path / "s"),), init=False, timeout=60))
+    assert vals[0] == vals[1]
+
+
+def w_bf16(rank: int, size: int, path: str) -> Any:
+    import torch
+
+    from rankwise._buffers import as_buffer
+    g = _group(rank, size, path)
+    t = torch.arange(50000, dtype=torch.bfloat16) * (rank + 1) / 7
+    want = sum(torch.arange(50000, dtype=torch.float32) * (q + 1) / 7 for q in range(size))
+    buf = as_buffer(t, "t", writable=True)
+    g.all_reduce(_fp(Op.all_reduce, buf.dtype.code, ReduceOp.SUM.code), _callsite.capture(),
+                 buf.array, buf.dtype, ReduceOp.SUM, _deadline())
+    assert torch.allclose(t.float(), want.to(torch.bfloat16).float(), rtol=2e-2), (t, want)
+    g.close()
+    return _digest(buf.array)
+
+
+# --- failures -----------------------------------------------------------------------
+
+def w_mismatch(rank: int, size: int, path: str, kind: str) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    g.barrier(_fp(Op.barrier), site, _deadline())
+    if kind == "root":
+        a = np.zeros(10, np.float32)
+        g.broadcast(_fp(Op.broadcast, root=0 if rank == size - 1 else 1), site, a, _deadline())
+    else:
+        a = np.zeros(10 + (rank == 1), np.float32)
+        d = _NUMPY_NATIVE[a.dtype]
+        g.all_reduce(_fp(Op.all_reduce, 1, 1), site, a, d, ReduceOp.SUM, _deadline())
+
+
+@pytest.mark.parametrize("size,kind", [(2, "root"), (4, "root"), (2, "count"), (4, "count")])
+def test_mismatch_raises_on_every_rank(size: int, kind: str, tmp_path: Any) -> None:
+    res = run_ranks(w_mismatch, size, args=(str(tmp_path / "s"), kind), init=False, timeout=60)
+    for r in res:
+        assert r.raised("CollectiveMismatch"), (r.rank, r.error_type, r.message, r.traceback)
+        assert "test_shm_core.py" in r.message  # both call sites are named
+        assert ("root=" if kind == "root" else "count=") in r.message
+
+
+def w_peer_dies(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    g.barrier(_fp(Op.barrier), site, _deadline())
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        g.barrier(_fp(Op.barrier), site, time.monotonic() + 30)
+    finally:
+        elapsed = time.monotonic() - t0
+        print(f"rank {rank} raised after {elapsed:.3f}s")
+    return elapsed
+
+
+@pytest.mark.parametrize("method", ["memfd", "file"])
+def test_sigkilled_peer_gives_peer_failure_quickly(method: str, tmp_path: Any) -> None:
+    before = _shm_names()
+    t0 = time.monotonic()
+    res = run_ranks(w_peer_dies, 3, args=(str(tmp_path / "s"),), init=False, timeout=60,
+                    env={"RANKWISE_SHM_METHOD": method})
+    assert res[1].exitcode == -signal.SIGKILL
+    for r in (res[0], res[2]):
+        assert r.raised("PeerFailure"), (r.rank, r.error_type, r.message)
+        assert "rank 1" in r.message
+        assert r.elapsed < 3.0
+    assert time.monotonic() - t0 < 30
+    assert _shm_names() <= before
+
+
+def w_timeout(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    if rank == 0:
+        time.sleep(3)
+        g.close()
+        return None
+    t0 = time.monotonic()
+    try:
+        g.barrier(_fp(Op.barrier), site, time.monotonic() + 0.5)
+    finally:
+        assert time.monotonic() - t0 < 1.5
+
+
+def test_timeout_gives_dist_timeout(tmp_path: Any) -> None:
+    res = run_ranks(w_timeout, 2, args=(str(tmp_path / "s"),), init=False, timeout=60)
+    assert res[1].raised("DistTimeout"), (res[1].error_type, res[1].message)
+    assert "rank 0" in res[1].message
+
+
+def w_leak(rank: int, size: int, path: str, how: str) -> Any:
+    g = _group(rank, size, path, method="file")
+    assert g.method == "file"
+    site = _callsite.capture()
+    g.barrier(_fp(Op.barrier), site, _deadline())
+    if how == "raise" and rank == 0:
+        raise RuntimeError("boom")
+    if how == "kill" and rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "normal":
+        g.close()
+
+
+@pytest.mark.parametrize("how", ["normal", "raise", "kill"])
+def test_no_dev_shm_leftovers_with_file_fallback(how: str, tmp_path: Any) -> None:
+    before = _shm_names()
+    res = run_ranks(w_leak, 2, args=(str(tmp_path / "s"), how), init=False, timeout=60)
+    assert res[1].ok
+    assert _shm_names() <= before
+
+
+def test_memfd_is_default_and_creates_no_file(tmp_path: Any) -> None:
+    before = _shm_names()
+    vals = _ok(run_ranks(w_method, 2, args=(str(tmp_path / "s"),), init=False, timeout=60))
+    assert vals == ["memfd", "memfd"]
+    assert _shm_names() <= before
+
+
+def w_method(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    g.barrier(_fp(Op.barrier), _callsite.capture(), _deadline())
+    g.close()
+    return g.method
+
+
+def test_orphan_file_of_dead_creator_is_swept() -> None:
+    from rankwise.engines.shm.segment import SHM_DIR, _sweep_orphans
+
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    name = os.path.join(SHM_DIR, f"rankwise-shm-{dead}-deadbeef")
+    open(name, "wb").close()
+    _sweep_orphans()
+    assert not os.path.exists(name)
+
+
+def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
+    from rankwise.engines.shm import ShmUnavailable, segment
+
+    class Tiny:
+        f_bavail, f_frsize = 16, 4096
+
+    monkeypatch.setattr(segment.os, "statvfs", lambda p: Tiny())
+    with pytest.raises(ShmUnavailable, match="--shm-size"):
+        segment._fit_slot(4, 4 << 20, "file")
+    Half = type("Half", (), {"f_bavail": (64 << 20) // 4096, "f_frsize": 4096})
+    monkeypatch.setattr(segment.os, "statvfs", lambda p: Half())
+    assert 65536 <= segment._fit_slot(8, 4 << 20, "file") < 4 << 20
