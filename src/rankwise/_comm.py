@@ -32,7 +32,10 @@ from ._wire import Frame, Kind, Op, encode_header
 from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
 from .transport.base import Transport
 
-__all__ = ["RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call"]
+__all__ = [
+    "RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call",
+    "mismatch_advice",
+]
 
 log = logging.getLogger("rankwise")
 _COLL = int(Kind.COLL)
@@ -82,6 +85,22 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
         args.append(f"root={root}")
     where = f" at {site.short}" if site is not None and site.frames else ""
     return f"{name}({', '.join(args)}){where}"
+
+
+def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
+    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
+    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
+    advice = ("Every rank of a group must make the same collective calls in the same order, "
+              "with the same op, dtype, element count, root and reduce op.")
+    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
+        advice += (
+            "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
+            "was entered by some ranks only (for example from an `if rank == 0:` branch "
+            "that builds a validation loader with a helper that uses it inside), so its "
+            "barrier met a different collective on the other ranks. Fix: enter the block "
+            "on every rank of the group, or do not use it on the rank-0-only path "
+            "(the seed's fix: pass rank=-1 there).")
+    return advice
 
 
 @dataclass(slots=True)
@@ -480,18 +499,9 @@ class Communicator:
             f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
-            + "Every rank of a group must make the same collective calls in the same order, "
-            "with the same op, dtype, element count, root and reduce op."
+            + mismatch_advice(frame.op, frame.root, fp.op if fp is not None else 0,
+                              fp.root if fp is not None else 0)
         )
-        if (frame.op == Op.barrier and frame.root == RZF_MARK) or (
-                fp is not None and fp.op == Op.barrier and fp.root == RZF_MARK):
-            message += (
-                "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
-                "was entered by some ranks only (for example from an `if rank == 0:` branch "
-                "that builds a validation loader with a helper that uses it inside), so its "
-                "barrier met a different collective on the other ranks. Fix: enter the block "
-                "on every rank of the group, or do not use it on the rank-0-only path "
-                "(the seed's fix: pass rank=-1 there).")
         with self._diag_lock:
             if self._diagnosing or self.router.failure is not None:
                 return

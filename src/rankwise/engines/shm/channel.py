@@ -35,7 +35,8 @@ from collections.abc import Callable
 from ... import _callsite
 from ..._buffers import dtype_name, reduce_op_by_code
 from ..._wire import Op
-from ...errors import CollectiveMismatch, DistError, DistTimeout, PeerFailure
+from ...errors import DistError, DistTimeout, PeerFailure
+from .errors import ShmCallMismatch
 from .futex import fence, futex_wait, futex_wake
 from .layout import (
     FP_COUNT,
@@ -257,6 +258,15 @@ class Channel:
                 w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE])
         return call, int(w[base + FP_SEQ])
 
+    def peer_site_text(self, r: int) -> str:
+        """Rank r's call-site text as published (``CallSite.encode`` form), bounded."""
+        lay = self.seg.layout
+        n = int(self.w[lay.record_word(r, R_SITE_LEN)])
+        if not 0 <= n <= SITE_BYTES:  # untrusted: bound it
+            return ""
+        off = lay.site(r)
+        return bytes(self.seg.mm[off:off + n]).decode("utf-8", "replace")
+
     def peer_site(self, r: int) -> str:
         lay = self.seg.layout
         n = int(self.w[lay.record_word(r, R_SITE_LEN)])
@@ -280,10 +290,11 @@ class Channel:
             same = theirs[:2] == mine[:2] and theirs[3:5] == mine[3:5] and (
                 vary_count or theirs[2] == mine[2])
             if not same:
-                raise CollectiveMismatch(
+                raise ShmCallMismatch(
                     "ranks made different collective calls at the same point (shared-memory "
                     f"round {s}):\n  {_describe(self.names[self.rank], mine, self._site_text)}"
-                    f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}")
+                    f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}",
+                    peer=r, theirs=theirs, their_site=self.peer_site_text(r), mine=mine)
 
     # --- failure and shutdown --------------------------------------------------------
 

@@ -156,7 +156,8 @@ class ShmGroup:
     # --- collectives -----------------------------------------------------------------
 
     def barrier(self, fp: Fingerprint, site: _callsite.CallSite, deadline: float) -> None:
-        call = self._begin(fp, site, 0)
+        # a barrier's count is its name's code (named barriers, rank_zero_first blocks)
+        call = self._begin(fp, site, fp.count)
 
         def run() -> None:
             self._round(call, True, deadline)
