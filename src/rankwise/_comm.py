@@ -134,6 +134,9 @@ class Communicator:
         #: before our own question reached it
         self.last_reports: dict[int, dict[str, Any]] = {}
         self._last_seen: dict[int, Frame] = {}  #: last collective frame from each peer
+        #: engines that see peers' calls without frames (shared memory) describe a peer's
+        #: latest call here, by global rank ("" when they have not seen one)
+        self.peer_call_sources: list[Callable[[int], str]] = []
         self.activity = Activity()
         self._last_record: tuple[Any, str] | None = None
         #: every group this process is a member of, by id (ProcessGroup registers itself)
@@ -384,6 +387,10 @@ class Communicator:
             self.await_diagnosis()  # raise it with the divergence report in it
             raise
 
+    def as_of_now(self, failure: BaseException) -> BaseException:
+        """``failure`` worded for what this rank is doing now (see ``_as_of_now``)."""
+        return self._as_of_now(failure)
+
     def _as_of_now(self, failure: BaseException) -> BaseException:
         """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
         was doing when the goodbye came; other failures as they are."""
@@ -434,6 +441,11 @@ class Communicator:
         the peers, and only a reader gets those to them."""
         if not pending.completed or pending.error is not None:
             self.transport.drive_end()
+
+    def warn_slow(self, what: Callable[[], str]) -> None:
+        """A wait passed ``warn_after``: log who is where (or fail every rank at once if
+        the table shows a mismatch no message revealed)."""
+        self._warn_slow(what)
 
     def _warn_slow(self, what: Callable[[], str]) -> None:
         try:
@@ -612,7 +624,8 @@ class Communicator:
     def _last_from(self, rank: int) -> str:
         frame = self._last_seen.get(rank)
         if frame is None:
-            return ""
+            return next((text for source in self.peer_call_sources
+                         if (text := source(rank))), "")
         site = self.peer_sites.get(rank, {}).get(frame.site)
         call = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root, site)
         return f"{call} (#{frame.seq} of group {frame.group})"

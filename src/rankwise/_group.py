@@ -71,6 +71,10 @@ class ProcessGroup:
     def group_rank(self) -> int:
         return self._index[self.comm.rank]
 
+    def index_of(self, global_rank: int) -> int | None:
+        """The group rank of ``global_rank``, None when it is not a member."""
+        return self._index.get(global_rank)
+
     def group_rank_of(self, global_rank: int, what: str) -> int:
         if not isinstance(global_rank, int) or isinstance(global_rank, bool):
             raise InvalidArgument(f"{what} must be an int rank, got {global_rank!r}")

@@ -42,6 +42,32 @@ class ShmEngine:
         self.group = group
         self.comm = group.comm
         self.core = core
+        self._call: Call | None = None  #: the call in progress, for slow-wait warnings
+        core.ch.slow_after = self.comm.warn_after
+        core.ch.on_slow = self._slow
+        self.comm.peer_call_sources.append(self._last_call_of)
+
+    def _slow(self) -> None:
+        call = self._call
+        if call is None:
+            return
+        self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
+                                    f"{self.group.timeout:.0f}s in {call.record.describe()} "
+                                    f"(collective #{call.seq} of {self.group.name}) on "
+                                    "shared memory")
+
+    def _last_call_of(self, global_rank: int) -> str:
+        """What the segment shows as ``global_rank``'s latest call (for failure reports)."""
+        index = self.group.index_of(global_rank)
+        if index is None or self.core.closed:
+            return ""
+        seen = self.core.ch.last_call_of(index)
+        if seen is None:
+            return ""
+        (op, dtype, count, reduce, root, site_id), text = seen
+        site = CallSite.decode(site_id, text) if text else None
+        return (f"{describe_call(op, dtype, count, reduce, root, site)} (on shared memory "
+                f"in {self.group.name})")
 
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float) -> ShmEngine:
@@ -64,10 +90,15 @@ class ShmEngine:
     def _run(self, call: Call, body: Callable[[float], None]) -> None:
         """Run ``body(deadline)`` and turn the core's exceptions into the group's."""
         deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
+        self._call = call
         try:
             body(deadline)
         except ShmCallMismatch as exc:
             raise self._mismatch(call, exc) from None
+        except CollectiveMismatch as exc:  # found in the data (all_to_all's size table)
+            raise CollectiveMismatch(
+                f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
+                f"{self.comm.rank} called {call.record.describe()}, but {exc}") from None
         except PeerFailure as exc:
             raise self._cause(exc) from None
         except DistTimeout as exc:
@@ -99,6 +130,7 @@ class ShmEngine:
         peer = self.group.ranks[exc.peer]
         message = (f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
                    f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
+                   + (f"{exc.detail}. " if exc.detail else "")
                    + mismatch_advice(fp.op, fp.root, op, root))
         try:
             from ..diagnosis.report import mismatch_report
@@ -148,4 +180,6 @@ class ShmEngine:
         self._run(call, lambda d: self.core.barrier(call.fp, call.site, d))
 
     def close(self) -> None:
+        if self._last_call_of in self.comm.peer_call_sources:
+            self.comm.peer_call_sources.remove(self._last_call_of)
         self.core.close()

@@ -29,8 +29,9 @@ class ShmCallMismatch(CollectiveMismatch):
     word the error like every other mismatch (``peer`` is the peer's group rank)."""
 
     def __init__(self, message: str, *, peer: int, theirs: CallTuple, their_site: str,
-                 mine: CallTuple) -> None:
+                 mine: CallTuple, detail: str = "") -> None:
         super().__init__(message)
+        self.detail = detail  #: what differs beyond the fingerprints (sizes per pair)
         self.peer = peer
         self.theirs = theirs
         self.their_site = their_site
