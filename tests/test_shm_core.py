@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rankwise import _callsite
-from rankwise._buffers import ReduceOp, _NUMPY_NATIVE, dtype_by_code
+from rankwise._buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
 from rankwise._router import Fingerprint
 from rankwise._wire import Op
 from rankwise.testing import run_ranks

@@ -49,7 +49,7 @@ class ShmEngine:
 
     def _slow(self) -> None:
         call = self._call
-        if call is None:
+        if call is None or call.patient:  # waiting on purpose (rank_zero_first followers)
             return
         self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
                                     f"{self.group.timeout:.0f}s in {call.record.describe()} "
