@@ -57,7 +57,15 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
             comm.call_done(group, record)  # history, trace span, back to "user code"
 
     if async_op:
-        return run_async(f"{op.name} #{seq} on {group.name}", run)
+        work = run_async(f"{op.name} #{seq} on {group.name}", run)
+        if runner.serial:
+            group.queued = work
+        return work
+    if runner.serial and group.queued is not None:
+        # the queued async calls run first, in order, on every rank (``Engine.serial``);
+        # their own errors are theirs to report (Work.wait), this call's engine raises too
+        group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
+        group.queued = None
     run()
     return None
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 from ._callsite import CallSite
 from ._comm import Communicator, describe_call
 from ._router import Fingerprint
+from ._work import Work
 from .engines.base import Engine
 from .engines.message import MessageEngine
 from .errors import InvalidArgument
@@ -58,6 +59,8 @@ class ProcessGroup:
         self.messages = MessageEngine(comm)
         #: what moves this group's collective data (``engines.select`` may replace it)
         self.engine: Engine = self.messages
+        #: the last async call queued on a serial engine (see ``Engine.serial``)
+        self.queued: Work | None = None
         comm.groups[group_id] = self  # who-is-where reports read every group's history
 
     # torch-compatible accessors
