@@ -99,7 +99,7 @@ def test_no_dev_shm_leftovers_after_any_exit(how: str, method: str, tmp_path: An
     env = dict(os.environ, HOW=how, RANKWISE_ENGINE="shm", RANKWISE_SHM_METHOD=method)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "rankwise", "run", "-n", "3", str(script)],
-                          env=env, capture_output=True, text=True, timeout=90)
+                          check=False, env=env, capture_output=True, text=True, timeout=90)
     assert (proc.returncode == 0) == (how == "clean"), proc.stderr[-3000:]
     if how != "clean":  # the survivors were told, not left to time out
         assert time.monotonic() - start < 60
