@@ -89,8 +89,13 @@ class ProcessGroup:
             )
         return idx
 
-    def begin(self, fp: Fingerprint, site: CallSite) -> tuple[int, CallRecord]:
-        """Take the next sequence number and register the call (before any I/O)."""
+    def begin(self, fp: Fingerprint, site: CallSite,
+              frames: bool = True) -> tuple[int, CallRecord]:
+        """Take the next sequence number and register the call (before any I/O).
+
+        ``frames``: the call's data moves in frames (message engine), so the router must
+        know the call to check frames that arrive before or for it; calls on another
+        engine skip that bookkeeping."""
         if self.comm.router.failure is not None:
             self.comm.await_diagnosis()
         self.comm.router.check_alive()
@@ -100,7 +105,8 @@ class ProcessGroup:
         self.history.append(record)
         self._records[seq] = record
         self._records.pop(seq - HISTORY, None)
-        self.comm.router.register_call(self.id, seq, fp)
+        if frames:
+            self.comm.router.register_call(self.id, seq, fp)
         return seq, record
 
     def site_of(self, seq: int) -> CallSite | None:

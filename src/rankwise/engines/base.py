@@ -75,6 +75,9 @@ class Engine(Protocol):
 
     name: str
     serial: bool
+    #: the data moves in frames that the router matches to calls (it must be told of
+    #: each call); False for engines that never send a collective frame
+    framed: bool
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         """Root's ``data`` into every rank's ``data``."""

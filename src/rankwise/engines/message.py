@@ -137,6 +137,7 @@ class MessageEngine:
     name = "tcp"
     #: frames carry (group, seq): any number of calls may be in flight at once
     serial = False
+    framed = True
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm

@@ -40,6 +40,8 @@ class ShmEngine:
     name = "shm"
     #: one set of slots: calls run one at a time, in call order (see ``Engine``)
     serial = True
+    #: rounds on the segment, never a collective frame
+    framed = False
 
     def __init__(self, group: ProcessGroup, core: ShmGroup) -> None:
         self.group = group
