@@ -1,6 +1,7 @@
-"""``rankwise run``: the command line, with torchrun's spellings accepted.
+"""``rankwise run`` / ``rankwise bench``: the command line, with torchrun's spellings accepted.
 
-Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job.
+Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job and
+:mod:`rankwise.launch.bench` owns the ``bench`` subcommand.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start N workers per node with torchrun's environment, "
                                      "watch them, and tear the whole group down on a failure.")
     _add_run_options(run)
+    from .bench import add_bench_options
+
+    bench = sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI)",
+                           description="See `rankwise bench --help`.")
+    add_bench_options(bench)
     return parser
 
 
@@ -128,6 +134,10 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rankwise`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(args[1:])
     if not args or args[0] != "run":
         build_parser().parse_args(args)  # prints usage / help and exits
         return 2
