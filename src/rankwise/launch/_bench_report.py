@@ -121,7 +121,8 @@ def _num(value: float | None, scale: float, digits: int) -> str:
 def _ratio(r: tuple[float, float, float] | None) -> str:
     if r is None:
         return f"{'-':>16}"
-    return f"{f'{r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})':>16}"
+    med, lo, hi = (f"{x:.2f}" if x < 10 else f"{x:.0f}" for x in r)
+    return f"{f'{med} ({lo}-{hi})':>16}"
 
 
 _COLORS = {"gloo": "tab:orange", "mpi": "tab:green"}

@@ -34,16 +34,17 @@ _MAX_SIZE = 1 << 30
 _SIZE = re.compile(r"\s*(\d+)\s*([a-zA-Z]*)\s*")
 
 
-def _one_size(text: str) -> int:
+def _one_size(text: str, within: str = "") -> int:
+    where = f" (in {within.strip()!r})" if within else ""
     m = _SIZE.fullmatch(text)
     if m is None or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(
-            f"--sizes: {text.strip()!r} is not a size; write bytes with an optional binary "
+            f"{text.strip()!r}{where} is not a size; write bytes with an optional binary "
             f"unit: 4, 1K, 16M, 1G")
     value = int(m.group(1)) * _UNITS[m.group(2).lower()]
     if value < 4 or value % 4 or value > _MAX_SIZE:
         raise argparse.ArgumentTypeError(
-            f"--sizes: {text.strip()!r} = {value} bytes; sizes are whole float32 buffers: "
+            f"{text.strip()!r}{where} = {value} bytes; sizes are whole float32 buffers: "
             f"multiples of 4 from 4 to 1G")
     return value
 
@@ -60,17 +61,17 @@ def parse_sizes(text: str) -> tuple[int, ...]:
             continue
         lo_text, _, rest = part.partition("..")
         hi_text, _, step_text = rest.partition(":")
-        lo, hi = _one_size(lo_text), _one_size(hi_text)
+        lo, hi = _one_size(lo_text, part), _one_size(hi_text, part)
         try:
             step = int(step_text) if step_text.strip() else 4
         except ValueError:
             step = 0
         if step < 2:
             raise argparse.ArgumentTypeError(
-                f"--sizes: in {part.strip()!r} the factor after ':' must be an integer >= 2")
+                f"in {part.strip()!r} the factor after ':' must be an integer >= 2")
         if lo > hi:
             raise argparse.ArgumentTypeError(
-                f"--sizes: range {part.strip()!r} runs backwards; write LOW..HIGH")
+                f"range {part.strip()!r} runs backwards; write LOW..HIGH")
         size = lo
         while size <= hi:
             sizes.add(size)
@@ -132,8 +133,9 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="write latency and bus bandwidth against size (needs rankwise[plot])")
     p.add_argument("--json", metavar="FILE", default=None, help="write the raw numbers")
-    p.add_argument("--from-json", metavar="FILE", default=None,
-                   help="measure nothing: render the table (and --plot) of a saved --json")
+    p.add_argument("--from-json", metavar="FILE[,FILE...]", type=_names, default=None,
+                   help="measure nothing: render the table (and --plot) of saved --json files, "
+                        "e.g. one per mpirun -n")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--raw-out", default=None, help=argparse.SUPPRESS)
 
@@ -245,15 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = _parser()
     ns = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if ns.from_json:
-        if ns.plot and not _has("matplotlib"):
-            p.error(PLOT_HINT)
-        with open(ns.from_json, encoding="utf-8") as f:
-            saved = json.load(f)
-        if saved.get("format") != FORMAT:
-            p.error(f"--from-json: {ns.from_json} is not a rankwise bench file ({FORMAT})")
-        ns.json = None
-        _report(saved["runs"], ns)
-        return 0
+        return _rerender(p, ns)
     worker = ns.worker or _under_mpirun()
     cfg = _check(p, ns, worker)
     if worker:
@@ -264,6 +258,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if result is None:
             return 1
         runs.append(result)
+    _report(runs, ns)
+    return 0
+
+
+def _rerender(p: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    """``--from-json``: the saved runs of one or more files, reported as one (and, with
+    ``--json``, merged into one file)."""
+    if ns.plot and not _has("matplotlib"):
+        p.error(PLOT_HINT)
+    runs: list[dict[str, Any]] = []
+    for path in ns.from_json:
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as exc:
+            p.error(f"--from-json: cannot read {path}: {exc}")
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            p.error(f"--from-json: {path} is not a rankwise bench file ({FORMAT})")
+        runs += saved["runs"]
     _report(runs, ns)
     return 0
 
