@@ -97,6 +97,12 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
         lines.append(f"n={run['world_size']} ranks on {run.get('host', '?')} "
                      f"({run.get('cpus', '?')} CPUs), {run['rounds']} alternating rounds; "
                      f"{versions}")
+        allowed, cpus = run.get("cpus_allowed"), run.get("cpus")
+        if allowed and cpus and allowed < cpus:
+            # mpirun binds each rank to one core by default: every library's helper threads
+            # then share it with the rank's main thread, and latencies say more about that
+            lines.append(f"note: rank 0 was pinned to {allowed} of {cpus} CPUs (mpirun binds "
+                         "by default; pass --bind-to none to compare the libraries unpinned)")
         lines.append("latency: median us per call; busbw: GB/s (nccl-tests); ratio: rankwise "
                      "time / other's, <1 = rankwise faster (lowest-highest single round)")
         head = f"{'op':<14} {'size':>9} "

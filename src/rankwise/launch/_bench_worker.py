@@ -338,6 +338,8 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
     if rank != 0:
         return None
     return {"world_size": n, "host": socket.gethostname(), "cpus": os.cpu_count(),
+            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
             "rounds": cfg.rounds, "round_time": cfg.round_time, "iters": cfg.iters,
             "versions": versions, "passes": passes}
 

@@ -216,8 +216,16 @@ def _worker_argv(cfg: WorkerConfig, raw_out: str) -> list[str]:
 
 def _launch(cfg: WorkerConfig, n: int) -> dict[str, Any] | None:
     """One job of ``n`` ranks through ``rankwise run``'s machinery; rank 0's numbers."""
+    # The ranks must import this very rankwise, also from a plain checkout (the wrapper in
+    # benchmarks/ puts src/ on sys.path only for itself); run_job passes os.environ on.
+    import rankwise
+
     from .job import JobOptions, run_job
 
+    src = os.path.dirname(os.path.dirname(os.path.abspath(rankwise.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    if src not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (src, path) if x)
     with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
         raw = os.path.join(tmp, "raw.json")
         cmd = [sys.executable, "-u", "-m", "rankwise.launch.bench", *_worker_argv(cfg, raw)]
