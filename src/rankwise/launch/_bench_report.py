@@ -168,12 +168,15 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
                       "label": f"{name}, n={run['world_size']}"}
                 lat_ax.plot([p[0] for p in pts], [p[1] * 1e6 for p in pts], **kw)
                 bw_ax.plot([p[0] for p in pts], [p[2] or 0.0 for p in pts], **kw)
-        lat_ax.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="latency (us)",
+        lat_ax.set(yscale="log", xlabel="size", ylabel="latency (us)",
                    title=f"{op}: latency (lower is better)")
-        bw_ax.set(xscale="log", xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)",
+        bw_ax.set(xlabel="size", ylabel="bus bandwidth (GB/s)",
                   title=f"{op}: bus bandwidth (higher is better)")
+        sizes = sorted({r["bytes"] for run in runs for r in summarize(run) if r["op"] == op})
+        ticks = [t for t in (4 * 16**i for i in range(8)) if sizes[0] <= t <= sizes[-1]]
         for ax in (lat_ax, bw_ax):
             ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [human_size(t) for t in ticks])
             ax.grid(True, which="major", alpha=0.3)
         bw_ax.legend(fontsize=8)
     host = runs[0].get("host", "?")
