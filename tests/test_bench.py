@@ -76,6 +76,24 @@ def test_plot_without_matplotlib_names_the_extra(capsys: pytest.CaptureFixture[s
     assert "pip install 'rankwise[plot]'" in capsys.readouterr().err
 
 
+def test_without_torch_gloo_is_skipped_with_one_line(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwise.launch import bench
+
+    monkeypatch.setattr(bench, "_has", lambda module: module != "torch")
+    cfg = bench._check(bench._parser(), bench._parser().parse_args([]), worker=False)
+    assert not cfg.gloo
+    err = capsys.readouterr().err
+    assert "torch is not installed: gloo columns skipped" in err
+
+
+def test_sizes_print_readably() -> None:
+    from rankwise.launch._bench_report import human_size
+
+    assert [human_size(x) for x in (4, K, 16 * M, 65532)] == ["4 B", "1 KiB", "16 MiB",
+                                                              "~64 KiB"]
+
+
 @pytest.mark.slow
 @pytest.mark.torch
 def test_tiny_real_run(tmp_path: Path) -> None:
