@@ -107,7 +107,7 @@ def available_engines() -> tuple[str, ...]:
 
 
 def add_bench_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``rankwise bench`` (shared by ``rankwise --help`` and the command)."""
+    """The options of ``rankwise bench`` (public so a wrapper can embed them in its parser)."""
     p.add_argument("-n", "--nproc", dest="nproc", type=_ranks, default=None,
                    help="ranks; a comma list runs one job per count (default 2; under mpirun: "
                         "mpirun's)")

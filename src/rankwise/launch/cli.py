@@ -96,11 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start N workers per node with torchrun's environment, "
                                      "watch them, and tear the whole group down on a failure.")
     _add_run_options(run)
-    from .bench import add_bench_options
-
-    bench = sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI)",
-                           description="See `rankwise bench --help`.")
-    add_bench_options(bench)
+    # listed for `rankwise --help` only: main() hands `bench ...` to bench.main before this
+    # parser sees it, so `rankwise run` never imports the benchmark's modules
+    sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI); "
+                                 "see `rankwise bench --help`", add_help=False)
     return parser
 
 
