@@ -186,7 +186,9 @@ def _check(p: argparse.ArgumentParser, ns: argparse.Namespace, worker: bool) -> 
     gloo = bool(ns.gloo)
     if gloo and not _has("torch"):
         gloo = False
-        if not worker:
+        # said once: by the parent, or under mpirun by rank 0 (which prints the table)
+        if not ns.worker and os.environ.get("OMPI_COMM_WORLD_RANK",
+                                            os.environ.get("PMI_RANK", "0")) == "0":
             _note("torch is not installed: gloo columns skipped (pip install 'rankwise[torch]')")
     mpi = bool(ns.mpi) if ns.mpi is not None else (_under_mpirun() and _has("mpi4py"))
     if mpi and not _under_mpirun():
