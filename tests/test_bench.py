@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rankwise.launch.bench import main, parse_sizes
+from rankwise.launch.bench import available_engines, main, parse_sizes
 
 K, M = 1 << 10, 1 << 20
 
@@ -49,6 +49,7 @@ def test_bad_sizes_say_what_is_wrong(text: str, says: str) -> None:
     (["--ops", "all_reduce,allreduce"], "--ops: unknown allreduce"),
     (["-n", "1"], "at least 2 ranks"),
     (["--engines", "warp"], "--engines: warp not available"),
+    (["--engines", "auto"], "--engines: auto not available"),
     (["--rounds", "0"], "--rounds"),
     (["--mpi"], "MPI needs the ranks started by mpirun"),
     (["--json", "/no/such/folder/x.json"], "folder /no/such/folder does not exist"),
@@ -114,22 +115,30 @@ def test_tiny_real_run(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
+    engines = list(available_engines())  # one pass, and one column, per rankwise engine
+    libs = [*engines, "gloo"]
     header = next(line for line in lines if line.startswith("op "))
-    assert header.split() == ["op", "size", "tcp", "us", "gloo", "us", "tcp", "GB/s", "gloo",
-                              "GB/s", "tcp/gloo"]
+    assert header.split() == ["op", "size", *(w for x in libs for w in (x, "us")),
+                              *(w for x in libs for w in (x, "GB/s")),
+                              *(f"{e}/gloo" for e in engines)]
     rows = [line.split() for line in lines if line.startswith("all_reduce")]
     assert [r[1:3] for r in rows] == [["4", "B"], ["1", "KiB"]]
-    for r in rows:  # latencies, bandwidths, then "ratio (low-high)"
-        assert all(float(x) >= 0 for x in r[3:7])
-        low, high = (float(x) for x in r[8].strip("()").split("-"))
-        assert float(r[7]) > 0 and 0 < low <= high
+    for r in rows:  # latencies, bandwidths, then "ratio (low-high)" per engine
+        numbers = r[3:3 + 2 * len(libs)]
+        assert all(float(x) >= 0 for x in numbers)
+        ratios = r[3 + 2 * len(libs):]
+        for med, spread in zip(ratios[::2], ratios[1::2]):
+            low, high = (float(x) for x in spread.strip("()").split("-"))
+            assert float(med) > 0 and 0 < low <= high
     saved = json.loads(raw.read_text())
     assert saved["format"] == "rankwise-bench/1"
     (run,) = saved["runs"]
-    assert run["world_size"] == 2 and [p["engine"] for p in run["passes"]] == ["tcp"]
-    cells = run["passes"][0]["cells"]
-    assert [(c["op"], c["bytes"]) for c in cells] == [("all_reduce", 4), ("all_reduce", K)]
-    assert all(len(c["seconds"][lib]) == 2 for c in cells for lib in ("rankwise-tcp", "gloo"))
+    assert run["world_size"] == 2 and [p["engine"] for p in run["passes"]] == engines
+    for p in run["passes"]:  # each pass times gloo again: its ratios pair rounds of one pass
+        cells = p["cells"]
+        assert [(c["op"], c["bytes"]) for c in cells] == [("all_reduce", 4), ("all_reduce", K)]
+        assert all(len(c["seconds"][lib]) == 2 for c in cells
+                   for lib in (f"rankwise-{p['engine']}", "gloo"))
     if has_plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # the saved numbers render again, without a run

@@ -263,13 +263,30 @@ def _master(rank: int, comm: Any) -> tuple[str, int]:
     return addr, port
 
 
-def _start_rankwise(engine: str, base: Any, rank: int, n: int) -> _TorchLike:
+def _start_rankwise(engine: str, base: Any, addr: str, rank: int, n: int) -> _TorchLike:
     import rankwise
-    from rankwise.store import PrefixStore
+    from rankwise.store import TCPStore
 
+    # A fresh store per pass, served by rank 0: a second init_process_group in the same
+    # process must not meet the first one's rank claims. (A PrefixStore over ``base`` would
+    # do, but init wraps it in a PrefixStore of its own and nested PrefixStores drop the
+    # outer prefix today.)
+    timeout = timedelta(seconds=_INIT_TIMEOUT_S)
+    if rank == 0:
+        store = TCPStore(addr, 0, is_master=True, timeout=timeout)
+        base.set(f"bench/{engine}/port", str(store.port))
+    else:
+        port = int(base.get(f"bench/{engine}/port").decode())
+        store = TCPStore(addr, port, is_master=False, timeout=timeout)
     os.environ["RANKWISE_ENGINE"] = engine  # read at init time by the engine selection
-    rankwise.init_process_group("tcp", store=PrefixStore(f"bench/{engine}", base), rank=rank,
-                                world_size=n, timeout=timedelta(seconds=_INIT_TIMEOUT_S))
+    rankwise.init_process_group("tcp", store=store, rank=rank, world_size=n, timeout=timeout)
+    from rankwise._world import current
+
+    # a column is only worth its label if the group really runs on that engine
+    running = getattr(getattr(current().default_group, "engine", None), "name", "tcp")
+    if running != engine:
+        raise RuntimeError(f"rankwise bench: asked for engine {engine!r} with RANKWISE_ENGINE "
+                           f"but the group runs on {running!r}")
     return _TorchLike(f"rankwise-{engine}", rankwise)
 
 
@@ -316,7 +333,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
     passes = []
     try:
         for engine in cfg.engines:
-            rw = _start_rankwise(engine, base, rank, n)
+            rw = _start_rankwise(engine, base, addr, rank, n)
             libs: list[_Library] = [rw] + [x for x in (gloo, mpi) if x is not None]
             cells = []
             for op in cfg.ops:
