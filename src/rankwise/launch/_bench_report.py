@@ -92,8 +92,8 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
     for run in runs:
         libs = _libraries(run)
         rows = summarize(run)
-        pairs = [(m, r) for m in libs if m.startswith("rankwise-") for r in _REFERENCES
-                 if r in libs]
+        pairs = [(m, r) for r in _REFERENCES if r in libs for m in libs
+                 if m.startswith("rankwise-")]
         versions = ", ".join(f"{k} {v}" if k == "rankwise" else v
                              for k, v in run.get("versions", {}).items())
         lines.append(f"n={run['world_size']} ranks on {run.get('host', '?')} "
@@ -107,6 +107,9 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
                          "by default; pass --bind-to none to compare the libraries unpinned)")
         lines.append("latency: median us per call; busbw: GB/s (nccl-tests); ratio: rankwise "
                      "time / other's, <1 = rankwise faster (lowest-highest single round)")
+        if len({m for m, _ in pairs}) > 1:  # several passes: gloo/MPI columns are pooled
+            lines.append("gloo/MPI columns pool every pass; each ratio pairs an engine with "
+                         "the gloo/MPI rounds of its own pass, so it can differ from them")
         head = f"{'op':<14} {'size':>9} "
         head += " ".join(f"{_short(x) + ' us':>10}" for x in libs) + "  "
         head += " ".join(f"{_short(x) + ' GB/s':>10}" for x in libs) + "  "
