@@ -8,7 +8,7 @@ the *same* buffers: a slow spell of the machine lands on every library, and roun
 one library pairs with round ``i`` of the others, so a single round's ratio is meaningful.
 
 Each rankwise engine is its own pass: the process joins a fresh rankwise job per engine
-(``RANKWISE_ENGINE`` set before ``init_process_group``, a store namespace per pass), while
+(``RANKWISE_ENGINE`` set before ``init_process_group``, a fresh store per pass), while
 gloo and MPI stay up for the whole run and are timed again in every pass, so each
 rankwise-vs-X ratio comes from one pass of one run.
 
@@ -64,7 +64,6 @@ class WorkerConfig:
     round_time: float
     gloo: bool
     mpi: bool
-    quiet: bool = False
 
 
 @dataclass
@@ -307,8 +306,8 @@ def _start_gloo(base: Any, addr: str, rank: int, n: int) -> _TorchLike:
     return _TorchLike("gloo", tdist)
 
 
-def _say(rank: int, cfg: WorkerConfig, text: str) -> None:
-    if rank == 0 and not cfg.quiet:
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
         print(f"rankwise bench: {text}", file=sys.stderr, flush=True)
 
 
@@ -340,8 +339,8 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
                 t0 = time.monotonic()
                 for size in cfg.sizes if op != "barrier" else (0,):
                     cells.append(_cell(libs, op, size, n, rank, cfg, use_torch))
-                _say(rank, cfg, f"n={n} engine {engine}: {op} done in "
-                                f"{time.monotonic() - t0:.1f}s")
+                _say(rank, f"n={n} engine {engine}: {op} done in "
+                          f"{time.monotonic() - t0:.1f}s")
             import rankwise
 
             rankwise.destroy_process_group()
