@@ -34,8 +34,8 @@ class PrefixStore(Store):
         # methods instead would skip its prefix, and two namespaces would collide.
         inner = store if isinstance(store, PrefixStore) else None
         self._base: Store = inner._base if inner is not None else store
-        self._prefix = (inner._prefix if inner is not None else b"") + \
-            prefix.encode("utf-8") + b"/"
+        outer: bytes = inner._prefix if inner is not None else b""
+        self._prefix: bytes = outer + prefix.encode("utf-8") + b"/"
 
     @property
     def underlying_store(self) -> Store:
