@@ -33,13 +33,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ... import _callsite
-from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ..._buffers import DType, ReduceOp, divide_in_place
 from ..._router import Fingerprint
 from ..._wire import Op
 from ...errors import CollectiveMismatch, DistError, InvalidArgument
 from .channel import Call, Channel
 from .errors import ShmUnavailable
 from .futex import supported
+from .reduce import reduce_rows
 from .segment import StoreLike, open_segment
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
@@ -87,12 +88,12 @@ class ShmGroup:
         self.slot_bytes = self.seg.layout.slot_bytes
         names = list(global_ranks) if global_ranks is not None else list(range(size))
         self.ch = Channel(self.seg, rank, size, check=check, names=names)
-        u8 = np.frombuffer(self.seg.mm, np.uint8)
         lay = self.seg.layout
-        self._slots: list[list[Array]] = [
-            [u8[lay.slot(r, p):lay.slot(r, p) + lay.slot_bytes] for p in (0, 1)]
-            for r in range(size)]
-        del u8
+        #: (rank, parity, byte) view of all data slots; slots sit at a fixed stride
+        self._grid: Array = np.ndarray((size, 2, lay.slot_bytes), np.uint8, self.seg.mm,
+                                       lay.slot(0, 0), (2 * lay.slot_bytes, lay.slot_bytes, 1))
+        self._slots: list[list[Array]] = [[self._grid[r, p] for p in (0, 1)]
+                                          for r in range(size)]
         self._region = self.slot_bytes // size // _ALIGN * _ALIGN
         self._closed = False
 
@@ -136,6 +137,11 @@ class ShmGroup:
     def _parity(self) -> int:
         """Parity of the next round: where to write before publishing it."""
         return (self.ch.seq + 1) & 1
+
+    def _rows(self, parity: int, offset: int, count: int, st: np.dtype[Any]) -> Array:
+        """Every rank's slot of ``parity``, from byte ``offset``, ``count`` elements of
+        ``st``, as one strided (ranks, count) view (see ``reduce.py``)."""
+        return self._grid[:, parity, offset:offset + count * st.itemsize].view(st)
 
     def _root(self, fp: Fingerprint) -> int:
         if not 0 <= fp.root < self.size:
@@ -206,9 +212,7 @@ class ShmGroup:
             self._slots[me][p][:a.nbytes] = a.view(np.uint8)
             self._round(call, True, deadline)
             if root is None or root == me:
-                np.copyto(a, self._slots[0][p][:a.nbytes].view(st))
-                for r in range(1, n):
-                    reduce_into(a, self._slots[r][p][:a.nbytes].view(st), dtype, op)
+                reduce_rows(self._rows(p, 0, a.size, st), a, dtype, op)
                 if avg:
                     divide_in_place(a, dtype, n)
             return
@@ -229,9 +233,7 @@ class ShmGroup:
             first = False
             lo, hi = bounds[me]
             acc = self._slots[me][1 - p][lo * item:hi * item].view(st)
-            np.copyto(acc, self._slots[0][p][lo * item:hi * item].view(st))
-            for r in range(1, n):
-                reduce_into(acc, self._slots[r][p][lo * item:hi * item].view(st), dtype, op)
+            reduce_rows(self._rows(p, lo * item, hi - lo, st), acc, dtype, op)
             if avg:
                 divide_in_place(acc, dtype, n)
             # the parts are read after the next round: they live in parity 1 - p
@@ -330,10 +332,7 @@ class ShmGroup:
                     slot[j * R * item:(j * R + hi - lo) * item] = src[j][lo:hi].view(np.uint8)
                 self._round(call, i == 0, deadline)
                 acc = o[lo:hi]
-                part = slice(me * R * item, (me * R + hi - lo) * item)
-                np.copyto(acc, self._slots[0][p][part].view(st))
-                for r in range(1, n):
-                    reduce_into(acc, self._slots[r][p][part].view(st), dtype, op)
+                reduce_rows(self._rows(p, me * R * item, hi - lo, st), acc, dtype, op)
                 if op.name == "AVG":
                     divide_in_place(acc, dtype, n)
         self._guard(run)
@@ -395,6 +394,7 @@ class ShmGroup:
         self._closed = True
         self.ch.close()
         self._slots = []
+        del self._grid
         try:
             self.seg.mm.close()
         except BufferError:
