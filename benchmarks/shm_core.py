@@ -27,7 +27,7 @@ CASES = [("barrier", 0, 3000), ("all_reduce", 4, 3000), ("all_reduce", 1 << 20, 
 
 def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
     from rankwise import _callsite
-    from rankwise._buffers import ReduceOp, _NUMPY_NATIVE
+    from rankwise._buffers import _NUMPY_NATIVE, ReduceOp
     from rankwise._router import Fingerprint
     from rankwise._wire import Op
     from rankwise.engines.shm import ShmGroup

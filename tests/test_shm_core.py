@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rankwise import _callsite
-from rankwise._buffers import ReduceOp, _NUMPY_NATIVE, dtype_by_code
+from rankwise._buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
 from rankwise._router import Fingerprint
 from rankwise._wire import Op
 from rankwise.testing import run_ranks
@@ -187,7 +187,9 @@ def w_bf16(rank: int, size: int, path: str) -> Any:
     from rankwise._buffers import as_buffer
     g = _group(rank, size, path)
     t = torch.arange(50000, dtype=torch.bfloat16) * (rank + 1) / 7
-    want = sum(torch.arange(50000, dtype=torch.float32) * (q + 1) / 7 for q in range(size))
+    want = torch.zeros(50000)
+    for q in range(size):
+        want += torch.arange(50000, dtype=torch.float32) * (q + 1) / 7
     buf = as_buffer(t, "t", writable=True)
     g.all_reduce(_fp(Op.all_reduce, buf.dtype.code, ReduceOp.SUM.code), _callsite.capture(),
                  buf.array, buf.dtype, ReduceOp.SUM, _deadline())
@@ -324,9 +326,55 @@ def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
     class Tiny:
         f_bavail, f_frsize = 16, 4096
 
-    monkeypatch.setattr(segment.os, "statvfs", lambda p: Tiny())
+    monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
     with pytest.raises(ShmUnavailable, match="--shm-size"):
         segment._fit_slot(4, 4 << 20, "file")
     Half = type("Half", (), {"f_bavail": (64 << 20) // 4096, "f_frsize": 4096})
-    monkeypatch.setattr(segment.os, "statvfs", lambda p: Half())
+    monkeypatch.setattr(os, "statvfs", lambda p: Half())
     assert 65536 <= segment._fit_slot(8, 4 << 20, "file") < 4 << 20
+
+
+def w_check_callback(rank: int, size: int, path: str) -> Any:
+    from rankwise.errors import PeerFailure
+
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) > 3:
+            raise PeerFailure("control plane says rank 0 failed", rank=0)
+
+    g = _group(rank, size, path, check=check)
+    if rank == 0:
+        time.sleep(4)
+        return None
+    g.barrier(_fp(Op.barrier), _callsite.capture(), time.monotonic() + 20)
+
+
+def test_check_callback_aborts_a_wait(tmp_path: Any) -> None:
+    t0 = time.monotonic()
+    res = run_ranks(w_check_callback, 2, args=(str(tmp_path / "s"),), init=False, timeout=60)
+    assert res[1].raised("PeerFailure") and "control plane" in res[1].message
+    assert res[1].elapsed < 3.0 and time.monotonic() - t0 < 30
+
+
+def w_after_error(rank: int, size: int, path: str) -> Any:
+    from rankwise.errors import CollectiveMismatch, DistError
+
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    try:
+        g.barrier(_fp(Op.barrier if rank else Op.all_reduce), site, _deadline())
+    except CollectiveMismatch:
+        pass
+    try:
+        g.barrier(_fp(Op.barrier), site, _deadline())
+    except DistError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_group_is_unusable_after_an_error(tmp_path: Any) -> None:
+    vals = _ok(run_ranks(w_after_error, 2, args=(str(tmp_path / "s"),), init=False,
+                         timeout=60))
+    assert all("unusable after an earlier error" in v for v in vals), vals
