@@ -27,6 +27,7 @@ CASES = [("barrier", 0, 3000), ("all_reduce", 4, 3000), ("all_reduce", 1 << 20, 
 
 def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
     from rankwise import _callsite
+    from rankwise import _hugepages as hugepages
     from rankwise._buffers import _NUMPY_NATIVE, ReduceOp
     from rankwise._router import Fingerprint
     from rankwise._wire import Op
@@ -43,6 +44,8 @@ def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
     out = []
     for name, nbytes, reps in CASES:
         a = np.ones(nbytes // 4, np.float32)
+        if a.nbytes >= hugepages.MIN_BYTES:
+            hugepages.advise(a)  # as rankwise's as_buffer does for large user tensors
         times = []
         # a few untimed calls warm caches and page in the slots
         for i in range(reps + 3):

@@ -378,3 +378,41 @@ def test_group_is_unusable_after_an_error(tmp_path: Any) -> None:
     vals = _ok(run_ranks(w_after_error, 2, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))
     assert all("unusable after an earlier error" in v for v in vals), vals
+
+
+def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch: Any) -> None:
+    """Ranks as threads on a HashStore; rank 1 is refused /proc/<pid>/fd (as under
+    another user or a hardened ptrace_scope): every rank ends on one /dev/shm file,
+    which is gone once both mapped."""
+    import threading
+
+    from rankwise.engines.shm import segment
+    from rankwise.store import HashStore
+
+    real = segment._attach
+
+    def attach(desc: str, nranks: int) -> Any:
+        if desc.startswith("memfd") and threading.current_thread().name == "r1":
+            raise PermissionError(13, "Permission denied (test)")
+        return real(desc, nranks)
+
+    monkeypatch.setattr(segment, "_attach", attach)
+    before = _shm_names()
+    store = HashStore()
+    got: dict[int, Any] = {}
+
+    def run(r: int) -> None:
+        got[r] = segment.open_segment(store, "t", r, 2, slot_bytes=65536, method="auto",
+                                      timeout=10)
+
+    ts = [threading.Thread(target=run, args=(r,), name=f"r{r}") for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert [got[r].method for r in range(2)] == ["file", "file"]
+    got[0].mm[8192] = 7
+    assert got[1].mm[8192] == 7  # one segment
+    assert _shm_names() <= before
+    for s in got.values():
+        s.mm.close()
