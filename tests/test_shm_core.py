@@ -416,3 +416,34 @@ def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch
     assert _shm_names() <= before
     for s in got.values():
         s.mm.close()
+
+
+def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
+    """Back-to-back mixed calls: ranks drift up to one round apart all the time, which is
+    where a wrong ping-pong or fingerprint-parity argument would show."""
+    g = _group(rank, size, path, slot_bytes=65536)
+    site = _callsite.capture()
+    d = _NUMPY_NATIVE[np.dtype(np.int64)]
+    for i in range(iters):
+        n = (i * 7919) % 40000 + 1  # spans small (one round) and chunked sizes
+        kind = i % 3
+        if kind == 0:
+            a = np.full(n, rank + i, np.int64)
+            g.all_reduce(_fp(Op.all_reduce, d.code, 1), site, a, d, ReduceOp.SUM, _deadline())
+            want = sum(r + i for r in range(size))
+            if not (a == want).all():
+                raise AssertionError(f"iteration {i}: all_reduce wrong")
+        elif kind == 1:
+            b = np.full(n, rank * 1000 + i, np.int64)
+            root = i % size
+            g.broadcast(_fp(Op.broadcast, d.code, root=root), site, b, _deadline())
+            if not (b == root * 1000 + i).all():
+                raise AssertionError(f"iteration {i}: broadcast wrong")
+        else:
+            g.barrier(_fp(Op.barrier), site, _deadline())
+    g.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
+    _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
