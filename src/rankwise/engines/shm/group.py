@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ... import _callsite
-from ..._buffers import DType, ReduceOp, divide_in_place
+from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ..._router import Fingerprint
 from ..._wire import Op
 from ...errors import CollectiveMismatch, DistError, InvalidArgument
@@ -216,8 +216,9 @@ class ShmGroup:
                 if avg:
                     divide_in_place(a, dtype, n)
             return
-        # pipelined: per chunk, copy in; rank j reduces part j of the chunk out of every
-        # slot into its slot of the next parity; everyone gathers the parts
+        # pipelined: per chunk, each rank copies in the parts the others reduce; rank j
+        # reduces part j (its own contribution straight from its buffer) into its slot of
+        # the next parity; after one more round everyone gathers the parts
         item = st.itemsize
         per_chunk = self.slot_bytes // item
         part_quant = max(1, _ALIGN // item)
@@ -227,13 +228,22 @@ class ShmGroup:
             q = -(-m // n)
             q = -(-q // part_quant) * part_quant
             bounds = [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
+            lo, hi = bounds[me]
             p = self._parity()
-            self._slots[me][p][:m * item] = a[c0:c0 + m].view(np.uint8)
+            src = a[c0:c0 + m].view(np.uint8)
+            own = self._slots[me][p]
+            own[:lo * item] = src[:lo * item]
+            own[hi * item:m * item] = src[hi * item:]
             self._round(call, first, deadline)
             first = False
-            lo, hi = bounds[me]
+            mine = a[c0 + lo:c0 + hi]
             acc = self._slots[me][1 - p][lo * item:hi * item].view(st)
-            reduce_rows(self._rows(p, lo * item, hi - lo, st), acc, dtype, op)
+            for r in range(n):  # rank order, as reduce_rows: the same bits everywhere
+                x = mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
+                if r == 0:
+                    np.copyto(acc, x)
+                else:
+                    reduce_into(acc, x, dtype, op)
             if avg:
                 divide_in_place(acc, dtype, n)
             # the parts are read after the next round: they live in parity 1 - p
