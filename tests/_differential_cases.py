@@ -32,8 +32,8 @@ import torch
 import torch.distributed as td
 
 import rankwise as rw
-from rankwise import _collectives as rw_collectives
 from rankwise.algorithms import ring as rw_ring
+from rankwise.engines import message as rw_message
 
 # --- dtypes and ops ------------------------------------------------------------------------
 
@@ -425,9 +425,9 @@ def run_case(ctx: Ctx, case: Case) -> None:
                 ctx.mismatches.append(f"rank {ctx.rank}: {case.describe()}: a non-member's "
                                       f"call returned {work!r} or changed its tensor")
         return
-    old = rw_collectives.RING_THRESHOLD, rw_ring.SEGMENT_BYTES
+    old = rw_message.RING_THRESHOLD, rw_ring.SEGMENT_BYTES
     if case.ring_threshold is not None:
-        rw_collectives.RING_THRESHOLD = case.ring_threshold
+        rw_message.RING_THRESHOLD = case.ring_threshold
     if case.segment_bytes is not None:
         rw_ring.SEGMENT_BYTES = case.segment_bytes
     try:
@@ -438,7 +438,7 @@ def run_case(ctx: Ctx, case: Case) -> None:
             ctx.oracle_model += 1
         problems = _RUNNERS[case.op](ctx, case, members, use_gloo)
     finally:
-        rw_collectives.RING_THRESHOLD, rw_ring.SEGMENT_BYTES = old
+        rw_message.RING_THRESHOLD, rw_ring.SEGMENT_BYTES = old
     oracle = "gloo" if use_gloo else "model"
     ctx.mismatches.extend(f"rank {ctx.rank}: {case.describe()} [oracle {oracle}]: {p}"
                           for p in problems)

@@ -7,3 +7,18 @@ _SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 os.environ["PYTHONPATH"] = _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
+import pytest  # noqa: E402 - after the path set-up above
+
+#: the engines every engine-parametrized suite runs on (``pytestmark =
+#: pytest.mark.usefixtures("engine")`` in a module)
+ENGINES = ("tcp", "shm")
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once per engine: child processes inherit ``RANKWISE_ENGINE``, and
+    ``shm`` is forced (an error, not a silent fallback to tcp, if it cannot be used)."""
+    monkeypatch.setenv("RANKWISE_ENGINE", request.param)
+    return str(request.param)

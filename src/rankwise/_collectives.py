@@ -3,27 +3,26 @@
 Each function: resolve the group (a non-member rank returns at once, as in torch),
 turn tensors into flat buffers (rejecting wrong types, non-contiguous memory, wrong
 list lengths and sizes with ``InvalidArgument``), build the call's fingerprint, then
-run an algorithm chosen by size — inline, or on the async worker with ``async_op``.
+run it on the group's engine — inline, or on the async worker with ``async_op``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import algorithms as alg
 from ._buffers import Buffer, DType, ReduceOp, as_buffer, check_reducible, coerce_reduce_op
 from ._callsite import capture
 from ._comm import Activity, barrier_name_code
-from ._group import OpLink, ProcessGroup
+from ._group import ProcessGroup
 from ._router import Fingerprint
 from ._wire import Op
 from ._work import Work, run_async
 from ._world import resolve_group
+from .engines.base import Call, Engine
 from .errors import InvalidArgument
 
 __all__ = [
@@ -32,36 +31,29 @@ __all__ = [
     "scatter",
 ]
 
-#: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
-RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
-ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
-#: from this size a blocking collective reads its own frames (transport.drive_begin):
-#: the hand-over costs a few wake-ups, each saved frame hand-off one or two
-DRIVE_BYTES = int(os.environ.get("RANKWISE_DRIVE_BYTES", str(256 << 10)))
+#: a collective's body: given the group's engine and the call, run the data movement
+Body = Callable[[Engine, Call], None]
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
-           reduce_op: ReduceOp | None, root: int, body: Callable[[OpLink], None],
-           async_op: bool) -> Work | None:
-    """Register the call (sequence number, fingerprint, call site) and run ``body``."""
+           reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
+           engine: Engine | None = None) -> Work | None:
+    """Register the call (sequence number, fingerprint, call site), then run ``body`` on
+    the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
+    inline or, with ``async_op``, on the async worker."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count)
     seq, record = group.begin(fp, site)
-    link = OpLink(group, seq, record, dtype, reduce_op)
+    call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
+    runner = group.engine if engine is None else engine
     comm = group.comm
-
-    big = dtype is not None and count * dtype.storage.itemsize >= DRIVE_BYTES
 
     def run() -> None:
         comm.activity = Activity(op.name, group.id, seq, site, time.time())
-        transport = comm.transport
-        drive = big and transport.drive_begin()
         try:
-            body(link)
+            body(runner, call)
         finally:
-            if drive:
-                transport.drive_end()
             comm.call_done(group, record)  # history, trace span, back to "user code"
 
     if async_op:
@@ -108,7 +100,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     buf = as_buffer(tensor, "tensor", writable=True)
     root = _root(g, src, group_src, "src")
     return launch(g, Op.broadcast, buf.dtype, buf.numel, None, root,
-                  lambda link: alg.tree.broadcast(link, buf.array, root), async_op)
+                  lambda engine, call: engine.broadcast(call, buf.array, root), async_op)
 
 
 def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name: str,
@@ -136,23 +128,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "all_reduce")
     arr = buf.array
-    algorithm = _all_reduce_algorithm(buf.nbytes, buf.numel, g.size())
     return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
-                  lambda link: algorithm(link, arr), async_op)
-
-
-def _all_reduce_algorithm(nbytes: int, numel: int, n: int) -> Callable[..., None]:
-    """Latency-bound sizes: recursive doubling (log2 n rounds). Bandwidth-bound sizes:
-    Rabenseifner on powers of two (2 log2 n hops), else the pipelined ring.
-    ``RANKWISE_ALLREDUCE`` = doubling | ring | halving forces one (benchmarking)."""
-    forced = ALLREDUCE_ALGORITHM
-    if forced == "doubling" or (forced == "auto" and (nbytes < RING_THRESHOLD or numel < n)):
-        return alg.doubling.all_reduce
-    if numel < n:
-        return alg.doubling.all_reduce
-    if forced == "ring" or not alg.halving.usable(n):
-        return alg.ring.all_reduce
-    return alg.halving.all_reduce
+                  lambda engine, call: engine.all_reduce(call, arr), async_op)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
@@ -164,7 +141,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     rop = _reduce_op(op, buf, "reduce")
     root = _root(g, dst, group_dst, "dst")
     return launch(g, Op.reduce, buf.dtype, buf.numel, rop, root,
-                  lambda link: alg.tree.reduce(link, buf.array, root), async_op)
+                  lambda engine, call: engine.reduce(call, buf.array, root), async_op)
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
@@ -178,10 +155,10 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
     _equal_sizes(outs, mine.numel, "tensor_list")
     slots = [b.array for b in outs]
 
-    def body(link: OpLink) -> None:
-        if not np.shares_memory(slots[link.rank], mine.array):
-            slots[link.rank][...] = mine.array
-        alg.ring.all_gather(link, slots)
+    def body(engine: Engine, call: Call) -> None:
+        if not np.shares_memory(slots[call.rank], mine.array):
+            slots[call.rank][...] = mine.array
+        engine.all_gather(call, slots)
 
     return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op)
 
@@ -200,10 +177,10 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                               f"({n}) x input size ({mine.numel}) = {n * mine.numel}")
     slots = [out.array[i * mine.numel:(i + 1) * mine.numel] for i in range(n)]
 
-    def body(link: OpLink) -> None:
-        if not np.shares_memory(slots[link.rank], mine.array):
-            slots[link.rank][...] = mine.array
-        alg.ring.all_gather(link, slots)
+    def body(engine: Engine, call: Call) -> None:
+        if not np.shares_memory(slots[call.rank], mine.array):
+            slots[call.rank][...] = mine.array
+        engine.all_gather(call, slots)
 
     return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op)
 
@@ -236,7 +213,7 @@ def gather(tensor: Any, gather_list: Any = None, dst: int | None = None, group: 
     root = _root(g, dst, group_dst, "dst", default=0)
     slots = _root_slots(g, root, gather_list, mine, "gather", "gather_list", "dst", True)
     return launch(g, Op.gather, mine.dtype, mine.numel, None, root,
-                  lambda link: alg.direct.gather(link, mine.array, slots, root), async_op)
+                  lambda engine, call: engine.gather(call, mine.array, slots, root), async_op)
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group: Any = None,
@@ -248,7 +225,7 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group
     root = _root(g, src, group_src, "src", default=0)
     slots = _root_slots(g, root, scatter_list, out, "scatter", "scatter_list", "src", False)
     return launch(g, Op.scatter, out.dtype, out.numel, None, root,
-                  lambda link: alg.direct.scatter(link, out.array, slots, root), async_op)
+                  lambda engine, call: engine.scatter(call, out.array, slots, root), async_op)
 
 
 def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -285,9 +262,9 @@ def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, 
     n, m = g.size(), out.numel
     chunks = [work[i * m:(i + 1) * m] for i in range(n)]
 
-    def body(link: OpLink) -> None:
-        alg.ring.reduce_scatter(link, chunks)
-        out.array[...] = chunks[link.rank]
+    def body(engine: Engine, call: Call) -> None:
+        engine.reduce_scatter(call, chunks)
+        out.array[...] = chunks[call.rank]
 
     return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op)
 
@@ -307,8 +284,8 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
                               f"input_tensor_list[{me}] (what this rank sends itself) has "
                               f"{ins[me].numel}")
     return launch(g, Op.all_to_all, ins[0].dtype, -1, None, 0,
-                  lambda link: alg.direct.all_to_all(link, [b.array for b in outs],
-                                                     [b.array for b in ins]), async_op)
+                  lambda engine, call: engine.all_to_all(call, [b.array for b in outs],
+                                                         [b.array for b in ins]), async_op)
 
 
 def _splits(buf: Buffer, sizes: Any, n: int, what: str) -> list[np.ndarray[Any, Any]]:
@@ -348,7 +325,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None,
         raise InvalidArgument(f"output split {me} has {outs[me].size} elements but input "
                               f"split {me} has {ins[me].size}")
     return launch(g, Op.all_to_all_single, inp.dtype, -1, None, 0,
-                  lambda link: alg.direct.all_to_all(link, outs, ins), async_op)
+                  lambda engine, call: engine.all_to_all(call, outs, ins), async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -361,4 +338,5 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     if name is not None and not isinstance(name, str):
         raise InvalidArgument(f"barrier name must be a str, got {name!r}")
     code = barrier_name_code(name) if name else 0  # the name's hash rides in the fingerprint
-    return launch(g, Op.barrier, None, code, None, 0, alg.doubling.barrier, async_op)
+    return launch(g, Op.barrier, None, code, None, 0,
+                  lambda engine, call: engine.barrier(call), async_op)

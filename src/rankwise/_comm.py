@@ -32,7 +32,10 @@ from ._wire import Frame, Kind, Op, encode_header
 from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
 from .transport.base import Transport
 
-__all__ = ["RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call"]
+__all__ = [
+    "RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call",
+    "mismatch_advice",
+]
 
 log = logging.getLogger("rankwise")
 _COLL = int(Kind.COLL)
@@ -84,6 +87,22 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     return f"{name}({', '.join(args)}){where}"
 
 
+def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
+    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
+    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
+    advice = ("Every rank of a group must make the same collective calls in the same order, "
+              "with the same op, dtype, element count, root and reduce op.")
+    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
+        advice += (
+            "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
+            "was entered by some ranks only (for example from an `if rank == 0:` branch "
+            "that builds a validation loader with a helper that uses it inside), so its "
+            "barrier met a different collective on the other ranks. Fix: enter the block "
+            "on every rank of the group, or do not use it on the rank-0-only path "
+            "(the seed's fix: pass rank=-1 there).")
+    return advice
+
+
 @dataclass(slots=True)
 class Activity:
     """What this rank is doing now, for who-is-where reports."""
@@ -115,6 +134,9 @@ class Communicator:
         #: before our own question reached it
         self.last_reports: dict[int, dict[str, Any]] = {}
         self._last_seen: dict[int, Frame] = {}  #: last collective frame from each peer
+        #: engines that see peers' calls without frames (shared memory) describe a peer's
+        #: latest call here, by global rank ("" when they have not seen one)
+        self.peer_call_sources: list[Callable[[int], str]] = []
         self.activity = Activity()
         self._last_record: tuple[Any, str] | None = None
         #: every group this process is a member of, by id (ProcessGroup registers itself)
@@ -365,6 +387,10 @@ class Communicator:
             self.await_diagnosis()  # raise it with the divergence report in it
             raise
 
+    def as_of_now(self, failure: BaseException) -> BaseException:
+        """``failure`` worded for what this rank is doing now (see ``_as_of_now``)."""
+        return self._as_of_now(failure)
+
     def _as_of_now(self, failure: BaseException) -> BaseException:
         """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
         was doing when the goodbye came; other failures as they are."""
@@ -415,6 +441,11 @@ class Communicator:
         the peers, and only a reader gets those to them."""
         if not pending.completed or pending.error is not None:
             self.transport.drive_end()
+
+    def warn_slow(self, what: Callable[[], str]) -> None:
+        """A wait passed ``warn_after``: log who is where (or fail every rank at once if
+        the table shows a mismatch no message revealed)."""
+        self._warn_slow(what)
 
     def _warn_slow(self, what: Callable[[], str]) -> None:
         try:
@@ -480,18 +511,9 @@ class Communicator:
             f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
-            + "Every rank of a group must make the same collective calls in the same order, "
-            "with the same op, dtype, element count, root and reduce op."
+            + mismatch_advice(frame.op, frame.root, fp.op if fp is not None else 0,
+                              fp.root if fp is not None else 0)
         )
-        if (frame.op == Op.barrier and frame.root == RZF_MARK) or (
-                fp is not None and fp.op == Op.barrier and fp.root == RZF_MARK):
-            message += (
-                "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
-                "was entered by some ranks only (for example from an `if rank == 0:` branch "
-                "that builds a validation loader with a helper that uses it inside), so its "
-                "barrier met a different collective on the other ranks. Fix: enter the block "
-                "on every rank of the group, or do not use it on the rank-0-only path "
-                "(the seed's fix: pass rank=-1 there).")
         with self._diag_lock:
             if self._diagnosing or self.router.failure is not None:
                 return
@@ -602,7 +624,8 @@ class Communicator:
     def _last_from(self, rank: int) -> str:
         frame = self._last_seen.get(rank)
         if frame is None:
-            return ""
+            return next((text for source in self.peer_call_sources
+                         if (text := source(rank))), "")
         site = self.peer_sites.get(rank, {}).get(frame.site)
         call = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root, site)
         return f"{call} (#{frame.seq} of group {frame.group})"

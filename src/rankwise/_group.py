@@ -1,4 +1,4 @@
-"""Process groups and the per-call ``Link`` that algorithms run over.
+"""Process groups: members, sequence numbers, call history, and the engine.
 
 A group is an ordered list of global ranks sharing the job's one mesh of connections;
 its id travels in every frame header, and each group numbers its collectives
@@ -11,24 +11,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
-import numpy as np
-
-from ._buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ._callsite import CallSite
 from ._comm import Communicator, describe_call
-from ._router import Fingerprint, Pending
-from ._wire import HEADER, MAGIC, VERSION, Kind
+from ._router import Fingerprint
+from .engines.base import Engine
+from .engines.message import MessageEngine
 from .errors import InvalidArgument
 
-__all__ = ["CallRecord", "OpLink", "ProcessGroup"]
+__all__ = ["CallRecord", "ProcessGroup", "seconds"]
 
 HISTORY = 64
-_pack = HEADER.pack
 
 
 @dataclass(slots=True)
@@ -59,6 +54,10 @@ class ProcessGroup:
         self.seq = 0
         self.history: deque[CallRecord] = deque(maxlen=HISTORY)
         self._records: dict[int, CallRecord] = {}
+        #: per-peer messages: always there (control plane, monitored_barrier, p2p)
+        self.messages = MessageEngine(comm)
+        #: what moves this group's collective data (``engines.select`` may replace it)
+        self.engine: Engine = self.messages
         comm.groups[group_id] = self  # who-is-where reports read every group's history
 
     # torch-compatible accessors
@@ -71,6 +70,10 @@ class ProcessGroup:
     @property
     def group_rank(self) -> int:
         return self._index[self.comm.rank]
+
+    def index_of(self, global_rank: int) -> int | None:
+        """The group rank of ``global_rank``, None when it is not a member."""
+        return self._index.get(global_rank)
 
     def group_rank_of(self, global_rank: int, what: str) -> int:
         if not isinstance(global_rank, int) or isinstance(global_rank, bool):
@@ -115,88 +118,6 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<rankwise.ProcessGroup {self.name} ranks={self.ranks}>"
-
-
-class OpLink:
-    """One collective call's view of its group: the ``Link`` the algorithms use."""
-
-    __slots__ = (
-        "comm",
-        "deadline",
-        "dtype",
-        "fp",
-        "group",
-        "head",
-        "op",
-        "patient",
-        "quiet",
-        "rank",
-        "record",
-        "seq",
-        "site",
-        "size",
-    )
-
-    def __init__(self, group: ProcessGroup, seq: int, record: CallRecord, dtype: DType | None,
-                 op: ReduceOp | None) -> None:
-        self.group = group
-        self.comm = group.comm
-        self.seq = seq
-        self.record = record
-        self.fp = record.fp
-        self.site = record.site
-        self.deadline = time.monotonic() + group.timeout
-        self.dtype = dtype
-        self.op = op
-        self.rank = group.group_rank
-        self.size = len(group.ranks)
-        #: wait without deadline (rank_zero_first's followers wait while rank 0 works)
-        self.patient = False
-        #: on timeout raise a bare DistTimeout (the caller builds its own report)
-        self.quiet = False
-        fp = self.fp
-        #: every header field of this call's frames but the step and the payload length
-        self.head = (MAGIC, VERSION, Kind.COLL, group.id, seq, fp.op, fp.dtype, fp.reduce, 0,
-                     fp.root, fp.count, 0, self.site.id)
-
-    def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
-        # the header is packed here rather than in Communicator.send: this runs for every
-        # frame of every collective, and one pack of prepared fields is the cheapest way
-        n = data.nbytes
-        self.comm.send_frame(self.group.ranks[peer], _pack(*self.head, step, n),
-                             data.view(np.uint8).data if n else None, self.deadline, self.site)
-
-    def post(self, peer: int, out: np.ndarray[Any, Any], step: int) -> Pending:
-        key = (self.group.id, self.seq, self.group.ranks[peer], step)
-        return self.comm.router.post_coll(key, out.view(np.uint8).data)
-
-    def wait(self, handle: Any) -> None:
-        assert isinstance(handle, Pending)
-        activity = self.comm.activity
-        activity.waiting_for = handle.src
-        activity.patient = self.patient
-        if handle.completed and handle.error is None:
-            return  # it has landed: nothing to wait for (the common case in a pipeline)
-        self.comm.wait(handle, self.deadline, self._timeout_message(handle.src),
-                       patient=self.patient, quiet=self.quiet)
-
-    def _timeout_message(self, src: int) -> Callable[[], str]:
-        def describe() -> str:
-            return (
-                f"rank {self.comm.rank} timed out after {self.group.timeout:.0f}s in "
-                f"{self.record.describe()} (collective #{self.seq} of {self.group.name}) "
-                f"waiting for rank {src}"
-            )
-        return describe
-
-    def reduce(self, acc: np.ndarray[Any, Any], incoming: np.ndarray[Any, Any]) -> None:
-        assert self.dtype is not None and self.op is not None
-        reduce_into(acc, incoming, self.dtype, self.op)
-
-    def finish_avg(self, acc: np.ndarray[Any, Any]) -> None:
-        if self.op is not None and self.op.name == "AVG":
-            assert self.dtype is not None
-            divide_in_place(acc, self.dtype, self.size)
 
 
 def seconds(timeout: timedelta | float | None, default: float) -> float:

@@ -30,6 +30,7 @@ from ._callsite import capture
 from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
+from .engines.select import choose_engine, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from .transport.mesh import Mesh, local_address_for
 from .transport.tcp import TcpTransport
@@ -129,6 +130,7 @@ def init_process_group(
         raise InvalidArgument("init_process_group was already called in this process; call "
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
+    requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -155,11 +157,12 @@ def init_process_group(
     comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
-    world = World(comm, default, store, backend_name, timeout_s)
+    world = World(comm, default, store, scoped, backend_name, timeout_s)
     world.register(default)
     comm.site_lookup = world.site_lookup
     set_world(world)
     _install_hooks()
+    default.engine = choose_engine(default, scoped, timeout_s)
 
 
 def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
@@ -309,7 +312,9 @@ def destroy_process_group(group: Any = None) -> None:
     if group is not None and group is not GroupMember.WORLD and group is not world.default_group:
         if group is GroupMember.NON_GROUP_MEMBER:
             return
-        world.groups.pop(getattr(group, "id", -1), None)
+        gone = world.groups.pop(getattr(group, "id", -1), None)
+        if gone is not None:
+            gone.engine.close()
         return
     site = capture()
     _leave(world, f"called destroy_process_group at {site.short}")
@@ -320,6 +325,8 @@ def _leave(world: World, where: str) -> None:
 
     world.comm.goodbye(where)
     stop_worker()
+    for group in list(world.groups.values()):
+        group.engine.close()
     close = getattr(world.store, "close", None)
     if callable(close):
         try:
@@ -382,6 +389,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
                          world.backend, group_desc or f"group {members}")
     world.register(group)
+    group.engine = choose_engine(group, world.rendezvous, group.timeout)
     return group
 
 

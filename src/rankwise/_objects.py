@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from . import algorithms as alg
 from ._buffers import as_buffer
 from ._callsite import capture
 from ._collectives import _root, launch
-from ._group import OpLink, ProcessGroup
+from ._group import ProcessGroup
 from ._p2p import _peer
 from ._serialize import dumps, loads, pickle_allowed
 from ._wire import Kind, Op
@@ -44,7 +43,7 @@ def _gather_sizes(g: ProcessGroup, size: int) -> list[int]:
     """Every rank learns every rank's payload size (one small all-gather)."""
     slots = [np.zeros(1, np.int64) for _ in range(g.size())]
     slots[g.group_rank][0] = size
-    launch(g, Op.object_sizes, _I64, 1, None, 0, lambda link: alg.ring.all_gather(link, slots),
+    launch(g, Op.object_sizes, _I64, 1, None, 0, lambda engine, call: engine.all_gather(call, slots),
            False)
     return [int(s[0]) for s in slots]
 
@@ -70,7 +69,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None,
     slots = [np.zeros(width, np.uint8) for _ in range(g.size())]
     slots[g.group_rank][:] = _padded(data, width)
     launch(g, Op.all_gather_object, _U8, width, None, 0,
-           lambda link: alg.ring.all_gather(link, slots), False)
+           lambda engine, call: engine.all_gather(call, slots), False)
     for i, (slot, n) in enumerate(zip(slots, sizes)):
         object_list[i] = loads(slot[:n].tobytes(), pickle_ok, f"rank {g.ranks[i]}")
 
@@ -88,10 +87,10 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
     data = dumps(list(object_list), pickle_ok) if is_root else b""
     size = np.array([len(data)], np.int64)
     launch(g, Op.broadcast_object_list, _I64, len(object_list), None, root,
-           lambda link: alg.tree.broadcast(link, size, root), False)
+           lambda engine, call: engine.broadcast(call, size, root), False)
     payload = _padded(data, int(size[0])) if is_root else np.zeros(int(size[0]), np.uint8)
     launch(g, Op.broadcast_object_list, _U8, int(size[0]), None, root,
-           lambda link: alg.tree.broadcast(link, payload, root), False)
+           lambda engine, call: engine.broadcast(call, payload, root), False)
     if not is_root:
         values = loads(payload.tobytes(), pickle_ok, f"rank {g.ranks[root]}")
         if not isinstance(values, list) or len(values) != len(object_list):
@@ -119,10 +118,8 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
     mine = _padded(data, width)
     slots = [np.zeros(width, np.uint8) for _ in range(g.size())] if is_root else None
 
-    def body(link: OpLink) -> None:
-        alg.direct.gather(link, mine, slots, root)
-
-    launch(g, Op.gather_object, _U8, width, None, root, body, False)
+    launch(g, Op.gather_object, _U8, width, None, root,
+           lambda engine, call: engine.gather(call, mine, slots, root), False)
     if is_root:
         assert slots is not None and object_gather_list is not None
         for i, (slot, n) in enumerate(zip(slots, sizes)):
@@ -153,12 +150,12 @@ def scatter_object_list(scatter_object_output_list: list[Any],
         blobs = [dumps(o, pickle_ok) for o in scatter_object_input_list]
         sizes[:] = [len(b) for b in blobs]
     launch(g, Op.scatter_object_list, _I64, n, None, root,
-           lambda link: alg.tree.broadcast(link, sizes, root), False)
+           lambda engine, call: engine.broadcast(call, sizes, root), False)
     width = int(sizes.max())
     slots = [_padded(b, width) for b in blobs] if is_root else None
     out = np.zeros(width, np.uint8)
     launch(g, Op.scatter_object_list, _U8, width, None, root,
-           lambda link: alg.direct.scatter(link, out, slots, root), False)
+           lambda engine, call: engine.scatter(call, out, slots, root), False)
     mine = int(sizes[g.group_rank])
     scatter_object_output_list[0] = loads(out[:mine].tobytes(), pickle_ok,
                                           f"rank {g.ranks[root]}")

@@ -35,6 +35,8 @@ class World:
     comm: Communicator
     default_group: ProcessGroup
     store: Any
+    #: the job's rendezvous namespace in ``store`` (per-group engine agreement uses it)
+    rendezvous: Any
     backend: str
     timeout: float
     groups: dict[int, ProcessGroup] = field(default_factory=dict)
@@ -56,19 +58,27 @@ class World:
 
 
 _world: World | None = None
+#: a per-thread world overrides the process's (``testing.threads``: ranks as threads)
+_thread_world = threading.local()
 
 
 def current() -> World:
-    if _world is None:
+    world = getattr(_thread_world, "world", None) or _world
+    if world is None:
         raise InvalidArgument(
             "rankwise is not initialized: call rankwise.init_process_group(...) first "
             "(or start the script with `rankwise run -n N script.py`)"
         )
-    return _world
+    return world
 
 
 def maybe_current() -> World | None:
-    return _world
+    return getattr(_thread_world, "world", None) or _world
+
+
+def set_thread_world(world: World | None) -> None:
+    """Give the calling thread its own world (None: back to the process's)."""
+    _thread_world.world = world
 
 
 def set_world(world: World | None) -> None:

@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import algorithms as alg
 from .._callsite import capture
 from .._collectives import launch
 from .._comm import RZF_MARK, barrier_name_code
-from .._group import OpLink, seconds
+from .._group import seconds
 from .._wire import Op
 from .._world import resolve_group
+from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
 from .report import rank_list
 
@@ -83,9 +83,9 @@ main_process_first = rank_zero_first
 
 
 def _block_barrier(g: Any, code: int, patient: bool) -> None:
-    def body(link: OpLink) -> None:
-        link.patient = patient
-        alg.doubling.barrier(link)
+    def body(engine: Engine, call: Call) -> None:
+        call.patient = patient
+        engine.barrier(call)
 
     launch(g, Op.barrier, None, code, None, RZF_MARK, body, False)
 
@@ -122,7 +122,9 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
         raise DistError(f"monitored_barrier timeout must be positive, got {timeout!r}")
     site = capture()
 
-    def body(link: OpLink) -> None:
+    def body(engine: Engine, call: Call) -> None:
+        # per-peer messages with per-rank deadlines: always on the message engine
+        link = g.messages.link(call)
         n, r = link.size, link.rank
         if r != 0:
             link.send(0, np.zeros(1, np.uint8), 0)
@@ -157,4 +159,4 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
                 f"monitored_barrier at {site.short} (collective #{link.seq} of {g.name}): "
                 f"{rank_list(names)} did not reach it within {limit:g}s", report=table)
 
-    launch(g, Op.monitored_barrier, None, 0, None, 0, body, False)
+    launch(g, Op.monitored_barrier, None, 0, None, 0, body, False, engine=g.messages)

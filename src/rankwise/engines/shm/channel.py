@@ -27,6 +27,7 @@ any data, so a disagreement raises ``CollectiveMismatch`` on every rank, senders
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import select
 import time
@@ -35,7 +36,8 @@ from collections.abc import Callable
 from ... import _callsite
 from ..._buffers import dtype_name, reduce_op_by_code
 from ..._wire import Op
-from ...errors import CollectiveMismatch, DistError, DistTimeout, PeerFailure
+from ...errors import DistError, DistTimeout, PeerFailure
+from .errors import ShmCallMismatch
 from .futex import fence, futex_wait, futex_wake
 from .layout import (
     FP_COUNT,
@@ -115,6 +117,10 @@ class Channel:
         self._site_text = ""
         self.policy = policy_for(size)
         self.broken: BaseException | None = None
+        #: called once when a wait passes ``slow_after`` seconds (the integrator logs a
+        #: who-is-where table there; if that finds the cause, ``check`` raises it)
+        self.slow_after = math.inf
+        self.on_slow: Callable[[], None] | None = None
         self.w[lay.record_word(rank, R_PID)] = os.getpid()
         self.w[self._state[rank]] = STATE_LIVE
 
@@ -189,11 +195,15 @@ class Channel:
         fut = self._futex[me]
         addr = self._base + fut * 8
         next_liveness = 0.0
+        slow_at = time.monotonic() + self.slow_after
         while True:
             missing = self._missing(s)
             if not missing:
                 return
             now = time.monotonic()
+            if now >= slow_at and self.on_slow is not None:
+                slow_at = math.inf  # once per wait
+                self.on_slow()
             self._check_peers(missing, s, what, now >= next_liveness)
             if now >= next_liveness:
                 next_liveness = now + _LIVENESS_EVERY
@@ -262,6 +272,24 @@ class Channel:
                 w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE])
         return call, int(w[base + FP_SEQ])
 
+    def last_call_of(self, r: int) -> tuple[Call, str] | None:
+        """Rank r's latest published call and its site text (None before its first):
+        of the two fingerprint copies, the one written for the later round."""
+        rounds = [self.peer_call(r, s) for s in (0, 1)]
+        call, seq = max(rounds, key=lambda cs: cs[1])
+        if seq <= 0:
+            return None
+        return call, self.peer_site_text(r)
+
+    def peer_site_text(self, r: int) -> str:
+        """Rank r's call-site text as published (``CallSite.encode`` form), bounded."""
+        lay = self.seg.layout
+        n = int(self.w[lay.record_word(r, R_SITE_LEN)])
+        if not 0 <= n <= SITE_BYTES:  # untrusted: bound it
+            return ""
+        off = lay.site(r)
+        return bytes(self.seg.mm[off:off + n]).decode("utf-8", "replace")
+
     def peer_site(self, r: int) -> str:
         lay = self.seg.layout
         n = int(self.w[lay.record_word(r, R_SITE_LEN)])
@@ -285,10 +313,11 @@ class Channel:
             same = theirs[:2] == mine[:2] and theirs[3:5] == mine[3:5] and (
                 vary_count or theirs[2] == mine[2])
             if not same:
-                raise CollectiveMismatch(
+                raise ShmCallMismatch(
                     "ranks made different collective calls at the same point (shared-memory "
                     f"round {s}):\n  {_describe(self.names[self.rank], mine, self._site_text)}"
-                    f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}")
+                    f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}",
+                    peer=r, theirs=theirs, their_site=self.peer_site_text(r), mine=mine)
 
     # --- failure and shutdown --------------------------------------------------------
 

@@ -36,9 +36,9 @@ from ... import _callsite
 from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ..._router import Fingerprint
 from ..._wire import Op
-from ...errors import CollectiveMismatch, DistError, InvalidArgument
+from ...errors import DistError, InvalidArgument
 from .channel import Call, Channel
-from .errors import ShmUnavailable
+from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
 from .reduce import reduce_rows
 from .segment import StoreLike, open_segment
@@ -96,6 +96,10 @@ class ShmGroup:
                                           for r in range(size)]
         self._region = self.slot_bytes // size // _ALIGN * _ALIGN
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def method(self) -> str:
@@ -162,7 +166,8 @@ class ShmGroup:
     # --- collectives -----------------------------------------------------------------
 
     def barrier(self, fp: Fingerprint, site: _callsite.CallSite, deadline: float) -> None:
-        call = self._begin(fp, site, 0)
+        # a barrier's count is its name's code (named barriers, rank_zero_first blocks)
+        call = self._begin(fp, site, fp.count)
 
         def run() -> None:
             self._round(call, True, deadline)
@@ -370,10 +375,14 @@ class ShmGroup:
             bad = [(i, j) for i in range(n) for j in range(n) if send[i, j] != recv[j, i]]
             if bad:
                 i, j = bad[0]
-                raise CollectiveMismatch(
-                    f"all_to_all: rank {self.ch.names[i]} sends {send[i, j]} bytes to rank "
-                    f"{self.ch.names[j]}, which expects {recv[j, i]} bytes from it "
-                    f"({len(bad)} disagreeing pair(s))")
+                detail = (f"rank {self.ch.names[i]} sends {send[i, j]} bytes to rank "
+                          f"{self.ch.names[j]}, which expects {recv[j, i]} bytes from it "
+                          f"({len(bad)} disagreeing pair(s))")
+                peer = j if i == me else i
+                theirs, _ = self.ch.peer_call(peer, self.ch.seq)
+                raise ShmCallMismatch(f"all_to_all: {detail}", peer=peer, theirs=theirs,
+                                      their_site=self.ch.peer_site_text(peer), mine=call,
+                                      detail=detail)
             src = [self._u8(x) for x in ins]
             dst = [self._u8(o) for o in outs]
             dst[me][:] = src[me]

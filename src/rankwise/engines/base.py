@@ -1,0 +1,100 @@
+"""The engine seam: a call description in, the collective done (or an exception) out.
+
+Why a seam: the API layer (argument checks, fingerprints, call sites, history, async
+handles) is the same whichever engine moves the bytes, so it lives once above this
+interface, and each engine implements only the data movement. Every method blocks the
+calling thread until the call is complete on this rank, honours ``call.deadline`` and
+raises the public exception classes (``CollectiveMismatch``, ``PeerFailure``,
+``DistTimeout``). Arrays are contiguous and 1-D; ranks are group-local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy.typing as npt
+
+from .._buffers import DType, ReduceOp
+
+if TYPE_CHECKING:
+    from .._callsite import CallSite
+    from .._group import CallRecord, ProcessGroup
+    from .._router import Fingerprint
+
+__all__ = ["Array", "Call", "Engine"]
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(slots=True)
+class Call:
+    """One collective call as the API registered it: what every engine runs.
+
+    ``patient``: the caller waits without the group timeout on purpose (none today but
+    kept for engines to honour); ``quiet``: on timeout raise a bare ``DistTimeout``
+    because the caller builds its own report (``monitored_barrier``).
+    """
+
+    group: ProcessGroup
+    seq: int
+    record: CallRecord
+    dtype: DType | None
+    op: ReduceOp | None
+    deadline: float
+    patient: bool = False
+    quiet: bool = False
+
+    @property
+    def fp(self) -> Fingerprint:
+        return self.record.fp
+
+    @property
+    def site(self) -> CallSite:
+        return self.record.site
+
+    @property
+    def rank(self) -> int:
+        return self.group.group_rank
+
+    @property
+    def size(self) -> int:
+        return len(self.group.ranks)
+
+
+class Engine(Protocol):
+    """What a group's data plane offers. ``name`` is shown in reports and benchmarks."""
+
+    name: str
+
+    def broadcast(self, call: Call, data: Array, root: int) -> None:
+        """Root's ``data`` into every rank's ``data``."""
+
+    def all_reduce(self, call: Call, data: Array) -> None:
+        """``data`` becomes the reduction (``call.op``) of every rank's ``data``."""
+
+    def reduce(self, call: Call, data: Array, root: int) -> None:
+        """The reduction lands in the root's ``data`` (others' may be scratched)."""
+
+    def all_gather(self, call: Call, slots: list[Array]) -> None:
+        """``slots[rank]`` holds this rank's part already; fill everyone else's."""
+
+    def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
+        """Every rank's ``mine`` into the root's ``slots`` (None elsewhere)."""
+
+    def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
+        """The root's ``slots[r]`` into rank r's ``out``."""
+
+    def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
+        """``chunks[rank]`` becomes the reduction of every rank's ``chunks[rank]``
+        (the other chunks are scratch)."""
+
+    def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        """This rank's ``ins[r]`` into rank r's ``outs[this rank]``; sizes may vary by
+        pair but each pair agrees."""
+
+    def barrier(self, call: Call) -> None:
+        """Return once every rank of the group has entered the same barrier."""
+
+    def close(self) -> None:
+        """Release the engine's resources (the group is being destroyed)."""

@@ -1,0 +1,192 @@
+"""The message engine: the pure algorithms over per-peer framed transports.
+
+Why it exists as an engine: it works between any two ranks (TCP across hosts, or any
+transport the mesh provides), and every group keeps one even when another engine moves
+its data, for the calls that need per-peer messages (``monitored_barrier``) and as the
+control plane. Algorithm choice by size lives here, not in the API.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import algorithms as alg
+from .._buffers import DType, ReduceOp, divide_in_place, reduce_into
+from .._comm import Communicator
+from .._router import Pending
+from .._wire import HEADER, MAGIC, VERSION, Kind
+from .base import Array, Call
+
+if TYPE_CHECKING:
+    from .._group import CallRecord, ProcessGroup
+
+__all__ = ["MessageEngine", "OpLink"]
+
+_pack = HEADER.pack
+
+#: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
+RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
+ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
+#: from this size a blocking collective reads its own frames (transport.drive_begin):
+#: the hand-over costs a few wake-ups, each saved frame hand-off one or two
+DRIVE_BYTES = int(os.environ.get("RANKWISE_DRIVE_BYTES", str(256 << 10)))
+
+
+def all_reduce_algorithm(nbytes: int, numel: int, n: int) -> Callable[[OpLink, Array], None]:
+    """Latency-bound sizes: recursive doubling (log2 n rounds). Bandwidth-bound sizes:
+    Rabenseifner on powers of two (2 log2 n hops), else the pipelined ring.
+    ``RANKWISE_ALLREDUCE`` = doubling | ring | halving forces one (benchmarking)."""
+    forced = ALLREDUCE_ALGORITHM
+    if forced == "doubling" or numel < n or (forced == "auto" and nbytes < RING_THRESHOLD):
+        return alg.doubling.all_reduce
+    if forced == "ring" or not alg.halving.usable(n):
+        return alg.ring.all_reduce
+    return alg.halving.all_reduce
+
+
+class OpLink:
+    """One collective call's view of its group: the ``Link`` the algorithms use."""
+
+    __slots__ = (
+        "comm",
+        "deadline",
+        "dtype",
+        "fp",
+        "group",
+        "head",
+        "op",
+        "patient",
+        "quiet",
+        "rank",
+        "record",
+        "seq",
+        "site",
+        "size",
+    )
+
+    def __init__(self, group: ProcessGroup, seq: int, record: CallRecord, dtype: DType | None,
+                 op: ReduceOp | None) -> None:
+        self.group = group
+        self.comm = group.comm
+        self.seq = seq
+        self.record = record
+        self.fp = record.fp
+        self.site = record.site
+        self.deadline = time.monotonic() + group.timeout
+        self.dtype = dtype
+        self.op = op
+        self.rank = group.group_rank
+        self.size = len(group.ranks)
+        #: wait without deadline (rank_zero_first's followers wait while rank 0 works)
+        self.patient = False
+        #: on timeout raise a bare DistTimeout (the caller builds its own report)
+        self.quiet = False
+        fp = self.fp
+        #: every header field of this call's frames but the step and the payload length
+        self.head = (MAGIC, VERSION, Kind.COLL, group.id, seq, fp.op, fp.dtype, fp.reduce, 0,
+                     fp.root, fp.count, 0, self.site.id)
+
+    def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
+        # the header is packed here rather than in Communicator.send: this runs for every
+        # frame of every collective, and one pack of prepared fields is the cheapest way
+        n = data.nbytes
+        self.comm.send_frame(self.group.ranks[peer], _pack(*self.head, step, n),
+                             data.view(np.uint8).data if n else None, self.deadline, self.site)
+
+    def post(self, peer: int, out: np.ndarray[Any, Any], step: int) -> Pending:
+        key = (self.group.id, self.seq, self.group.ranks[peer], step)
+        return self.comm.router.post_coll(key, out.view(np.uint8).data)
+
+    def wait(self, handle: Any) -> None:
+        assert isinstance(handle, Pending)
+        activity = self.comm.activity
+        activity.waiting_for = handle.src
+        activity.patient = self.patient
+        if handle.completed and handle.error is None:
+            return  # it has landed: nothing to wait for (the common case in a pipeline)
+        self.comm.wait(handle, self.deadline, self._timeout_message(handle.src),
+                       patient=self.patient, quiet=self.quiet)
+
+    def _timeout_message(self, src: int) -> Callable[[], str]:
+        def describe() -> str:
+            return (
+                f"rank {self.comm.rank} timed out after {self.group.timeout:.0f}s in "
+                f"{self.record.describe()} (collective #{self.seq} of {self.group.name}) "
+                f"waiting for rank {src}"
+            )
+        return describe
+
+    def reduce(self, acc: np.ndarray[Any, Any], incoming: np.ndarray[Any, Any]) -> None:
+        assert self.dtype is not None and self.op is not None
+        reduce_into(acc, incoming, self.dtype, self.op)
+
+    def finish_avg(self, acc: np.ndarray[Any, Any]) -> None:
+        if self.op is not None and self.op.name == "AVG":
+            assert self.dtype is not None
+            divide_in_place(acc, self.dtype, self.size)
+
+
+class MessageEngine:
+    """Runs each call as a message schedule over the communicator's transport."""
+
+    name = "tcp"
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+
+    def link(self, call: Call) -> OpLink:
+        """The call's ``Link``: what algorithms (and monitored_barrier) send over."""
+        link = OpLink(call.group, call.seq, call.record, call.dtype, call.op)
+        link.deadline = call.deadline
+        link.patient = call.patient
+        link.quiet = call.quiet
+        return link
+
+    def _run(self, call: Call, nbytes: int, schedule: Callable[[OpLink], None]) -> None:
+        """Run ``schedule``; a large blocking call reads its own frames meanwhile."""
+        transport = self.comm.transport
+        drive = nbytes >= DRIVE_BYTES and transport.drive_begin()
+        try:
+            schedule(self.link(call))
+        finally:
+            if drive:
+                transport.drive_end()
+
+    def broadcast(self, call: Call, data: Array, root: int) -> None:
+        self._run(call, data.nbytes, lambda link: alg.tree.broadcast(link, data, root))
+
+    def all_reduce(self, call: Call, data: Array) -> None:
+        algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size)
+        self._run(call, data.nbytes, lambda link: algorithm(link, data))
+
+    def reduce(self, call: Call, data: Array, root: int) -> None:
+        self._run(call, data.nbytes, lambda link: alg.tree.reduce(link, data, root))
+
+    def all_gather(self, call: Call, slots: list[Array]) -> None:
+        self._run(call, slots[0].nbytes if slots else 0,
+                  lambda link: alg.ring.all_gather(link, slots))
+
+    def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
+        self._run(call, mine.nbytes, lambda link: alg.direct.gather(link, mine, slots, root))
+
+    def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
+        self._run(call, out.nbytes, lambda link: alg.direct.scatter(link, out, slots, root))
+
+    def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
+        self._run(call, chunks[0].nbytes if chunks else 0,
+                  lambda link: alg.ring.reduce_scatter(link, chunks))
+
+    def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        # sizes vary by pair: no single size says "large", so the I/O thread reads
+        self._run(call, 0, lambda link: alg.direct.all_to_all(link, outs, ins))
+
+    def barrier(self, call: Call) -> None:
+        self._run(call, 0, alg.doubling.barrier)
+
+    def close(self) -> None:
+        """Nothing of its own: the communicator owns the connections."""

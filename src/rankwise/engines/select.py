@@ -1,0 +1,136 @@
+"""Which engine moves a group's data: decided per group, agreed by every member.
+
+Why per group and through the store: a subgroup may live on one host while the world
+spans several, so the decision belongs to the group; and ``LOCAL_WORLD_SIZE`` says
+nothing reliable about which ranks share memory (gloo's own review of its shm path
+flagged that). Each member publishes where it runs — hostname, boot id, the device of
+/dev/shm, its pid namespace and the CPU architecture — and the shared-memory engine is
+used only when all of these are equal. Setting it up can still fail on one rank (a full
+/dev/shm), so a second round makes every member learn every outcome: the group uses
+shared memory only if it worked everywhere, and never splits across engines.
+
+``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
+the message engine) or ``shm`` (shared memory or an error saying why not).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DistError, InvalidArgument
+from .base import Engine
+
+if TYPE_CHECKING:
+    from .._group import ProcessGroup
+
+__all__ = ["ENGINES", "ENGINE_ENV", "choose_engine", "host_identity", "requested_engine"]
+
+log = logging.getLogger("rankwise")
+
+ENGINE_ENV = "RANKWISE_ENGINE"
+ENGINES = ("auto", "tcp", "shm")
+
+
+class EngineUnavailable(DistError):
+    """The engine asked for cannot serve this group (said once, with the reason)."""
+
+
+def requested_engine() -> str:
+    """The engine the environment asks for, validated before any I/O."""
+    value = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
+    if value not in ENGINES:
+        raise InvalidArgument(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}")
+    return value
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _inode(path: str) -> str:
+    try:
+        return str(os.stat(path).st_ino)
+    except OSError:
+        return "?"
+
+
+def _shm_device() -> str:
+    try:
+        return str(os.stat("/dev/shm").st_dev)
+    except OSError:
+        return "none"
+
+
+def host_identity() -> str:
+    """What must be equal for two processes to share memory segments and see each
+    other's pids: one kernel boot, one /dev/shm, one pid namespace, one architecture."""
+    return "|".join((socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"),
+                     _shm_device(), _inode("/proc/self/ns/pid"), platform.machine()))
+
+
+def _exchange(store: Any, key: str, value: str, size: int, rank: int,
+              timeout: float) -> list[str]:
+    """Every member's ``value`` for ``key``, in group-rank order (one store round)."""
+    store.set(f"{key}/{rank}", value)
+    keys = [f"{key}/{r}" for r in range(size)]
+    store.wait(keys, timedelta(seconds=timeout))
+    return [store.get(k).decode("utf-8", "replace") for k in keys]
+
+
+def choose_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    """The engine for ``group`` (its message engine unless shared memory can serve every
+    member). Collective over the group's members: each must call it, in group order."""
+    want = requested_engine()
+    n, me = group.size(), group.group_rank
+    if want == "tcp" or n == 1:
+        return group.messages
+    prefix = f"engine/{group.id}"
+    hosts = _exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
+    if len(set(hosts)) != 1:
+        if want == "shm":
+            apart = sorted({h.split("|", 1)[0] for h in hosts})
+            raise EngineUnavailable(
+                f"{ENGINE_ENV}=shm, but the ranks of {group.name} do not share one host "
+                f"(hosts {apart}, or different containers/boots); unset it to use tcp "
+                "between hosts")
+        return group.messages
+    engine: Engine | None = None
+    try:
+        engine = _shm_engine(group, store, timeout)
+        outcome = "ok"
+    except EngineUnavailable as exc:
+        outcome = str(exc) or "unavailable"
+    outcomes = _exchange(store, f"{prefix}/ok", outcome, n, me, timeout)
+    failed = [(r, o) for r, o in enumerate(outcomes) if o != "ok"]
+    if not failed:
+        assert engine is not None
+        return engine
+    if engine is not None:
+        engine.close()
+    rank, why = failed[0]
+    if want == "shm":
+        raise EngineUnavailable(f"{ENGINE_ENV}=shm, but {group.name} cannot use shared "
+                                f"memory: on group rank {rank}, {why}")
+    if me == 0:
+        log.warning("rankwise: %s uses tcp, not shared memory: on group rank %d, %s",
+                    group.name, rank, why)
+    return group.messages
+
+
+def _shm_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    """Build the shared-memory engine (imported here: only same-host groups need it)."""
+    try:
+        from .shm_engine import ShmEngine
+    except ImportError as exc:
+        raise EngineUnavailable(f"the shared-memory engine cannot load ({exc})") from exc
+    engine: Engine = ShmEngine.create(group, store, timeout)
+    return engine

@@ -1,0 +1,185 @@
+"""The shared-memory engine: the ``Engine`` seam over ``shm.ShmGroup``.
+
+Why an adapter: the core (``shm``) knows segments, rounds and fingerprints; a rankwise
+group also has a control plane (the TCP communicator) that knows why a peer failed
+(its traceback, its goodbye), can ask every rank where it is, and words every error the
+same way whichever engine found it. This module joins the two: the core's waits poll
+the control plane for failures, and its exceptions are re-raised in the words the TCP
+engine uses (both calls with their file:line for a mismatch, the peer's own account for
+a failure, the who-is-where table for a timeout).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._callsite import CallSite
+from .._comm import describe_call, mismatch_advice
+from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
+from .base import Array, Call
+from .select import EngineUnavailable
+from .shm import ShmGroup, ShmUnavailable
+from .shm.errors import ShmCallMismatch
+
+if TYPE_CHECKING:
+    from .._group import ProcessGroup
+
+__all__ = ["ShmEngine"]
+
+#: how long a "patient" wait may last (rank_zero_first followers): practically unbounded,
+#: yet still a deadline, and the control plane still ends it on any failure
+_PATIENT = 365 * 24 * 3600.0
+
+
+class ShmEngine:
+    """A group's collectives on one shared segment, checks and reports as on TCP."""
+
+    name = "shm"
+
+    def __init__(self, group: ProcessGroup, core: ShmGroup) -> None:
+        self.group = group
+        self.comm = group.comm
+        self.core = core
+        self._call: Call | None = None  #: the call in progress, for slow-wait warnings
+        core.ch.slow_after = self.comm.warn_after
+        core.ch.on_slow = self._slow
+        self.comm.peer_call_sources.append(self._last_call_of)
+
+    def _slow(self) -> None:
+        call = self._call
+        if call is None:
+            return
+        self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
+                                    f"{self.group.timeout:.0f}s in {call.record.describe()} "
+                                    f"(collective #{call.seq} of {self.group.name}) on "
+                                    "shared memory")
+
+    def _last_call_of(self, global_rank: int) -> str:
+        """What the segment shows as ``global_rank``'s latest call (for failure reports)."""
+        index = self.group.index_of(global_rank)
+        if index is None or self.core.closed:
+            return ""
+        seen = self.core.ch.last_call_of(index)
+        if seen is None:
+            return ""
+        (op, dtype, count, reduce, root, site_id), text = seen
+        site = CallSite.decode(site_id, text) if text else None
+        return (f"{describe_call(op, dtype, count, reduce, root, site)} (on shared memory "
+                f"in {self.group.name})")
+
+    @classmethod
+    def create(cls, group: ProcessGroup, store: Any, timeout: float) -> ShmEngine:
+        """Set up the group's segment (collective over the group's members)."""
+        router = group.comm.router
+
+        def control_plane_failure() -> None:
+            failure = router.failure
+            if failure is not None:
+                raise failure
+
+        try:
+            core = ShmGroup(store, f"engine/{group.id}/shm", group.group_rank, group.size(),
+                            timeout=timeout, check=control_plane_failure,
+                            global_ranks=group.ranks)
+        except ShmUnavailable as exc:
+            raise EngineUnavailable(exc.reason) from exc
+        return cls(group, core)
+
+    def _run(self, call: Call, body: Callable[[float], None]) -> None:
+        """Run ``body(deadline)`` and turn the core's exceptions into the group's."""
+        deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
+        self._call = call
+        try:
+            body(deadline)
+        except ShmCallMismatch as exc:
+            raise self._mismatch(call, exc) from None
+        except CollectiveMismatch as exc:  # found in the data (all_to_all's size table)
+            raise CollectiveMismatch(
+                f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
+                f"{self.comm.rank} called {call.record.describe()}, but {exc}") from None
+        except PeerFailure as exc:
+            raise self._cause(exc) from None
+        except DistTimeout as exc:
+            if call.quiet or self.comm.router.failure is not None:
+                raise
+            table = self.comm.where_table(f"rank {self.comm.rank} timed out in "
+                                          f"{call.record.describe()} on shared memory")
+            raise DistTimeout(f"rank {self.comm.rank} timed out after "
+                              f"{self.group.timeout:.0f}s in {call.record.describe()} "
+                              f"(collective #{call.seq} of {self.group.name}): {exc}",
+                              report=table) from None
+
+    def _cause(self, exc: PeerFailure) -> BaseException:
+        """The control plane's account of a failed peer (its traceback, its goodbye)
+        beats the bare fact that its shared-memory state changed."""
+        cause = None
+        if exc.rank is not None:
+            cause = self.comm.router.wait_for_cause(exc.rank, 1.0)
+        return self.comm._as_of_now(cause) if cause is not None else exc
+
+    def _mismatch(self, call: Call, exc: ShmCallMismatch) -> CollectiveMismatch:
+        """The same words as a mismatch found in a frame header, plus the divergence
+        report (every rank's recent calls) when the ranks can still be asked."""
+        op, dtype, count, reduce, root, site_id = exc.theirs
+        their_site = CallSite.decode(site_id, exc.their_site) if exc.their_site else None
+        theirs = describe_call(op, dtype, count, reduce, root, their_site)
+        fp = call.fp
+        ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site)
+        peer = self.group.ranks[exc.peer]
+        message = (f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
+                   f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
+                   + (f"{exc.detail}. " if exc.detail else "")
+                   + mismatch_advice(fp.op, fp.root, op, root))
+        try:
+            from ..diagnosis.report import mismatch_report
+
+            report = mismatch_report(self.comm.where_is_everyone(2.0), self.group.id,
+                                     call.seq, self.comm.rank, peer)
+        except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
+            report = f"(the divergence report failed: {err!r})"
+        return CollectiveMismatch(message + ("\n\n" + report if report else ""))
+
+    # --- Engine ---------------------------------------------------------------------------
+
+    def broadcast(self, call: Call, data: Array, root: int) -> None:
+        self._run(call, lambda d: self.core.broadcast(call.fp, call.site, data, d))
+
+    def all_reduce(self, call: Call, data: Array) -> None:
+        assert call.dtype is not None and call.op is not None
+        dtype, op = call.dtype, call.op
+        self._run(call, lambda d: self.core.all_reduce(call.fp, call.site, data, dtype, op, d))
+
+    def reduce(self, call: Call, data: Array, root: int) -> None:
+        assert call.dtype is not None and call.op is not None
+        dtype, op = call.dtype, call.op
+        self._run(call, lambda d: self.core.reduce(call.fp, call.site, data, dtype, op, d))
+
+    def all_gather(self, call: Call, slots: list[Array]) -> None:
+        mine = slots[call.rank]
+        self._run(call, lambda d: self.core.all_gather(call.fp, call.site, mine, slots, d))
+
+    def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
+        self._run(call, lambda d: self.core.gather(call.fp, call.site, mine, slots, d))
+
+    def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
+        self._run(call, lambda d: self.core.scatter(call.fp, call.site, out, slots, d))
+
+    def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
+        assert call.dtype is not None and call.op is not None
+        dtype, op = call.dtype, call.op
+        out = chunks[call.rank]
+        self._run(call, lambda d: self.core.reduce_scatter(call.fp, call.site, out, chunks,
+                                                           dtype, op, d))
+
+    def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        self._run(call, lambda d: self.core.all_to_all(call.fp, call.site, outs, ins, d))
+
+    def barrier(self, call: Call) -> None:
+        self._run(call, lambda d: self.core.barrier(call.fp, call.site, d))
+
+    def close(self) -> None:
+        if self._last_call_of in self.comm.peer_call_sources:
+            self.comm.peer_call_sources.remove(self._last_call_of)
+        self.core.close()

@@ -1,0 +1,177 @@
+"""The ``Transport`` contract, checked against every transport (tcp and memory).
+
+Why one suite: the layers above a transport (router, checks, algorithms) assume exactly
+these properties — whole frames, per-sender order, correct source, loss reported once,
+sends after close refused — and a new transport is only done when it passes all of them
+(trio's ``check_two_way_stream`` plays this role for trio's streams).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from rankwise._wire import Frame, Kind, encode_header
+from rankwise.errors import DistNetworkError
+from rankwise.transport.memory import MemoryHub
+from rankwise.transport.tcp import TcpTransport
+
+WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
+
+
+class Recorder:
+    """A ``FrameHandler`` that keeps what arrives, for assertions."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[Frame, bytes]] = []
+        self.lost: list[tuple[int, BaseException | None]] = []
+        self.cv = threading.Condition()
+
+    def on_header(self, frame: Frame) -> tuple[bytearray, object]:
+        buf = bytearray(frame.payload_len)
+        return buf, buf
+
+    def on_payload(self, frame: Frame, token: object) -> None:
+        assert isinstance(token, bytearray)
+        with self.cv:
+            self.frames.append((frame, bytes(token)))
+            self.cv.notify_all()
+
+    def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
+        with self.cv:
+            self.lost.append((rank, reason))
+            self.cv.notify_all()
+
+    def wait_for(self, test: Callable[[], bool]) -> None:
+        with self.cv:
+            assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
+
+
+def _tcp_world(n: int) -> list[Any]:
+    """n TcpTransports fully connected over loopback sockets (no rendezvous needed)."""
+    socks: list[dict[int, socket.socket]] = [{} for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            with socket.create_server(("127.0.0.1", 0)) as server:
+                client = socket.create_connection(server.getsockname())
+                accepted, _ = server.accept()
+            socks[a][b], socks[b][a] = client, accepted
+    return [TcpTransport(r, n, socks[r]) for r in range(n)]
+
+
+def _memory_world(n: int) -> list[Any]:
+    return list(MemoryHub(n).transports)
+
+
+WORLDS = {"tcp": _tcp_world, "memory": _memory_world}
+
+
+@pytest.fixture(params=sorted(WORLDS))
+def world(request: pytest.FixtureRequest) -> Iterator[Callable[[int], tuple[list[Any],
+                                                                           list[Recorder]]]]:
+    made: list[Any] = []
+
+    def make(n: int) -> tuple[list[Any], list[Recorder]]:
+        transports = WORLDS[request.param](n)
+        recorders = [Recorder() for _ in range(n)]
+        for t, rec in zip(transports, recorders):
+            t.start(rec)
+        made.extend(transports)
+        return transports, recorders
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def _frame(tag: int, payload: bytes, kind: Kind = Kind.P2P) -> tuple[bytes, bytes]:
+    return encode_header(kind, tag=tag, payload_len=len(payload)), payload
+
+
+def test_frames_arrive_whole_in_order_with_their_source(world: Any) -> None:
+    transports, recs = world(3)
+    sizes = [0, 1, 7, 4096, 70_000, 3 << 20]  # empty, small, staged, direct-read sizes
+    for i, n in enumerate(sizes):
+        header, payload = _frame(i, bytes([i % 251]) * n)
+        transports[1].send(0, header, payload, time.monotonic() + WAIT)
+    recs[0].wait_for(lambda: len(recs[0].frames) == len(sizes))
+    for i, (frame, payload) in enumerate(recs[0].frames):
+        assert frame.src == 1 and frame.tag == i and frame.kind == Kind.P2P
+        assert payload == bytes([i % 251]) * sizes[i]
+    assert not recs[2].frames  # nothing leaks to a rank it was not sent to
+
+
+def test_sender_may_reuse_its_buffer_once_send_returns(world: Any) -> None:
+    transports, recs = world(2)
+    buf = bytearray(b"a" * 100_000)
+    header, _ = _frame(5, bytes(buf))
+    transports[0].send(1, header, memoryview(buf), time.monotonic() + WAIT)
+    buf[:] = b"b" * len(buf)
+    recs[1].wait_for(lambda: len(recs[1].frames) == 1)
+    assert recs[1].frames[0][1] == b"a" * 100_000
+
+
+def test_concurrent_senders_never_interleave_frames(world: Any) -> None:
+    transports, recs = world(2)
+    per_thread, threads = 50, 4
+
+    def blast(k: int) -> None:
+        for i in range(per_thread):
+            header, payload = _frame(k * 1000 + i, bytes([k]) * (1000 + 37 * i))
+            transports[0].send(1, header, payload, time.monotonic() + WAIT)
+
+    workers = [threading.Thread(target=blast, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(WAIT)
+    recs[1].wait_for(lambda: len(recs[1].frames) == per_thread * threads)
+    seen: dict[int, list[int]] = {}
+    for frame, payload in recs[1].frames:
+        k, i = divmod(frame.tag, 1000)
+        assert payload == bytes([k]) * (1000 + 37 * i)  # whole, not mixed with another
+        seen.setdefault(k, []).append(i)
+    assert all(order == list(range(per_thread)) for order in seen.values())
+
+
+def test_a_closed_peer_is_reported_to_the_others_after_its_frames(world: Any) -> None:
+    transports, recs = world(3)
+    header, payload = _frame(1, b"last words")
+    transports[2].send(0, header, payload, time.monotonic() + WAIT)
+    transports[2].close()
+    for r in (0, 1):
+        recs[r].wait_for(lambda r=r: any(rank == 2 for rank, _ in recs[r].lost))
+    assert recs[0].frames and recs[0].frames[0][1] == b"last words"
+
+
+def test_send_to_a_closed_peer_or_after_close_is_refused(world: Any) -> None:
+    transports, recs = world(2)
+    transports[1].close()
+    recs[0].wait_for(lambda: bool(recs[0].lost))
+    header, payload = _frame(0, b"x" * 10)
+    with pytest.raises(DistNetworkError):
+        for _ in range(100):  # tcp may buffer a send or two before the reset shows
+            transports[0].send(1, header, payload, time.monotonic() + WAIT)
+    transports[0].close()
+    with pytest.raises(DistNetworkError):
+        transports[0].send(1, header, payload, time.monotonic() + WAIT)
+
+
+def test_garbage_bytes_drop_the_connection_not_the_receiver(world: Any) -> None:
+    transports, recs = world(3)
+    bad = bytearray(_frame(0, b"")[0])
+    bad[0] ^= 0xFF  # wrong magic
+    try:
+        transports[1].send(0, bytes(bad), None, time.monotonic() + WAIT)
+    except ValueError:
+        pass  # a transport may refuse to send it at all: fine too
+    else:
+        recs[0].wait_for(lambda: any(rank == 1 for rank, _ in recs[0].lost))
+    header, payload = _frame(9, b"still fine")
+    transports[2].send(0, header, payload, time.monotonic() + WAIT)
+    recs[0].wait_for(lambda: any(f.src == 2 for f, _ in recs[0].frames))
