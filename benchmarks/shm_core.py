@@ -4,6 +4,15 @@ Usage: ``python benchmarks/shm_core.py [--ranks 2 4] [--slot BYTES]``. Spawns th
 times each case as the median over repetitions of (max over ranks) per call, measured
 after a barrier. Prints one line per case. Numbers are core-only: the public API adds
 argument checks, fingerprinting and call-site capture on top.
+
+Measured 2026-11-23 (quiet 16-core Xeon, ``taskset -c 0,1``; slot 1 MiB; median):
+
+    ranks  barrier   4 B all_reduce   1 MiB all_reduce   64 MiB all_reduce
+    2      2.9 us    7.7 us           231 us             16.3 ms
+    4      30 us     58 us            510 us             44 ms    (4 ranks on 2 CPUs)
+
+On the shared 2-core dev box under load (~10) from other jobs: 2 ranks 6 us / 17-25 us
+/ 216 us / 32 ms.
 """
 
 from __future__ import annotations

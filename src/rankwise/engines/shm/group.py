@@ -47,7 +47,10 @@ __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
 
 Array = npt.NDArray[Any]
 
-DEFAULT_SLOT_BYTES = 4 << 20
+#: measured on 2 cores (benchmarks/shm_core.py, quiet Xeon pinned to 2 CPUs), 64 MiB
+#: float32 all_reduce, 2 ranks: 1 MiB 16.3 ms, 2 MiB 18.2 ms, 4 MiB 18.7 ms (4 ranks:
+#: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
+DEFAULT_SLOT_BYTES = 1 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
 _ALIGN = 64  #: region boundaries inside a slot, in bytes
@@ -62,7 +65,7 @@ class ShmGroup:
     """One process group's shared-memory collective engine (see the module docstring).
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
-    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES`` or 4 MiB) is the
+    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES`` or 1 MiB) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
     bounds the setup. ``global_ranks[r]`` names group rank r in messages.
