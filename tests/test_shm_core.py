@@ -316,8 +316,17 @@ def test_orphan_file_of_dead_creator_is_swept() -> None:
     os.waitpid(dead, 0)
     name = os.path.join(SHM_DIR, f"rankwise-shm-{dead}-deadbeef")
     open(name, "wb").close()
-    _sweep_orphans()
-    assert not os.path.exists(name)
+    locked = os.path.join(SHM_DIR, f"rankwise-shm-{dead}-feedface")  # creator in another
+    fd = os.open(locked, os.O_RDWR | os.O_CREAT, 0o600)              # PID namespace
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _sweep_orphans()
+        assert not os.path.exists(name)
+        assert os.path.exists(locked)
+    finally:
+        os.close(fd)
+        os.unlink(locked)
 
 
 def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
