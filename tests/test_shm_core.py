@@ -456,3 +456,69 @@ def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
 @pytest.mark.parametrize("size", [2, 4])
 def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
     _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
+
+
+def _thread_groups(size: int, **kw: Any) -> list[Any]:
+    """Ranks as threads of this process on a HashStore (setup only; collectives that
+    need several ranks at once run on threads too)."""
+    import threading
+
+    from rankwise.engines.shm import ShmGroup
+    from rankwise.store import HashStore
+
+    store = HashStore()
+    got: dict[int, Any] = {}
+
+    def make(r: int) -> None:
+        got[r] = ShmGroup(store, "t", r, size, timeout=10, slot_bytes=65536, **kw)
+
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    return [got[r] for r in range(size)]
+
+
+def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
+    from rankwise.engines.shm.layout import R_SITE_LEN
+
+    g0, g1 = _thread_groups(2)
+    try:
+        w = g0.ch.w
+        w[g0.seg.layout.record_word(1, R_SITE_LEN)] = 1 << 40  # a hostile length
+        assert g0.ch.peer_site(1) == "<corrupt call-site text>"
+        w[g0.seg.layout.record_word(1, R_SITE_LEN)] = -5
+        assert g0.ch.peer_site(1) == "<corrupt call-site text>"
+    finally:
+        g0.close()
+        g1.close()
+
+
+def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
+    from rankwise.engines.shm import ShmUnavailable, segment
+
+    path = os.path.join(segment.SHM_DIR, f"{segment.FILE_PREFIX}{os.getpid()}-test")
+    with open(path, "wb") as f:
+        f.write(b"\x07" * 8192)
+    try:
+        with pytest.raises(ShmUnavailable, match="foreign header"):
+            segment._attach(f"file {path}", 2)
+        with pytest.raises(ShmUnavailable, match="unusable segment description"):
+            segment._attach("file /etc/passwd", 2)
+    finally:
+        os.unlink(path)
+
+
+def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
+    from rankwise.engines.shm.layout import R_SEQ
+    from rankwise.errors import DistError
+
+    g0, g1 = _thread_groups(2)
+    try:
+        g0.ch.w[g0.seg.layout.record_word(1, R_SEQ)] = 3  # rank 1 "at round 3" while
+        with pytest.raises(DistError, match="corrupt"):       # rank 0 waits for round 1
+            g0.ch._check_peers([], 1, lambda: "barrier", False)
+    finally:
+        g0.close()
+        g1.close()
