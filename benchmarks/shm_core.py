@@ -75,7 +75,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--slot", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="skip the 64 MiB case")
     args = ap.parse_args()
+    if args.quick:
+        CASES[:] = [c for c in CASES if c[1] < 64 << 20]
     ctx = mp.get_context("spawn")
     for size in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,6 +18,8 @@ Integration contract (every method):
   naming the missing ranks, ``PeerFailure`` when a rank we wait for died (pidfd), failed
   or closed, or whatever ``check()`` raises (called every <= 20 ms while sleeping).
   After any exception this group is unusable (peers waiting on us get PeerFailure).
+- Not thread-safe: one call at a time per group, in the same order on every rank
+  (the caller serializes, as collectives on one group are ordered anyway).
 
 Results of reductions are bit-identical on every rank: each element is reduced by one
 rank in rank order (``reduce_into``), everyone copies that result.
@@ -42,6 +44,7 @@ from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
 from .reduce import reduce_rows
 from .segment import StoreLike, open_segment
+from .waiting import usable_cpus
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
 
@@ -51,6 +54,10 @@ Array = npt.NDArray[Any]
 #: float32 all_reduce, 2 ranks: 1 MiB 16.3 ms, 2 MiB 18.2 ms, 4 MiB 18.7 ms (4 ranks:
 #: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
 DEFAULT_SLOT_BYTES = 1 << 20
+#: when ranks outnumber CPUs every round costs a pass of the scheduler over all ranks,
+#: so fewer, larger rounds win (4 ranks on 2 CPUs: 2 MiB 40 ms, 1 MiB 44 ms quiet, and
+#: the gap grows with outside load: ~4 ms per round once CPUs are contended)
+OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
 _ALIGN = 64  #: region boundaries inside a slot, in bytes
@@ -65,7 +72,8 @@ class ShmGroup:
     """One process group's shared-memory collective engine (see the module docstring).
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
-    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES`` or 1 MiB) is the
+    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB, 2 MiB
+    when ranks outnumber CPUs) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
     bounds the setup. ``global_ranks[r]`` names group rank r in messages.
@@ -81,7 +89,8 @@ class ShmGroup:
                                  "(TSO) and Linux futexes; this machine is not x86_64 Linux")
         if not 0 <= rank < size:
             raise InvalidArgument(f"rank {rank} is not in a group of {size}")
-        slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or DEFAULT_SLOT_BYTES
+        slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or (
+            OVERSUBSCRIBED_SLOT_BYTES if size > usable_cpus() else DEFAULT_SLOT_BYTES)
         slot = max(65536, slot // 65536 * 65536)
         how = method or os.environ.get("RANKWISE_SHM_METHOD", "auto")
         self.rank = rank
