@@ -233,42 +233,62 @@ class ShmGroup:
                 if avg:
                     divide_in_place(a, dtype, n)
             return
-        # pipelined: per chunk, each rank copies in the parts the others reduce; rank j
-        # reduces part j (its own contribution straight from its buffer) into its slot of
-        # the next parity; after one more round everyone gathers the parts
+        self._pipelined(call, a, dtype, op, deadline, root)
+
+    def _pipelined(self, call: Call, a: Array, dtype: DType, op: ReduceOp, deadline: float,
+                   root: int | None) -> None:
+        """Large (all_)reduce: one round per chunk, plus one.
+
+        A slot holds an input area (the chunk's parts that the peers reduce) and, after
+        it, a result area (the part this rank reduced from the previous chunk). Round t
+        publishes chunk t's input and chunk t-1's reduced part; after it, rank j reduces
+        part j of chunk t (its own contribution straight from its buffer, in rank order:
+        the same bits everywhere) into the result area of its slot of the *next* parity
+        (read after round t+1, see channel.py), and everyone gathers chunk t-1's parts.
+        """
+        st = dtype.storage
+        n, me, S = self.size, self.rank, self.slot_bytes
         item = st.itemsize
-        per_chunk = self.slot_bytes // item
         part_quant = max(1, _ALIGN // item)
-        first = True
-        for c0 in range(0, a.size, per_chunk):
+        per_chunk = (S * n // (n + 1)) // item
+        per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
+        res = per_chunk * item  # byte offset of the result area (64-aligned)
+        starts = list(range(0, a.size, per_chunk))
+        spans: list[list[tuple[int, int]]] = []
+        for c0 in starts:
             m = min(per_chunk, a.size - c0)
-            q = -(-m // n)
-            q = -(-q // part_quant) * part_quant
-            bounds = [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
-            lo, hi = bounds[me]
+            q = -(-m // n)  # ceil(m / n) ...
+            q = -(-q // part_quant) * part_quant  # ... aligned: still <= per_chunk / n
+            spans.append([(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)])
+        gather = root is None or root == me
+        for t in range(len(starts) + 1):
             p = self._parity()
-            src = a[c0:c0 + m].view(np.uint8)
-            own = self._slots[me][p]
-            own[:lo * item] = src[:lo * item]
-            own[hi * item:m * item] = src[hi * item:]
-            self._round(call, first, deadline)
-            first = False
-            mine = a[c0 + lo:c0 + hi]
-            acc = self._slots[me][1 - p][lo * item:hi * item].view(st)
-            for r in range(n):  # rank order, as reduce_rows: the same bits everywhere
-                x = mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
-                if r == 0:
-                    np.copyto(acc, x)
-                else:
-                    reduce_into(acc, x, dtype, op)
-            if avg:
-                divide_in_place(acc, dtype, n)
-            # the parts are read after the next round: they live in parity 1 - p
-            self._round(call, False, deadline)
-            if root is None or root == me:
-                for j in range(n):
-                    lo, hi = bounds[j]
-                    a[c0 + lo:c0 + hi] = self._slots[j][1 - p][lo * item:hi * item].view(st)
+            if t < len(starts):
+                c0 = starts[t]
+                lo, hi = spans[t][me]
+                m = spans[t][-1][1]
+                src = a[c0:c0 + m].view(np.uint8)
+                own = self._slots[me][p]
+                own[:lo * item] = src[:lo * item]
+                own[hi * item:m * item] = src[hi * item:]
+            self._round(call, t == 0, deadline)
+            if t < len(starts):
+                c0 = starts[t]
+                lo, hi = spans[t][me]
+                mine = a[c0 + lo:c0 + hi]
+                acc = self._slots[me][1 - p][res:res + (hi - lo) * item].view(st)
+                for r in range(n):
+                    x = mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
+                    if r == 0:
+                        np.copyto(acc, x)
+                    else:
+                        reduce_into(acc, x, dtype, op)
+                if op.name == "AVG":
+                    divide_in_place(acc, dtype, n)
+            if t >= 1 and gather:
+                c0 = starts[t - 1]
+                for j, (lo, hi) in enumerate(spans[t - 1]):
+                    a[c0 + lo:c0 + hi] = self._slots[j][p][res:res + (hi - lo) * item].view(st)
 
     def all_gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
                    outs: Sequence[Array], deadline: float) -> None:
