@@ -5,14 +5,18 @@ times each case as the median over repetitions of (max over ranks) per call, mea
 after a barrier. Prints one line per case. Numbers are core-only: the public API adds
 argument checks, fingerprinting and call-site capture on top.
 
-Measured 2026-11-23 (quiet 16-core Xeon, ``taskset -c 0,1``; slot 1 MiB; median):
+Measured 2026-11-23, medians, ``taskset -c 0,1`` on a 16-core Xeon (device machine A,
+quiet; slot 1 MiB; two-rounds-per-chunk all_reduce of commit 935c659):
 
     ranks  barrier   4 B all_reduce   1 MiB all_reduce   64 MiB all_reduce
     2      2.9 us    7.7 us           231 us             16.3 ms
     4      30 us     58 us            510 us             44 ms    (4 ranks on 2 CPUs)
 
-On the shared 2-core dev box under load (~10) from other jobs: 2 ranks 6 us / 17-25 us
-/ 216 us / 32 ms.
+Machine B (another, ~2x slower instance) for the one-round-per-chunk all_reduce (cf6fd29):
+2 ranks 6-7 us / 14-16 us / 260-350 us / 21.6-23 ms; 4 ranks 39 us / 72 us / 640 us /
+53 ms; same machine, back to back: 64 MiB 22.4 / 21.6 ms vs 24.1 / 24.4 ms for the
+first version. On the shared 2-core dev box (load 4-10 from other jobs), A/B back to
+back: 64 MiB 2 ranks 31 ms (two rounds per chunk) -> 15 ms (one).
 """
 
 from __future__ import annotations
