@@ -9,7 +9,7 @@ if _SRC not in sys.path:
 os.environ["PYTHONPATH"] = _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
-import pytest  # noqa: E402 - after the path set-up above
+import pytest
 
 #: the engines every engine-parametrized suite runs on (``pytestmark =
 #: pytest.mark.usefixtures("engine")`` in a module)

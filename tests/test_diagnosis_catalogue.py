@@ -30,7 +30,8 @@ TRAP = os.path.join(ROOT, "examples", "barrier_trap.py")
 sys.path.insert(0, HERE)
 from test_diagnosis_programs import line_of
 
-pytestmark = pytest.mark.timeout(90)
+#: every test here runs once per engine (tcp, shm): see conftest.engine
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine")]
 
 P = "test_diagnosis_programs.py"
 

@@ -54,6 +54,7 @@ def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, 
 
 
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])
+@pytest.mark.usefixtures("engine")
 def test_rankwise_matches_gloo(ws: int) -> None:
     seed = _seed(ws)
     results = run_ranks(differential_worker, ws, args=(seed, N_CASES, free_port()),
@@ -91,6 +92,7 @@ def test_cases_cover_every_op(ws: int) -> None:
     assert make_cases(_seed(ws), ws, N_CASES) == cases, "case generation is not deterministic"
 
 
+@pytest.mark.usefixtures("engine")
 def test_p2p_is_scoped_by_group() -> None:
     results = run_ranks(cross_group_p2p, 3, args=(free_port(),), timeout=45)
     for r in results:

@@ -21,6 +21,9 @@ from _error_cases import assert_every_rank, line_of
 import rankwise as dist
 from rankwise.testing import run_ranks
 
+#: every test here runs once per engine (tcp, shm): see conftest.engine
+pytestmark = pytest.mark.usefixtures("engine")
+
 ME = os.path.basename(__file__)
 
 

@@ -13,12 +13,15 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 from _error_cases import finish, line_of, run_script
 
 import rankwise as dist
 from rankwise.testing import free_port, run_ranks
 
 ME = os.path.basename(__file__)
+#: every test here runs once per engine (tcp, shm): see conftest.engine
+pytestmark = pytest.mark.usefixtures("engine")
 
 
 def _caught(fn: Any) -> dict[str, Any]:
@@ -140,6 +143,7 @@ _CHILD = """
 import json, sys, time
 import numpy as np
 import rankwise as dist
+
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=3, timeout=20.0)

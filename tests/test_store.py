@@ -186,6 +186,25 @@ def test_prefix_store_namespaces_keys() -> None:
     assert inner.timeout == timedelta(seconds=3) == p.timeout
 
 
+def test_nested_prefix_stores_compose_their_prefixes() -> None:
+    """A PrefixStore over a PrefixStore keeps both prefixes: "outer/inner/k". Dropping
+    the outer one made two jobs' namespaces collide (a second init in one process saw
+    its own earlier rank claim)."""
+    base = HashStore(timedelta(seconds=1))
+    outer = PrefixStore("outer", base)
+    inner = PrefixStore("inner", outer)
+    inner.set("k", "v")
+    assert base.get("outer/inner/k") == b"v"
+    assert not base.check(["inner/k"])
+    assert outer.get("inner/k") == b"v"
+    assert inner.add("n", 2) == 2 and base.add("outer/inner/n", 0) == 2
+    assert inner.compare_set("c", "", "x") == b"x" and base.get("outer/inner/c") == b"x"
+    inner.wait(["k"], timedelta(seconds=1))
+    assert inner.check(["k"]) and not PrefixStore("other", outer).check(["k"])
+    assert inner.delete_key("k") and not base.check(["outer/inner/k"])
+    assert inner.underlying_store is outer
+
+
 def test_value_limit_is_checked_before_io() -> None:
     store = HashStore(limits=Limits(max_value_bytes=16))
     with pytest.raises(InvalidArgument, match="exceeds the limit of 16"):

@@ -44,22 +44,33 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count)
-    seq, record = group.begin(fp, site)
-    call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
     runner = group.engine if engine is None else engine
-    comm = group.comm
-
-    def run() -> None:
-        comm.activity = Activity(op.name, group.id, seq, site, time.time())
-        try:
-            body(runner, call)
-        finally:
-            comm.call_done(group, record)  # history, trace span, back to "user code"
-
+    seq, record = group.begin(fp, site, frames=runner.framed)
+    call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
     if async_op:
-        return run_async(f"{op.name} #{seq} on {group.name}", run)
-    run()
+        work = run_async(f"{op.name} #{seq} on {group.name}",
+                         lambda: _run(runner, call, body, op))
+        if runner.serial:
+            group.queued = work
+        return work
+    if runner.serial and group.queued is not None:
+        # the queued async calls run first, in order, on every rank (``Engine.serial``);
+        # their own errors are theirs to report (Work.wait), this call's engine raises too
+        group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
+        group.queued = None
+    _run(runner, call, body, op)
     return None
+
+
+def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
+    """Run one call's body on ``engine``, with who-is-where state around it."""
+    group, record = call.group, call.record
+    comm = group.comm
+    comm.activity = Activity(op.name, group.id, call.seq, record.site, time.time())
+    try:
+        body(engine, call)
+    finally:
+        comm.call_done(group, record)  # history, trace span, back to "user code"
 
 
 def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:

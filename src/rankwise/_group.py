@@ -17,6 +17,7 @@ from datetime import timedelta
 from ._callsite import CallSite
 from ._comm import Communicator, describe_call
 from ._router import Fingerprint
+from ._work import Work
 from .engines.base import Engine
 from .engines.message import MessageEngine
 from .errors import InvalidArgument
@@ -58,6 +59,8 @@ class ProcessGroup:
         self.messages = MessageEngine(comm)
         #: what moves this group's collective data (``engines.select`` may replace it)
         self.engine: Engine = self.messages
+        #: the last async call queued on a serial engine (see ``Engine.serial``)
+        self.queued: Work | None = None
         comm.groups[group_id] = self  # who-is-where reports read every group's history
 
     # torch-compatible accessors
@@ -86,8 +89,13 @@ class ProcessGroup:
             )
         return idx
 
-    def begin(self, fp: Fingerprint, site: CallSite) -> tuple[int, CallRecord]:
-        """Take the next sequence number and register the call (before any I/O)."""
+    def begin(self, fp: Fingerprint, site: CallSite,
+              frames: bool = True) -> tuple[int, CallRecord]:
+        """Take the next sequence number and register the call (before any I/O).
+
+        ``frames``: the call's data moves in frames (message engine), so the router must
+        know the call to check frames that arrive before or for it; calls on another
+        engine skip that bookkeeping."""
         if self.comm.router.failure is not None:
             self.comm.await_diagnosis()
         self.comm.router.check_alive()
@@ -97,7 +105,8 @@ class ProcessGroup:
         self.history.append(record)
         self._records[seq] = record
         self._records.pop(seq - HISTORY, None)
-        self.comm.router.register_call(self.id, seq, fp)
+        if frames:
+            self.comm.router.register_call(self.id, seq, fp)
         return seq, record
 
     def site_of(self, seq: int) -> CallSite | None:

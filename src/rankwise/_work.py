@@ -46,6 +46,10 @@ class Work:
     def is_completed(self) -> bool:
         return self._done.is_set()
 
+    def done_within(self, timeout: float) -> bool:
+        """Wait (bounded) for completion without raising the operation's error."""
+        return self._done.wait(timeout)
+
     def is_success(self) -> bool:
         return self._done.is_set() and self._error is None
 

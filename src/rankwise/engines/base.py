@@ -63,9 +63,21 @@ class Call:
 
 
 class Engine(Protocol):
-    """What a group's data plane offers. ``name`` is shown in reports and benchmarks."""
+    """What a group's data plane offers. ``name`` is shown in reports and benchmarks.
+
+    ``serial``: the engine runs one call at a time, in the order calls reach it (shared
+    memory: one set of slots). The API then keeps call order across threads: a blocking
+    call waits for the group's queued ``async_op`` calls before it starts. Without that,
+    one rank could run a blocking call before an earlier async one while another rank
+    runs them the other way round — and two calls with equal fingerprints (two DDP
+    buckets of one size) would swap data silently.
+    """
 
     name: str
+    serial: bool
+    #: the data moves in frames that the router matches to calls (it must be told of
+    #: each call); False for engines that never send a collective frame
+    framed: bool
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         """Root's ``data`` into every rank's ``data``."""

@@ -135,6 +135,9 @@ class MessageEngine:
     """Runs each call as a message schedule over the communicator's transport."""
 
     name = "tcp"
+    #: frames carry (group, seq): any number of calls may be in flight at once
+    serial = False
+    framed = True
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm

@@ -11,6 +11,7 @@ a failure, the who-is-where table for a timeout).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,19 +38,25 @@ class ShmEngine:
     """A group's collectives on one shared segment, checks and reports as on TCP."""
 
     name = "shm"
+    #: one set of slots: calls run one at a time, in call order (see ``Engine``)
+    serial = True
+    #: rounds on the segment, never a collective frame
+    framed = False
 
     def __init__(self, group: ProcessGroup, core: ShmGroup) -> None:
         self.group = group
         self.comm = group.comm
         self.core = core
         self._call: Call | None = None  #: the call in progress, for slow-wait warnings
+        #: user threads calling at once must not interleave rounds on the segment
+        self._lock = threading.Lock()
         core.ch.slow_after = self.comm.warn_after
         core.ch.on_slow = self._slow
         self.comm.peer_call_sources.append(self._last_call_of)
 
     def _slow(self) -> None:
         call = self._call
-        if call is None:
+        if call is None or call.patient:  # waiting on purpose (rank_zero_first followers)
             return
         self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
                                     f"{self.group.timeout:.0f}s in {call.record.describe()} "
@@ -88,8 +95,13 @@ class ShmEngine:
         return cls(group, core)
 
     def _run(self, call: Call, body: Callable[[float], None]) -> None:
-        """Run ``body(deadline)`` and turn the core's exceptions into the group's."""
+        """Run ``body(deadline)`` alone on the segment; turn the core's exceptions into
+        the group's."""
         deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise DistTimeout(f"rank {self.comm.rank}: {call.record.describe()} waited "
+                              f"{self.group.timeout:.0f}s for another thread's call on "
+                              f"{self.group.name} to finish")
         self._call = call
         try:
             body(deadline)
@@ -110,6 +122,9 @@ class ShmEngine:
                               f"{self.group.timeout:.0f}s in {call.record.describe()} "
                               f"(collective #{call.seq} of {self.group.name}): {exc}",
                               report=table) from None
+        finally:
+            self._call = None
+            self._lock.release()
 
     def _cause(self, exc: PeerFailure) -> BaseException:
         """The control plane's account of a failed peer (its traceback, its goodbye)

@@ -1,6 +1,7 @@
-"""``rankwise run``: the command line, with torchrun's spellings accepted.
+"""``rankwise run`` / ``rankwise bench``: the command line, with torchrun's spellings accepted.
 
-Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job.
+Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job and
+:mod:`rankwise.launch.bench` owns the ``bench`` subcommand.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start N workers per node with torchrun's environment, "
                                      "watch them, and tear the whole group down on a failure.")
     _add_run_options(run)
+    # listed for `rankwise --help` only: main() hands `bench ...` to bench.main before this
+    # parser sees it, so `rankwise run` never imports the benchmark's modules
+    sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI); "
+                                 "see `rankwise bench --help`", add_help=False)
     return parser
 
 
@@ -128,6 +133,10 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rankwise`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(args[1:])
     if not args or args[0] != "run":
         build_parser().parse_args(args)  # prints usage / help and exits
         return 2

@@ -28,8 +28,14 @@ class PrefixStore(Store):
             raise InvalidArgument(f"store must be a Store, got {type(store).__name__}")
         super().__init__(store.timeout, store._limits)
         self._prefix_str = prefix
-        self._prefix = prefix.encode("utf-8") + b"/"
         self._store = store
+        # Nested prefixes compose: keys go to the innermost real store with every prefix
+        # in front ("outer/inner/k"). Forwarding to the wrapped PrefixStore's private
+        # methods instead would skip its prefix, and two namespaces would collide.
+        inner = store if isinstance(store, PrefixStore) else None
+        self._base: Store = inner._base if inner is not None else store
+        outer: bytes = inner._prefix if inner is not None else b""
+        self._prefix: bytes = outer + prefix.encode("utf-8") + b"/"
 
     @property
     def underlying_store(self) -> Store:
@@ -44,7 +50,7 @@ class PrefixStore(Store):
         return self._store.auth_failures()  # server-wide, not namespaced
 
     def _timeout_seconds(self) -> float:
-        return self._store._timeout_seconds()
+        return self._base._timeout_seconds()
 
     def set_timeout(self, timeout: timedelta | float) -> None:
         self._store.set_timeout(to_seconds(timeout))
@@ -62,27 +68,27 @@ class PrefixStore(Store):
         return f"PrefixStore({self._prefix_str!r}) over {self._store._describe()}"
 
     def _set(self, key: bytes, value: bytes) -> None:
-        self._store._set(key, value)
+        self._base._set(key, value)
 
     def _get(self, key: bytes, timeout_s: float) -> bytes | None:
-        return self._store._get(key, timeout_s)
+        return self._base._get(key, timeout_s)
 
     def _add(self, key: bytes, amount: int) -> int:
-        return self._store._add(key, amount)
+        return self._base._add(key, amount)
 
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
-        return self._store._compare_set(key, expected, desired)
+        return self._base._compare_set(key, expected, desired)
 
     def _wait(self, keys: list[bytes], timeout_s: float) -> list[bytes]:
-        return self._store._wait(keys, timeout_s)
+        return self._base._wait(keys, timeout_s)
 
     def _check(self, keys: list[bytes]) -> bool:
-        return self._store._check(keys)
+        return self._base._check(keys)
 
     def _delete_key(self, key: bytes) -> bool:
-        return self._store._delete_key(key)
+        return self._base._delete_key(key)
 
     def _num_keys(self) -> int:
         # torch counts the whole underlying store too; a per-prefix count would need a
         # key listing the TCP protocol deliberately does not offer.
-        return self._store._num_keys()
+        return self._base._num_keys()
