@@ -108,6 +108,7 @@ class ShmGroup:
                                           for r in range(size)]
         self._region = self.slot_bytes // size // _ALIGN * _ALIGN
         self._closed = False
+        self._current: Call = (0, 0, 0, 0, -1, 0)  #: the call in progress
 
     @property
     def closed(self) -> bool:
@@ -128,16 +129,18 @@ class ShmGroup:
                             f"{self.ch.broken}") from self.ch.broken
         if site.id != self.ch._site_id:
             self.ch.set_site(site.id, site.encode())
-        return (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+        call = (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+        self._current = call
+        return call
 
-    def _what(self, call: Call) -> Callable[[], str]:
-        def describe() -> str:
-            try:
-                name = Op(call[0]).name
-            except ValueError:
-                name = f"op#{call[0]}"
-            return f"{name} on rank {self.ch.names[self.rank]}"
-        return describe
+    def _describe(self) -> str:
+        """The call in progress, for error messages (built only when one is raised)."""
+        call = self._current
+        try:
+            name = Op(call[0]).name
+        except ValueError:
+            name = f"op#{call[0]}"
+        return f"{name} on rank {self.ch.names[self.rank]}"
 
     def _round(self, call: Call, first: bool, deadline: float,
                vary_count: bool = False) -> int:
@@ -145,7 +148,7 @@ class ShmGroup:
         Returns the slot parity the round's data is in."""
         ch = self.ch
         s = ch.publish(call if first else None)
-        ch.wait(s, deadline, self._what(call))
+        ch.wait(s, deadline, self._describe)
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
