@@ -107,7 +107,8 @@ class Communicator:
         self.rank = rank
         self.world_size = world_size
         self.transport = transport
-        self.router = Router(self._on_mismatch)
+        self.router = Router(self._on_mismatch, self._on_protocol_error)
+        self.router.resume = transport.resume
         self._sites_sent: dict[int, set[int]] = {r: set() for r in range(world_size)}
         self.peer_sites: dict[int, dict[int, CallSite]] = {r: {} for r in range(world_size)}
         self._bye: dict[int, str] = {}
@@ -165,7 +166,7 @@ class Communicator:
 
     # --- FrameHandler ----------------------------------------------------------------------
 
-    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray | None, object]:
         if frame.kind == _COLL:
             self._last_seen[frame.src] = frame
             return self.router.coll_header(frame)
@@ -182,6 +183,23 @@ class Communicator:
         else:  # control frames: the token is the bytearray we returned in on_header
             assert isinstance(token, bytearray)
             self.on_control(frame, bytes(token))
+
+    def on_fatal(self, exc: DistError) -> None:
+        """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and
+        tell the peers, which would otherwise wait for this rank until their timeout."""
+        self._fail_loudly(exc)
+
+    def _on_protocol_error(self, src: int, message: str) -> None:
+        self._fail_loudly(DistNetworkError(message))
+
+    def _fail_loudly(self, exc: DistError) -> None:
+        if self.closed:
+            return
+        first = self.router.failure is None
+        self.router.fail_all(exc)
+        if first:
+            self.broadcast_abort({"kind": "exception", "rank": self.rank,
+                                  "message": f"{type(exc).__name__}: {exc}"}, background=True)
 
     def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
         if self.closed:
