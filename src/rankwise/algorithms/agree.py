@@ -19,7 +19,9 @@ sends to y (hello or data), which differs from r. A mismatch found anywhere pois
 that rank and reaches every other one as an abort while all of them still wait in the
 call, so every rank raises ``CollectiveMismatch`` from that very call. Cost: one extra
 message latency for the non-roots (the release; the ack travels while the data does),
-one round trip for the root; empty frames only.
+one round trip for the root; empty frames only. With two ranks the release is left
+out: the non-root has then itself compared the only other rank's call (a hello or data
+frame from the root), so agreement is already known on both sides.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class Agreement:
             return
         if me in hello_to:
             self._hello = link.post(root, np.empty(0, np.uint8), HELLO)
-        self._release = link.post(root, np.empty(0, np.uint8), RELEASE)
+        if link.size > 2:
+            self._release = link.post(root, np.empty(0, np.uint8), RELEASE)
         if me in ack_from:
             link.send(root, _NOTHING, ACK)
 
@@ -68,14 +71,15 @@ class Agreement:
         if link.rank == self._root:
             for h in self._acks:
                 link.wait(h)
-            for peer in range(link.size):
-                if peer != self._root:
-                    link.send(peer, _NOTHING, RELEASE)
+            if link.size > 2:
+                for peer in range(link.size):
+                    if peer != self._root:
+                        link.send(peer, _NOTHING, RELEASE)
             return
         if self._hello is not None:
             link.wait(self._hello)
-        assert self._release is not None
-        link.wait(self._release)
+        if self._release is not None:
+            link.wait(self._release)
 
 
 def others(n: int, root: int, but: Collection[int] = ()) -> list[int]:
