@@ -112,6 +112,10 @@ class TcpTransport:
         self._poller: select.poll | None = None
         self._polled: dict[int, _Conn] = {}
         self._scratch: memoryview | None = None
+        #: per reader (0: the I/O thread, 1: a driver): a connection was held, resumed or
+        #: ended since that reader last looked, so the hot path skips the scan otherwise
+        self._attention = [False, False]
+        self._held_any = False
 
     # --- sending (caller threads) ------------------------------------------------------
 
@@ -171,6 +175,7 @@ class TcpTransport:
                 continue
             except OSError as exc:
                 conn.broken = exc
+                self._attend()
                 raise DistNetworkError(
                     f"sending from rank {self.rank} to rank {conn.rank} failed: {exc}"
                 ) from exc
@@ -246,7 +251,7 @@ class TcpTransport:
                 if conn.broken is None and not conn.closed and not conn.held:
                     poller.register(conn.sock, select.POLLIN)
                     polled[conn.sock.fileno()] = conn
-        if self._resumed():
+        if self._resumed(1):
             for conn in self._conns.values():
                 fd = conn.sock.fileno() if not conn.closed else -1
                 want = conn.broken is None and not conn.closed and not conn.held
@@ -281,14 +286,21 @@ class TcpTransport:
         if conn is None:
             return
         conn.wake = True
+        self._attend()
         try:
             os.write(self._wake_w, b"r")
         except OSError:
             pass
 
-    def _resumed(self) -> bool:
+    def _attend(self) -> None:
+        self._attention[0] = self._attention[1] = True
+
+    def _resumed(self, reader: int) -> bool:
         """Reader only: retry the held frames of resumed connections; True when the set
-        of connections to read changed."""
+        of connections to read may have changed."""
+        if not self._attention[reader]:
+            return False
+        self._attention[reader] = False  # first: a resume racing with the scan sets it again
         changed = False
         for conn in self._conns.values():
             if conn.wake:
@@ -301,10 +313,10 @@ class TcpTransport:
                 changed = True
                 if conn.held and conn.broken is None and not conn.closed:
                     self._check_held(conn)
+        self._held_any = any(c.held for c in self._conns.values())
+        if self._held_any:
+            self._attention[reader] = True  # keep checking that held peers are there
         return changed
-
-    def _any_held(self) -> bool:
-        return any(c.held for c in self._conns.values())
 
     def _check_held(self, conn: _Conn) -> None:
         """A held connection is not read, so its end would go unnoticed: if the peer
@@ -348,7 +360,7 @@ class TcpTransport:
                         self._cv.wait()
                     self._io_busy = True
                 try:
-                    if self._resumed():  # (or a driver saw one end, or one is held)
+                    if self._resumed(0):  # (or a driver saw one end, or one is held)
                         registered = sel.get_map()
                         for conn in self._conns.values():
                             want = conn.broken is None and not conn.closed and not conn.held
@@ -356,7 +368,7 @@ class TcpTransport:
                                 sel.register(conn.sock, selectors.EVENT_READ, conn)
                             elif not want and conn.sock in registered:
                                 sel.unregister(conn.sock)
-                    for key, _ in sel.select(_HELD_CHECK if self._any_held() else None):
+                    for key, _ in sel.select(_HELD_CHECK if self._held_any else None):
                         conn = key.data
                         if conn is None:
                             self._drain_wake()
@@ -381,6 +393,7 @@ class TcpTransport:
         err.__cause__ = exc
         if conn is not None:
             conn.broken = err
+            self._attend()
         handler = self._handler
         if handler is not None and not self._closing:
             try:
@@ -507,6 +520,7 @@ class TcpTransport:
                 if token is HOLD:  # no room for it now: read this peer again on resume
                     conn.start = header_at
                     conn.held = True
+                    self._attend()
                     return
                 assert token is DROP
                 if take < n:  # the rest of the payload is read and dropped
@@ -533,6 +547,7 @@ class TcpTransport:
 
     def _lost(self, conn: _Conn, reason: BaseException | None) -> bool:
         conn.broken = reason or ConnectionResetError("closed by peer")
+        self._attend()
         if not self._closing and self._handler is not None:
             self._handler.on_peer_lost(conn.rank, reason)
         return False
