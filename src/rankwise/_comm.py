@@ -373,7 +373,7 @@ class Communicator:
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
-            raise DistTimeout(what(), report=table) from None
+            raise DistTimeout(what() + self._held_note(), report=table) from None
         except PeerFailure as exc:
             now = self._as_of_now(exc)
             if now is exc:
@@ -382,6 +382,20 @@ class Communicator:
         except CollectiveMismatch:
             self.await_diagnosis()  # raise it with the divergence report in it
             raise
+
+    def _held_note(self) -> str:
+        """Why a timeout may have happened on our side: peers we stopped reading because
+        what they sent, nobody here received (see the parking caps in ``_router``)."""
+        stats = self.router.parked()
+        held = stats["held"]
+        if not held:
+            return ""
+        per_peer = stats["per_peer"]
+        assert isinstance(held, list) and isinstance(per_peer, dict)
+        return (f"; rank {self.rank} stopped reading rank(s) {held}: messages from them that "
+                f"no receive here asked for fill its room ({per_peer} bytes parked; caps "
+                f"{stats['per_peer_cap']} per peer, {stats['total_cap']} in all: "
+                "RANKWISE_PARKED_PER_PEER / RANKWISE_PARKED_TOTAL) — post the matching recv")
 
     def _as_of_now(self, failure: BaseException) -> BaseException:
         """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
