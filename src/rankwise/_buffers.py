@@ -203,6 +203,11 @@ def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
     if not t.is_cpu:
         raise InvalidArgument(f"{what} is on {t.device}; the rankwise tcp backend moves CPU "
                               "tensors only (GPU support is not built yet): call .cpu() first")
+    if t.is_quantized:
+        raise InvalidArgument(f"{what} is a quantized tensor ({t.dtype}); rankwise does not "
+                              "send quantized tensors (their scale and zero point would be "
+                              "lost): pass tensor.dequantize(), or tensor.int_repr() and "
+                              "send q_scale()/q_zero_point() alongside")
     if t.layout is not torch.strided:
         raise InvalidArgument(f"{what} has layout {t.layout}; only dense (strided) tensors")
     if not t.is_contiguous():

@@ -126,7 +126,8 @@ class Communicator:
         self.rank = rank
         self.world_size = world_size
         self.transport = transport
-        self.router = Router(self._on_mismatch)
+        self.router = Router(self._on_mismatch, self._on_protocol_error)
+        self.router.resume = transport.resume
         self._sites_sent: dict[int, set[int]] = {r: set() for r in range(world_size)}
         self.peer_sites: dict[int, dict[int, CallSite]] = {r: {} for r in range(world_size)}
         self._bye: dict[int, str] = {}
@@ -187,7 +188,7 @@ class Communicator:
 
     # --- FrameHandler ----------------------------------------------------------------------
 
-    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray | None, object]:
         if frame.kind == _COLL:
             self._last_seen[frame.src] = frame
             return self.router.coll_header(frame)
@@ -204,6 +205,23 @@ class Communicator:
         else:  # control frames: the token is the bytearray we returned in on_header
             assert isinstance(token, bytearray)
             self.on_control(frame, bytes(token))
+
+    def on_fatal(self, exc: DistError) -> None:
+        """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and
+        tell the peers, which would otherwise wait for this rank until their timeout."""
+        self._fail_loudly(exc)
+
+    def _on_protocol_error(self, src: int, message: str) -> None:
+        self._fail_loudly(DistNetworkError(message))
+
+    def _fail_loudly(self, exc: DistError) -> None:
+        if self.closed:
+            return
+        first = self.router.failure is None
+        self.router.fail_all(exc)
+        if first:
+            self.broadcast_abort({"kind": "exception", "rank": self.rank,
+                                  "message": f"{type(exc).__name__}: {exc}"}, background=True)
 
     def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
         if self.closed:
@@ -377,7 +395,7 @@ class Communicator:
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
-            raise DistTimeout(what(), report=table) from None
+            raise DistTimeout(what() + self._held_note(), report=table) from None
         except PeerFailure as exc:
             now = self._as_of_now(exc)
             if now is exc:
@@ -390,6 +408,20 @@ class Communicator:
     def as_of_now(self, failure: BaseException) -> BaseException:
         """``failure`` worded for what this rank is doing now (see ``_as_of_now``)."""
         return self._as_of_now(failure)
+
+    def _held_note(self) -> str:
+        """Why a timeout may have happened on our side: peers we stopped reading because
+        what they sent, nobody here received (see the parking caps in ``_router``)."""
+        stats = self.router.parked()
+        held = stats["held"]
+        if not held:
+            return ""
+        per_peer = stats["per_peer"]
+        assert isinstance(held, list) and isinstance(per_peer, dict)
+        return (f"; rank {self.rank} stopped reading rank(s) {held}: messages from them that "
+                f"no receive here asked for fill its room ({per_peer} bytes parked; caps "
+                f"{stats['per_peer_cap']} per peer, {stats['total_cap']} in all: "
+                "RANKWISE_PARKED_PER_PEER / RANKWISE_PARKED_TOTAL) — post the matching recv")
 
     def _as_of_now(self, failure: BaseException) -> BaseException:
         """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
