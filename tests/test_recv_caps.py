@@ -124,8 +124,9 @@ def test_one_tib_p2p_claim_is_refused_not_allocated() -> None:
 
 
 def test_collective_frame_larger_than_its_call_is_a_protocol_error() -> None:
+    # collective frames exist only on the message engine (shm moves no frames)
     results = run_ranks(_huge_claim, 2, args=("coll",), timeout=60,
-                        init_kwargs={"timeout": 10.0})
+                        init_kwargs={"timeout": 10.0}, env={"RANKWISE_ENGINE": "tcp"})
     r = results[0]
     assert r.raised("DistError") and not r.raised("DistTimeout"), r.message + r.traceback
     assert "rank 1" in r.message and str(1 << 40) in r.message, r.message
