@@ -33,6 +33,8 @@ __all__ = [
 
 #: a collective's body: given the group's engine and the call, run the data movement
 Body = Callable[[Engine, Call], None]
+#: ``Op.name`` is an enum property (~0.3 us); this runs once per call
+_OP_NAMES = {op: op.name for op in Op}
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
@@ -66,7 +68,7 @@ def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
     """Run one call's body on ``engine``, with who-is-where state around it."""
     group, record = call.group, call.record
     comm = group.comm
-    comm.activity = Activity(op.name, group.id, call.seq, record.site, time.time())
+    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, record.site, time.time())
     try:
         body(engine, call)
     finally:

@@ -98,7 +98,8 @@ class ShmEngine:
         """Run ``body(deadline)`` alone on the segment; turn the core's exceptions into
         the group's."""
         deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        if not self._lock.acquire(blocking=False) and \
+                not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise DistTimeout(f"rank {self.comm.rank}: {call.record.describe()} waited "
                               f"{self.group.timeout:.0f}s for another thread's call on "
                               f"{self.group.name} to finish")
