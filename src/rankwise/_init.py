@@ -410,9 +410,12 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
 
 
 def _at_exit() -> None:
+    from ._work import stop_worker
+
     world = maybe_current()
     if world is not None and not world.comm.closed:
         _leave(world, "exited without calling destroy_process_group")
+    stop_worker()  # never leave the async thread running into interpreter shutdown
 
 
 def _install_hooks() -> None:
