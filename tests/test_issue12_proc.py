@@ -168,7 +168,7 @@ def test_launcher_hands_workers_a_token_by_environment(tmp_path: Path) -> None:
         "from datetime import timedelta\n"
         "from rankwise.store import TCPStore\n"
         "from rankwise.errors import AuthError\n"
-        "tok = os.environ.get('RANKWISE_TOKEN', '')\n"
+        "tok = os.environ.pop('RANKWISE_TOKEN', '')  # a stranger: no token\n"
         "try:\n"
         "    TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']),\n"
         "             is_master=False, token=None, timeout=timedelta(seconds=5))\n"
