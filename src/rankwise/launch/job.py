@@ -12,6 +12,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
+from .watchdog import MARKER_ENV
 
 __all__ = ["JobOptions", "run_job"]
 
@@ -138,12 +140,41 @@ def resolve_job_token(opts: JobOptions) -> tuple[str | None, str]:
     return None, "none"
 
 
+def _start_watchdog(marker: str) -> subprocess.Popen[bytes] | None:
+    """The process that kills whatever of the job outlives the launcher (``watchdog.py``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
+    try:
+        return subprocess.Popen([sys.executable, "-I", script, marker], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        _say(f"rankwise run: warning: could not start the watchdog ({exc}); processes the "
+             "workers start may outlive a killed launcher")
+        return None
+
+
+def _stop_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
+    """Close its pipe (it then kills anything of the job still running) and wait for it."""
+    if watchdog is None:
+        return
+    assert watchdog.stdin is not None
+    watchdog.stdin.close()
+    try:
+        watchdog.wait(15.0)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
     run_dir = tempfile.mkdtemp(prefix="rankwise-run-")
     server: Any | None = None
     peers: StorePeers | None = None
     notices: _ExitNotices | None = None
+    watchdog: subprocess.Popen[bytes] | None = None
     token, origin = resolve_job_token(opts)
     if origin == "none":
         _say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
@@ -168,6 +199,9 @@ def run_job(opts: JobOptions) -> int:
             _say(f"rankwise run: {exc}")
             return 1
         base_env = dict(os.environ)
+        marker = secrets.token_hex(12)
+        base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        watchdog = _start_watchdog(marker)
         base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
         if opts.token:
             # the environment, never the command line: /proc/<pid>/environ is readable by
@@ -185,6 +219,7 @@ def run_job(opts: JobOptions) -> int:
             peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
         return code
     finally:
+        _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
         if server is not None:
