@@ -32,7 +32,7 @@ import pytest
 from launch_scripts.helpers import ROOT, SCRIPTS, env, launcher_cmd, read_lines_until
 
 import rankwise
-from rankwise.testing import free_port, run_ranks
+from rankwise.testing import run_ranks
 
 FAULT = str(SCRIPTS / "fault_worker.py")
 

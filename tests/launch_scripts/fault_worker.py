@@ -113,6 +113,7 @@ def main() -> None:
                     fault()
         elif PLACE == "ddp":
             import torch
+
             from rankwise.nn import DistributedDataParallel
 
             torch.manual_seed(0)

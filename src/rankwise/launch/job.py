@@ -116,8 +116,9 @@ class _ExitNotices:
         how = (f"ended ({exit_status_text(outcome.returncode)}, pid {outcome.pid} on "
                f"{outcome.host})")
         try:
-            if self._store is None:
-                self._store = _client(self._opts, self._port)
+            if self._store is None:  # short: a lost notice must not delay the teardown
+                self._store = _client(replace(self._opts, timeout=min(5.0, self._opts.timeout)),
+                                      self._port)
             prefix = f"rankwise/{attempt}/exited"
             self._store.set(f"{prefix}/{outcome.rank}", how)
             self._store.add(f"{prefix}/count", 1)
