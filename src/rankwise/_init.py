@@ -32,7 +32,7 @@ from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
 from .engines.select import choose_engine, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, local_address_for
+from .transport.mesh import Mesh, exited_peers, local_address_for
 from .transport.tcp import TcpTransport
 
 __all__ = [
@@ -272,9 +272,15 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
             raise failed_elsewhere()
         remaining = deadline - time.monotonic()
         try:
-            store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
+            store.wait(keys, timedelta(seconds=max(0.05, min(0.5, remaining))))
             break
         except DistTimeout:
+            gone = exited_peers(store, [r for r in range(world_size) if r != rank])
+            if gone:
+                peer, how = min(gone.items())
+                raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
+                           "(it never finished init_process_group); the job cannot go on "
+                           "without it") from None
             note = _auth_note(store)
             if note and not auth_note:
                 sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
@@ -418,9 +424,12 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
 
 
 def _at_exit() -> None:
+    from ._work import stop_worker
+
     world = maybe_current()
     if world is not None and not world.comm.closed:
         _leave(world, "exited without calling destroy_process_group")
+    stop_worker()  # never leave the async thread running into interpreter shutdown
 
 
 def _install_hooks() -> None:
