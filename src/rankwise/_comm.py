@@ -115,7 +115,7 @@ class Activity:
     waiting_for: int = -1  #: global rank this rank blocks on, -1 when none (or any)
     kind: str = "collective"  #: "collective" or "recv" (a blocking point-to-point wait)
     tag: int = 0
-    patient: bool = False  #: waiting without timeout on purpose (rank_zero_first)
+    patient: bool = False  #: waiting on purpose (rank_zero_first's followers): no warning
     call: str = ""  #: the call's description, when known without formatting on the hot path
 
 
@@ -378,7 +378,8 @@ class Communicator:
         """Wait for ``pending`` in two phases: until the warning threshold, then (after
         logging a who-is-where table) until ``deadline``; a timeout carries the table.
 
-        ``patient``: no deadline at all (the wait ends when the peer answers or fails).
+        ``patient``: waiting on purpose (rank_zero_first's followers): no slow-wait
+        warning, still bounded by ``deadline``.
         ``quiet``: no table, a bare ``DistTimeout`` (the caller reports by itself).
         """
         try:
@@ -443,13 +444,7 @@ class Communicator:
             if pending.completed:
                 return pending.wait(deadline, what)  # an error: ``wait`` stops driving
             self.transport.drive_end()  # past the warning threshold: the I/O thread reads
-        if patient:
-            while True:
-                try:
-                    return pending.wait(time.monotonic() + 3600.0, what)
-                except DistTimeout:
-                    continue
-        if not quiet:
+        if not quiet and not patient:
             warn_at = time.monotonic() + self.warn_after
             if warn_at < deadline:
                 try:

@@ -100,10 +100,12 @@ main_process_first = rank_zero_first
 
 
 def _block_barrier(g: Any, code: int, limit: float | None) -> None:
-    """The block's barrier; ``limit``: the followers' bound on the wait for the leader."""
+    """The block's barrier; ``limit``: the followers' bound on the wait for the leader,
+    who works on purpose meanwhile (so no slow-wait warning before that bound)."""
     def body(engine: Engine, call: Call) -> None:
         if limit is not None:
             call.deadline = time.monotonic() + limit
+            call.patient = True
         engine.barrier(call)
 
     launch(g, Op.barrier, None, code, None, RZF_MARK, body, False)

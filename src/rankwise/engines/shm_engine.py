@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ShmEngine"]
 
-#: how long a "patient" wait may last (rank_zero_first followers): practically unbounded,
-#: yet still a deadline, and the control plane still ends it on any failure
-_PATIENT = 365 * 24 * 3600.0
-
 
 class ShmEngine:
     """A group's collectives on one shared segment, checks and reports as on TCP."""
@@ -97,7 +93,7 @@ class ShmEngine:
     def _run(self, call: Call, body: Callable[[float], None]) -> None:
         """Run ``body(deadline)`` alone on the segment; turn the core's exceptions into
         the group's."""
-        deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
+        deadline = call.deadline
         if not self._lock.acquire(blocking=False) and \
                 not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise DistTimeout(f"rank {self.comm.rank}: {call.record.describe()} waited "
