@@ -111,8 +111,14 @@ class _ExitNotices:
         self._opts = opts
         self._port = port
         self._store: Any | None = None
+        self._told: set[int] = set()
 
     def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
+        # only the first ending of an attempt: it is the cause; later ones are mostly ranks
+        # that raised because of it, and naming those would blame the wrong rank
+        if attempt in self._told:
+            return
+        self._told.add(attempt)
         how = (f"ended ({exit_status_text(outcome.returncode)}, pid {outcome.pid} on "
                f"{outcome.host})")
         try:
