@@ -326,13 +326,20 @@ def destroy_process_group(group: Any = None) -> None:
     _leave(world, f"called destroy_process_group at {site.short}")
 
 
+#: how long the process hosting the store waits, when leaving, for the others to leave
+LEAVE_LINGER = 10.0
+
+
 def _leave(world: World, where: str) -> None:
     from ._work import stop_worker
 
+    clean = world.comm.router.failure is None
     world.comm.goodbye(where)
     stop_worker()
     for group in list(world.groups.values()):
         group.engine.close()
+    if clean:
+        _let_the_others_leave(world)
     close = getattr(world.store, "close", None)
     if callable(close):
         try:
@@ -340,6 +347,20 @@ def _leave(world: World, where: str) -> None:
         except Exception:  # noqa: BLE001, S110 - leaving must not fail on a dead store
             pass
     set_world(None)
+
+
+def _let_the_others_leave(world: World) -> None:
+    """Count this rank out; the process hosting the store then waits (bounded) until
+    every rank has counted out, so no rank still reading the store (an engine agreement
+    of a group it is finishing, its own leaving) finds it gone: "the store went away" on
+    a peer of a job that ended well. Skipped after a failure: the others may be dead."""
+    try:
+        if int(world.rendezvous.add("left", 1)) >= world.comm.world_size:
+            world.rendezvous.set("all-left", "1")
+        if getattr(world.store, "server", None) is not None:
+            world.rendezvous.wait(["all-left"], timedelta(seconds=LEAVE_LINGER))
+    except DistError:
+        pass  # a peer that never leaves, or a store already gone: leave anyway
 
 
 def is_initialized() -> bool:
