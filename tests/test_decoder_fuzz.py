@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _loopback import connected_pair
 
 import rankwise as dist
 from rankwise._buffers import as_buffer
@@ -195,10 +196,7 @@ def test_frame_reader_fuzz_fails_loudly_never_silently() -> None:
         deadline = time.monotonic() + 6.0
         runs = 0
         while time.monotonic() < deadline and runs < 40:
-            listener = socket.create_server(("127.0.0.1", 0))
-            peer = socket.create_connection(listener.getsockname())
-            mine, _ = listener.accept()
-            listener.close()
+            mine, peer = connected_pair()
             comm = Communicator(0, 2, TcpTransport(0, 2, {1: mine}))
             try:
                 waiter = comm.router.post_p2p(Kind.P2P, 0, 1, 0, memoryview(bytearray(16)))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_scripts.helpers import ROOT, SCRIPTS, env, launcher_cmd
+from launch_scripts.helpers import ROOT, SCRIPTS, env, launcher_cmd, marked_processes
 
 FAULT = str(SCRIPTS / "fault_worker.py")
 KINDS = ["raise", "exit0", "exit3", "sigkill", "sigstop", "destroy"]
@@ -80,27 +80,12 @@ def _params() -> list[Any]:
     return out
 
 
-def _marked(marker: str) -> list[int]:
-    needle = f"FAULT_MARKER={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def _leftovers(marker: str, within: float) -> list[int]:
     deadline = time.monotonic() + within
-    left = _marked(marker)
+    left = marked_processes(marker)
     while left and time.monotonic() < deadline:
         threading.Event().wait(0.1)  # bounded re-check of /proc, not a synchronisation
-        left = _marked(marker)
+        left = marked_processes(marker)
     return left
 
 

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_scripts.helpers import ROOT, SCRIPTS, env, launcher_cmd, read_lines_until
+from launch_scripts.helpers import (
+    ROOT,
+    SCRIPTS,
+    env,
+    launcher_cmd,
+    marked_processes,
+    read_lines_until,
+)
 
 import rankwise
 from rankwise.testing import run_ranks
@@ -292,21 +299,6 @@ def test_settle_never_joins_an_unstarted_answer(monkeypatch: pytest.MonkeyPatch)
     assert not errors, errors
 
 
-def _marked(marker: str) -> list[int]:
-    found = []
-    needle = f"FAULT_MARKER={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_sigkilled_launcher_takes_grandchildren_along(tmp_path: Path) -> None:
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
@@ -317,16 +309,16 @@ def test_sigkilled_launcher_takes_grandchildren_along(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         read_lines_until(proc, lambda s: "grandchild started" in s, 1, timeout=40)
-        assert len(_marked(marker)) >= 3  # two workers and a grandchild at least
+        assert len(marked_processes(marker)) >= 3  # two workers and a grandchild at least
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while _marked(marker) and time.monotonic() < deadline:
+        while marked_processes(marker) and time.monotonic() < deadline:
             threading.Event().wait(0.1)
-        left = _marked(marker)
+        left = marked_processes(marker)
         assert not left, f"processes of the job survived the launcher: {left}"
     finally:
-        for pid in _marked(marker):
+        for pid in marked_processes(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

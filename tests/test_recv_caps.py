@@ -12,11 +12,11 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 import numpy as np
+from _loopback import connected_pair
 
 import rankwise as dist
 from rankwise import _world
@@ -136,10 +136,7 @@ def test_collective_frame_larger_than_its_call_is_a_protocol_error() -> None:
 
 
 def test_an_exception_in_the_io_thread_fails_every_waiter() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    b = socket.create_connection(listener.getsockname())
-    a, _ = listener.accept()
-    listener.close()
+    a, b = connected_pair()
     comm = Communicator(0, 2, TcpTransport(0, 2, {1: a}))
     try:
         def boom(frame: Any) -> Any:

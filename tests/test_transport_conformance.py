@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _loopback import connected_pair
 
 from rankwise._wire import DROP, HOLD, Frame, Kind, encode_header
 from rankwise.errors import DistNetworkError
@@ -71,9 +72,7 @@ def _tcp_world(n: int) -> list[Any]:
     socks: list[dict[int, socket.socket]] = [{} for _ in range(n)]
     for a in range(n):
         for b in range(a + 1, n):
-            with socket.create_server(("127.0.0.1", 0)) as server:
-                client = socket.create_connection(server.getsockname())
-                accepted, _ = server.accept()
+            accepted, client = connected_pair()
             socks[a][b], socks[b][a] = client, accepted
     return [TcpTransport(r, n, socks[r]) for r in range(n)]
 
