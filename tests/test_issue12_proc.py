@@ -254,7 +254,7 @@ def test_async_worker_drops_closures_and_is_joined() -> None:
 
 def test_settle_never_joins_an_unstarted_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     from rankwise._wire import Frame
-    from rankwise.diagnosis.where import WhereService
+    from rankwise.checks.where import WhereService
 
     class FakeTransport:
         def send(self, *args: Any) -> None:

@@ -16,12 +16,13 @@ import numpy as np
 
 from ._buffers import Buffer, DType, ReduceOp, as_buffer, check_reducible, coerce_reduce_op
 from ._callsite import capture
-from ._comm import Activity, barrier_name_code
+from ._comm import Activity
 from ._group import ProcessGroup
 from ._router import Fingerprint
 from ._wire import Op
 from ._work import Work, run_async
 from ._world import resolve_group
+from .checks.calls import barrier_name_code
 from .engines.base import Call, Engine
 from .errors import InvalidArgument
 

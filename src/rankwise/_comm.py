@@ -20,39 +20,29 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._buffers import dtype_name, reduce_op_by_code
 from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
-from ._wire import Frame, Kind, Op, encode_header
+from ._wire import Frame, Kind, encode_header
+from .checks.calls import describe_call, mismatch_advice
+from .checks.report import (
+    build_report,
+    format_where,
+    mismatch_report,
+    rank_list,
+    stalled_mismatch,
+)
+from .checks.where import WhereService
 from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
 from .transport.base import Transport
 
-__all__ = [
-    "RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call",
-    "mismatch_advice",
-]
+__all__ = ["Activity", "Communicator"]
 
 log = logging.getLogger("rankwise")
 _COLL = int(Kind.COLL)
-
-#: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
-#: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
-RZF_MARK = 0x525A
-#: names of named barriers seen by this process, by their fingerprint code
-BARRIER_NAMES: dict[int, str] = {}
-
-
-def barrier_name_code(name: str) -> int:
-    """The fingerprint ``count`` of ``barrier(name=...)``: never 0 (unnamed) or -1."""
-    code = (zlib.crc32(name.encode("utf-8", "replace")) | (1 << 32))
-    BARRIER_NAMES.setdefault(code, name)
-    return code
-
 
 def _env_seconds(name: str, default: float) -> float:
     try:
@@ -60,47 +50,6 @@ def _env_seconds(name: str, default: float) -> float:
     except ValueError:
         return default
     return value if value > 0 else default
-
-
-def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
-                  site: CallSite | None) -> str:
-    """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``."""
-    name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
-    args = []
-    if op == Op.barrier and count > 0:
-        label = BARRIER_NAMES.get(count)
-        if root == RZF_MARK:
-            name = "rank_zero_first"
-            args.append("the barrier of a rank-0-first block" if label is None
-                        else f"block at {label.partition('@')[2] or label}")
-        else:
-            args.append(f"name={label!r}" if label is not None else f"name=#{count & 0xFFFFFFFF:08x}")
-    if dtype:
-        args.append(f"{dtype_name(dtype)} x {count}" if count >= 0 else dtype_name(dtype))
-    rop = reduce_op_by_code(reduce)
-    if rop is not None:
-        args.append(f"op={rop.name}")
-    if op in (Op.broadcast, Op.scatter, Op.reduce, Op.gather, Op.broadcast_object_list,
-              Op.gather_object, Op.scatter_object_list):
-        args.append(f"root={root}")
-    where = f" at {site.short}" if site is not None and site.frames else ""
-    return f"{name}({', '.join(args)}){where}"
-
-
-def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
-    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
-    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
-    advice = ("Every rank of a group must make the same collective calls in the same order, "
-              "with the same op, dtype, element count, root and reduce op.")
-    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
-        advice += (
-            "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
-            "was entered by some ranks only (for example from an `if rank == 0:` branch "
-            "that builds a validation loader with a helper that uses it inside), so its "
-            "barrier met a different collective on the other ranks. Fix: enter the block "
-            "on every rank of the group, or do not use it on the rank-0-only path "
-            "(the seed's fix: pass rank=-1 there).")
-    return advice
 
 
 @dataclass(slots=True)
@@ -143,8 +92,6 @@ class Communicator:
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
         self.report_provider: Callable[[], dict[str, Any]] = self._report
-        from .diagnosis.where import WhereService  # diagnosis imports the API: load late
-
         self.where = WhereService(self)
         self.site_lookup: Callable[[int, int], CallSite | None] | None = None
         self.closed = False
@@ -489,8 +436,6 @@ class Communicator:
     def _check_where(self, headline: str) -> str:
         """Gather the table; if it shows ranks blocked in the same collective with
         different calls (a mismatch no frame revealed), fail every rank with it now."""
-        from .diagnosis.report import format_where, mismatch_report, stalled_mismatch
-
         reports = self.where_is_everyone(2.0)
         table = format_where(reports, headline)
         found = stalled_mismatch(reports)
@@ -520,8 +465,6 @@ class Communicator:
 
     def where_table(self, headline: str, timeout: float = 2.0) -> str:
         """Ask every rank where it is and format one table (the slow path)."""
-        from .diagnosis.report import format_where
-
         return format_where(self.where_is_everyone(timeout), headline)
 
     # --- failures ---------------------------------------------------------------------------
@@ -564,8 +507,6 @@ class Communicator:
         assert self._diag_done is not None
         report = ""
         try:
-            from .diagnosis.report import mismatch_report
-
             report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
                                      self.rank, frame.src)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
@@ -660,8 +601,6 @@ class Communicator:
     # --- who is where -----------------------------------------------------------------------
 
     def _report(self) -> dict[str, Any]:
-        from .diagnosis.report import build_report
-
         return build_report(self)
 
     @property
@@ -671,13 +610,11 @@ class Communicator:
         return self._bye
 
     def where_is_everyone(self, timeout: float = 2.0) -> dict[int, dict[str, Any]]:
-        """Every rank's state report (see ``diagnosis.where``)."""
+        """Every rank's state report (see ``checks.where``)."""
         return self.where.ask_everyone(timeout)
 
 
 def _ranks(ranks: list[int]) -> str:
-    from .diagnosis.report import rank_list
-
     return rank_list(ranks)
 
 

@@ -323,17 +323,20 @@ def destroy_process_group(group: Any = None) -> None:
             gone.engine.close()
         return
     site = capture()
-    _leave(world, f"called destroy_process_group at {site.short}")
+    _leave(world, f"called destroy_process_group at {site.short}", linger=True)
 
 
 #: how long the process hosting the store waits, when leaving, for the others to leave
 LEAVE_LINGER = 10.0
 
 
-def _leave(world: World, where: str) -> None:
+def _leave(world: World, where: str, linger: bool = False) -> None:
+    """Say goodbye and release everything. ``linger``: an explicit, healthy
+    destroy_process_group, after which the store's host waits for the others to leave
+    (at exit after an exception nobody waits: the others may be stuck or dead)."""
     from ._work import stop_worker
 
-    clean = world.comm.router.failure is None
+    clean = linger and world.comm.router.failure is None
     world.comm.goodbye(where)
     stop_worker()
     for group in list(world.groups.values()):

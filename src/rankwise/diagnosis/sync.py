@@ -31,13 +31,13 @@ import numpy as np
 
 from .._callsite import capture
 from .._collectives import launch
-from .._comm import RZF_MARK, barrier_name_code
 from .._group import seconds
 from .._wire import Op
 from .._world import resolve_group
+from ..checks.calls import RZF_MARK, barrier_name_code
+from ..checks.report import rank_list
 from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
-from .report import rank_list
 
 __all__ = ["main_process_first", "monitored_barrier", "rank_zero_first"]
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._callsite import CallSite
-from .._comm import describe_call, mismatch_advice
+from ..checks.calls import describe_call, mismatch_advice
+from ..checks.report import mismatch_report
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from .base import Array, Call
 from .select import EngineUnavailable
@@ -145,8 +146,6 @@ class ShmEngine:
                    + (f"{exc.detail}. " if exc.detail else "")
                    + mismatch_advice(fp.op, fp.root, op, root))
         try:
-            from ..diagnosis.report import mismatch_report
-
             report = mismatch_report(self.comm.where_is_everyone(2.0), self.group.id,
                                      call.seq, self.comm.rank, peer)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
