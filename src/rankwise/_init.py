@@ -164,7 +164,8 @@ def init_process_group(
             # rank is still -1 when the store failed before the environment was read:
             # then the doctor reads rank and launcher from the environment itself
             explain_init_failure(exc, hosting=None if stage == "store" and rank == -1 else
-                                 stage == "store" and rank == 0 and not _agent())
+                                 stage == "store" and rank == 0 and not _agent(),
+                                 token=secret)
         raise
     comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,

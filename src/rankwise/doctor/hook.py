@@ -22,22 +22,24 @@ __all__ = ["INIT_CHECKS", "explain_init_failure", "init_findings"]
 INIT_CHECKS = ("job", "gpu", "interfaces", "master", "hostname", "port", "files", "token")
 
 
-def init_findings(hosting: bool | None) -> list[Finding]:
+def init_findings(hosting: bool | None, token: bytes | None) -> list[Finding]:
     """The problems the doctor sees in this process's environment right now.
     ``hosting``: this process was about to start the store (its port should be free);
     ``False``: the store should answer on MASTER_ADDR:MASTER_PORT; ``None``: decide from
-    the environment (rank 0 without a launcher's store hosts it)."""
-    inp = gather(hosting=hosting, import_torch=False,
-                 net=NetProbes(resolve_timeout=1.5, connect_timeout=1.0))
+    the environment (rank 0 without a launcher's store hosts it). ``token``: the one init
+    uses (its probe of the store must not count as a stranger failing the token check)."""
+    net = NetProbes(resolve_timeout=1.5, connect_timeout=1.0, token=token, token_from_env=False)
+    inp = gather(hosting=hosting, import_torch=False, net=net)
     return [f for f in run_checks(inp, INIT_CHECKS) if f.problem]
 
 
-def explain_init_failure(exc: BaseException, hosting: bool | None) -> None:
+def explain_init_failure(exc: BaseException, hosting: bool | None,
+                         token: bytes | None = None) -> None:
     """Attach the findings to ``exc`` (a note, shown with its traceback); never raises."""
     if os.environ.get("RANKWISE_DOCTOR", "1") in ("0", "false", "no"):
         return
     try:
-        findings = init_findings(hosting)
+        findings = init_findings(hosting, token)
         if not findings:
             return
         text = render_text(findings).replace("rankwise doctor:", "rankwise doctor, on this "

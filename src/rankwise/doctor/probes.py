@@ -60,9 +60,14 @@ class PortState(Enum):
 class NetProbes:
     """Name resolution and port probes against the real network."""
 
-    def __init__(self, resolve_timeout: float = 2.0, connect_timeout: float = 1.0) -> None:
+    def __init__(self, resolve_timeout: float = 2.0, connect_timeout: float = 1.0,
+                 token: bytes | None = None, token_from_env: bool = True) -> None:
+        """``token``: what the probe proves to a store; with ``token_from_env`` (and no
+        ``token``) the environment's, as a rank started here would use."""
         self.resolve_timeout = resolve_timeout
         self.connect_timeout = connect_timeout
+        self.token = token
+        self.token_from_env = token_from_env and token is None
 
     def resolve(self, host: str) -> list[str]:
         """IPv4/IPv6 addresses of ``host``; ``OSError``/``TimeoutError`` when it fails."""
@@ -93,10 +98,12 @@ class NetProbes:
         """Who answers on ``ip:port``, with a detail for the evidence. A rankwise store is
         recognised by its handshake, made with this environment's token (a token that
         differs is counted by that store as a failed check, which is what it is)."""
-        try:
-            token = resolve_token(None)
-        except AuthError:
-            token = None
+        token = self.token
+        if self.token_from_env:
+            try:
+                token = resolve_token(None)
+            except AuthError:
+                token = None
         try:
             sock = socket.create_connection((ip, port), timeout=self.connect_timeout)
         except ConnectionRefusedError as exc:
