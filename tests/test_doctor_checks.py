@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -228,3 +229,31 @@ def test_a_hanging_probe_is_cut_off() -> None:
     assert time.monotonic() - start < 5.0
     with pytest.raises(socket.gaierror):
         bounded(lambda: socket.getaddrinfo("no-such-host.invalid", None), 10.0, "resolve")
+
+
+def test_gpu_probe_reads_torch_and_the_driver(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """The real GpuProbes over a fake torch module and a fake driver listing (no GPU here)."""
+    import types
+
+    from rankwise.doctor import GpuProbes
+
+    fake = types.ModuleType("torch")
+    fake.version = types.SimpleNamespace(cuda="12.4")  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(device_count=lambda: 3)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    for bus in ("0000:17:00.0", "0000:65:00.0"):
+        (tmp_path / bus).mkdir()
+    probes = GpuProbes(import_torch=False, proc_gpus=str(tmp_path))
+    assert probes.device_count() == 3 and probes.physical_count() == 2
+    fake.version = types.SimpleNamespace(cuda=None)  # type: ignore[attr-defined]
+    assert probes.device_count() is None  # a CPU-only build
+    assert GpuProbes(proc_gpus=str(tmp_path / "absent")).physical_count() is None
+    # and a driver that hangs is cut off, not waited for, and said so
+    fake.version = types.SimpleNamespace(cuda="12.4")  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        device_count=lambda: time.sleep(30))
+    start = time.monotonic()
+    (f,) = run_checks(healthy(gpus=GpuProbes(import_torch=False, timeout=0.2)), ["gpu"])
+    assert time.monotonic() - start < 5.0
+    assert f.problem and "device_count() did not finish within 0.2s" in f.evidence

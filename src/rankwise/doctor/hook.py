@@ -13,7 +13,7 @@ import sys
 
 from .findings import Finding
 from .inputs import gather
-from .probes import NetProbes
+from .probes import GpuProbes, NetProbes
 from .report import render_text
 from .run import run_checks
 
@@ -28,8 +28,9 @@ def init_findings(hosting: bool | None, token: bytes | None) -> list[Finding]:
     ``False``: the store should answer on MASTER_ADDR:MASTER_PORT; ``None``: decide from
     the environment (rank 0 without a launcher's store hosts it). ``token``: the one init
     uses (its probe of the store must not count as a stranger failing the token check)."""
-    net = NetProbes(resolve_timeout=1.5, connect_timeout=1.0, token=token, token_from_env=False)
-    inp = gather(hosting=hosting, import_torch=False, net=net)
+    net = NetProbes(resolve_timeout=1.5, connect_timeout=0.5, token=token, token_from_env=False)
+    # torch only if the program imported it already; a hung driver costs at most 3 s
+    inp = gather(hosting=hosting, net=net, gpus=GpuProbes(import_torch=False, timeout=3.0))
     return [f for f in run_checks(inp, INIT_CHECKS) if f.problem]
 
 

@@ -161,7 +161,7 @@ def _interfaces() -> list[str]:
 def gather(env: Mapping[str, str] | None = None, *, nproc: int | None = None,
            nnodes: int | None = None, num_workers: int | None = None,
            hosting: bool | None = None, token_file: str | None = None,
-           import_torch: bool = True, net: NetProbes | None = None) -> Inputs:
+           net: NetProbes | None = None, gpus: GpuProbes | None = None) -> Inputs:
     """The inputs of this machine (cheap: no network traffic happens here)."""
     return Inputs(
         env=dict(os.environ if env is None else env),
@@ -175,6 +175,6 @@ def gather(env: Mapping[str, str] | None = None, *, nproc: int | None = None,
         num_workers=num_workers,
         hosting=hosting,
         net=net or NetProbes(),
-        gpus=GpuProbes(import_torch=import_torch),
+        gpus=gpus or GpuProbes(),
         token_file=token_file,
     )

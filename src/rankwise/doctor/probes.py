@@ -152,10 +152,9 @@ class GpuProbes:
                 return None
             return int(torch.cuda.device_count())
 
-        try:
-            return bounded(count, self.timeout, "torch.cuda.device_count()")
-        except (TimeoutError, RuntimeError, OSError):
-            return None
+        # a hung or broken driver raises (TimeoutError, RuntimeError): the check runner
+        # turns that into a finding with the error as evidence, not "no GPU"
+        return bounded(count, self.timeout, "torch.cuda.device_count()")
 
     def physical_count(self) -> int | None:
         """GPUs the NVIDIA driver knows, regardless of CUDA_VISIBLE_DEVICES (``None``:

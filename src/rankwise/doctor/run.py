@@ -46,7 +46,8 @@ def run_checks(inp: Inputs, names: Sequence[str] | None = None) -> list[Finding]
         except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
             findings.append(Finding(name, Severity.WARNING, f"the {name} check could not run",
                                     f"{type(exc).__name__}: {exc}",
-                                    "report this to rankwise with the evidence"))
+                                    "the evidence says what failed (a hung driver, an unreadable "
+                                    "file); fix that, or report it to rankwise"))
     return findings
 
 
