@@ -257,3 +257,32 @@ def test_gpu_probe_reads_torch_and_the_driver(monkeypatch: pytest.MonkeyPatch,
     (f,) = run_checks(healthy(gpus=GpuProbes(import_torch=False, timeout=0.2)), ["gpu"])
     assert time.monotonic() - start < 5.0
     assert f.problem and "device_count() did not finish within 0.2s" in f.evidence
+
+
+def test_a_hanging_resolver_costs_one_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MASTER_ADDR is resolved by three checks; a DNS server that never answers is waited
+    for once (bounded), and reported as unresolvable."""
+    import threading
+
+    from rankwise.doctor import NetProbes
+
+    release = threading.Event()
+    calls: list[str] = []
+
+    def stuck(host: str, *args: object, **kw: object) -> list[object]:
+        calls.append(host)
+        release.wait(30)
+        raise socket.gaierror("released")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    try:
+        start = time.monotonic()
+        findings = run_checks(healthy(env={"MASTER_ADDR": "slow.example", "MASTER_PORT": "1"},
+                                      net=NetProbes(resolve_timeout=0.3)))
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    assert calls.count("slow.example") == 1
+    assert elapsed < 5.0
+    (f,) = [f for f in findings if f.problem]
+    assert "does not resolve" in f.what and "within 0.3s" in f.evidence

@@ -47,7 +47,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
 _BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
-_TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
@@ -224,9 +223,9 @@ def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
 
 
 def _agent() -> bool:
-    """Whether a launcher already serves the store (then rank 0 connects as a client)."""
-    return (os.environ.get("RANKWISE_AGENT_STORE") in _TRUE
-            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
+    from .launch.env import uses_agent_store
+
+    return uses_agent_store(os.environ)
 
 
 def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 
+from ..launch.env import uses_agent_store
 from .findings import Finding, Severity
 from .inputs import Inputs
 from .probes import PortState
@@ -116,9 +117,7 @@ def _hosting(inp: Inputs, ip: str) -> bool:
         return inp.hosting
     job = inp.cluster()
     if job is not None:
-        agent = inp.env.get("RANKWISE_AGENT_STORE") == "1" or \
-            inp.env.get("TORCHELASTIC_USE_AGENT_STORE") in ("1", "True", "true")
-        return job.rank == 0 and not agent
+        return job.rank == 0 and not uses_agent_store(inp.env)
     return inp.net.is_local(ip)
 
 

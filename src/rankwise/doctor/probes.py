@@ -68,12 +68,23 @@ class NetProbes:
         self.connect_timeout = connect_timeout
         self.token = token
         self.token_from_env = token_from_env and token is None
+        self._resolved: dict[str, list[str] | OSError | TimeoutError] = {}
 
     def resolve(self, host: str) -> list[str]:
-        """IPv4/IPv6 addresses of ``host``; ``OSError``/``TimeoutError`` when it fails."""
-        infos = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM),
-                        self.resolve_timeout, f"resolving {host!r}")
-        return list(dict.fromkeys(str(info[4][0]) for info in infos))
+        """IPv4/IPv6 addresses of ``host``; ``OSError``/``TimeoutError`` when it fails.
+        Answers (failures too) are kept: several checks ask for MASTER_ADDR, and a
+        resolver that hangs must cost its timeout once, not once per check."""
+        if host not in self._resolved:
+            try:
+                infos = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM),
+                                self.resolve_timeout, f"resolving {host!r}")
+                self._resolved[host] = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            except (OSError, TimeoutError) as exc:
+                self._resolved[host] = exc
+        answer = self._resolved[host]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     def bind_error(self, ip: str, port: int) -> OSError | None:
         """Why the store could not listen on ``ip:port`` (``None``: it could)."""
