@@ -82,3 +82,31 @@ def test_detection_can_be_turned_off() -> None:
     ranks = run(PROGRAMS, "recv_cycle", n=2, timeout=4.0, warn=30.0, bound=60.0,
                 env={"RANKWISE_DEADLOCK": "0"})
     check(ranks, "DistTimeout", "in recv from rank")
+
+
+# --- post-mortem: RANKWISE_DUMP=dir and `rankwise analyze dir` ------------------------------
+
+def test_dump_and_analyze_name_the_deadlock(tmp_path: object) -> None:
+    import subprocess
+
+    dump = os.path.join(str(tmp_path), "dump")
+    ranks = deadlocked("cross_group", 4, env={"RANKWISE_DUMP": dump})
+    check(ranks, "DeadlockError", "deadlock: all 4 live ranks")
+    assert sorted(os.listdir(dump)) == [f"rank{r}.json" for r in range(4)]
+    done = subprocess.run([sys.executable, "-m", "rankwise", "analyze", dump],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    barrier = f"{P}:{line_of('cross-barrier', PROGRAMS)}"
+    all_reduce = f"{P}:{line_of('cross-all-reduce', PROGRAMS)}"
+    for needle in [
+        "4 of 4 ranks wrote a dump",
+        "uncaught DeadlockError: deadlock: all 4 live ranks",
+        f"group [0, 1, 2, 3], collective #1: ranks 0-2 reached barrier() at {barrier}",
+        "rank 3 never reached it (stopped at #0)",
+        f"collective #2: rank 3 reached all_reduce(float32 x 4, op=SUM) at {all_reduce}",
+        f"ranks 0-2: barrier() #1 of group [0, 1, 2, 3] at {barrier}",
+        "waiting for rank 3, which has not reached it",
+        "Wait-for cycle: rank 0 -> rank 3 -> rank 0.",
+    ]:
+        assert needle in out, f"analyze lacks {needle!r}:\n{out}"

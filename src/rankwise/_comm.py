@@ -117,6 +117,12 @@ class Communicator:
             from .diagnosis.trace import Tracer
 
             self.tracer = Tracer(trace_dir, rank)
+        self.dumper: Any = None  #: RANKWISE_DUMP's post-mortem writer (diagnosis.dump)
+        dump_dir = os.environ.get("RANKWISE_DUMP")
+        if dump_dir:
+            from .diagnosis.dump import Dumper
+
+            self.dumper = Dumper(dump_dir, self)
         transport.start(self)
 
     # --- calls (hot path: no formatting here) ----------------------------------------------
@@ -273,6 +279,10 @@ class Communicator:
                                 f"{self.rank})",
                                 {int(r): str(c) for r, c in calls.items() if str(r).isdigit()}
                                 if isinstance(calls, dict) else None)
+            seen = info.get("reports")
+            if isinstance(seen, dict):
+                exc.reports = {int(r): rep for r, rep in seen.items()
+                               if str(r).isdigit() and isinstance(rep, dict)}
         elif kind == "mismatch":
             exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
                                      f"rank {self.rank})")
@@ -357,6 +367,8 @@ class Communicator:
                 raise
             table = self._check_where(f"rank {self.rank} timed out in "
                                       f"{self._doing() or 'a wait'}")
+            if self.dumper is not None:
+                self.dumper.write(f"DistTimeout: {what()}")
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
@@ -622,6 +634,8 @@ class Communicator:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
             # notices our closed connection before the original one blames us.
             self.broadcast_abort(self.relay_of(failure), timeout=timeout)
+            if self.dumper is not None:
+                self.dumper.write(f"left after {type(failure).__name__}: {failure}")
         self.where.settle(min(timeout, 1.0))
         self.closed = True
         self.transport.close()

@@ -89,6 +89,8 @@ class DeadlockError(DistError):
     def __init__(self, message: str, ranks: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.ranks = dict(ranks or {})
+        #: every rank's who-is-where report when the deadlock was confirmed (post-mortems)
+        self.reports: dict[int, dict[str, object]] = {}
 
 
 class DistNetworkError(DistError):

@@ -42,7 +42,8 @@ from .report import rank_list
 if TYPE_CHECKING:
     from .._comm import Communicator
 
-__all__ = ["CONFIRM_GAP", "DeadlockWatch", "blocked_state", "find_deadlock"]
+__all__ = ["CONFIRM_GAP", "DeadlockWatch", "blocked_state", "cycle_of", "find_deadlock",
+           "wait_edges", "wait_lines"]
 
 log = logging.getLogger("rankwise")
 
@@ -164,21 +165,10 @@ def find_deadlock(reports: dict[int, Report], found_by: int
                 f"of them can ever proceed (found by rank {found_by} once every rank had "
                 "waited about a second, and confirmed by a second look):")
     lines = [headline]
-    by_call: dict[str, list[int]] = {}
-    for r in sorted(live):
-        by_call.setdefault(calls[r], []).append(r)
-    for call, ranks in sorted(by_call.items(), key=lambda kv: kv[1][0]):
-        waits = sorted({w for r in ranks for w in edges[r]} - set(ranks))
-        rep = live[ranks[0]]
-        why = ("which is not sending" if rep.get("kind") == "recv" and len(waits) == 1 else
-               "which are not sending" if rep.get("kind") == "recv" else
-               "which has not reached it" if len(waits) == 1 else "which have not reached it")
-        lines.append(f"  {rank_list(ranks)}: {call}, waiting for {rank_list(waits)}, {why}"
-                     if waits else f"  {rank_list(ranks)}: {call}")
-    cycle = _cycle(edges)
+    lines += wait_lines(live, edges)
+    cycle = cycle_of(edges)
     if cycle:
-        lines.append("Wait-for cycle: " + " -> ".join(f"rank {r}" for r in cycle)
-                     + f" -> rank {cycle[0]}.")
+        lines.append(cycle)
     lines.append(
         "Every rank of a group must make the group's collective calls in the same order; a "
         "collective that only some ranks reach (an `if rank == ...:` branch), calls of "
@@ -186,6 +176,46 @@ def find_deadlock(reports: dict[int, Report], found_by: int
         "forever. Order the calls the same way on every rank, or post receives with irecv "
         "/ batch_isend_irecv. (RANKWISE_DEADLOCK=0 turns this check off.)")
     return "\n".join(lines), calls
+
+
+def wait_edges(reports: dict[int, Report]) -> dict[int, list[int]]:
+    """Who waits for whom among ``reports``' blocked ranks (for post-mortems: a rank
+    whose wait the others' state satisfies, or whose state is unknown, has no edge)."""
+    live = {r: rep for r, rep in reports.items() if not rep.get("gone")}
+    edges: dict[int, list[int]] = {}
+    for r, rep in live.items():
+        if rep.get("op") and isinstance(rep.get("blocked"), dict):
+            waits = _waits(rep, live)
+            if waits:
+                edges[r] = waits
+    return edges
+
+
+def wait_lines(reports: dict[int, Report], edges: dict[int, list[int]]) -> list[str]:
+    """``  ranks 0-2: barrier() #1 of ... at f.py:9, waiting for rank 3, which has not
+    reached it`` — one line per distinct blocked call, ranks with the same call merged."""
+    lines: list[str] = []
+    by_call: dict[str, list[int]] = {}
+    for r in sorted(edges):
+        by_call.setdefault(_doing(reports[r]), []).append(r)
+    for call, ranks in sorted(by_call.items(), key=lambda kv: kv[1][0]):
+        waits = sorted({w for r in ranks for w in edges[r]} - set(ranks))
+        recv = reports[ranks[0]].get("kind") == "recv"
+        why = ("which is not sending" if recv and len(waits) == 1 else
+               "which are not sending" if recv else
+               "which has not reached it" if len(waits) == 1 else "which have not reached it")
+        lines.append(f"  {rank_list(ranks)}: {call}, waiting for {rank_list(waits)}, {why}"
+                     if waits else f"  {rank_list(ranks)}: {call}")
+    return lines
+
+
+def cycle_of(edges: dict[int, list[int]]) -> str:
+    """``Wait-for cycle: rank 0 -> rank 3 -> rank 0.``, or "" when there is none."""
+    cycle = _cycle(edges)
+    if not cycle:
+        return ""
+    return ("Wait-for cycle: " + " -> ".join(f"rank {r}" for r in cycle)
+            + f" -> rank {cycle[0]}.")
 
 
 def _snapshot(rep: Report) -> tuple[Any, ...]:
@@ -247,5 +277,8 @@ class DeadlockWatch:
         # peers first: this rank raises and may exit right after, and the news must reach
         # them before its closed connection does
         comm.broadcast_abort({"kind": "deadlock", "rank": comm.rank, "message": message,
-                              "ranks": {str(r): c for r, c in calls.items()}})
-        comm.router.fail_all(DeadlockError(message, calls))
+                              "ranks": {str(r): c for r, c in calls.items()},
+                              "reports": {str(r): rep for r, rep in second.items()}})
+        exc = DeadlockError(message, calls)
+        exc.reports = second  # every rank's state at the deadlock, for RANKWISE_DUMP
+        comm.router.fail_all(exc)
