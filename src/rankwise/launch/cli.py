@@ -1,4 +1,4 @@
-"""``rankwise run`` / ``rankwise bench``: the command line, with torchrun's spellings accepted.
+"""``rankwise run`` / ``bench`` / ``analyze``: the command line, with torchrun's spellings accepted.
 
 Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job and
 :mod:`rankwise.launch.bench` owns the ``bench`` subcommand.
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     # parser sees it, so `rankwise run` never imports the benchmark's modules
     sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI); "
                                  "see `rankwise bench --help`", add_help=False)
+    sub.add_parser("analyze", help="merge the RANKWISE_DUMP=dir post-mortem files of a "
+                                   "job into one report; see `rankwise analyze --help`",
+                   add_help=False)
     return parser
 
 
@@ -161,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(args[1:])
+    if args and args[0] == "analyze":
+        from ..diagnosis.analyze import main as analyze_main
+
+        return analyze_main(args[1:])
     if not args or args[0] != "run":
         build_parser().parse_args(args)  # prints usage / help and exits
         return 2
