@@ -52,6 +52,7 @@ from .diagnosis import main_process_first, monitored_barrier, rank_zero_first, w
 from .errors import (
     AuthError,
     CollectiveMismatch,
+    DeadlockError,
     DistError,
     DistNetworkError,
     DistTimeout,
@@ -118,7 +119,7 @@ if _os.environ.get("RANKWISE_LAUNCHED") == "1":
         pass
 
 __all__ = [
-    "AuthError", "Backend", "CollectiveMismatch", "DistError", "DistNetworkError",
+    "AuthError", "Backend", "CollectiveMismatch", "DeadlockError", "DistError", "DistNetworkError",
     "DistTimeout", "FileStore", "GroupMember", "HashStore", "InvalidArgument", "P2POp",
     "PeerFailure", "PrefixStore", "ProcessGroup", "ReduceOp", "RendezvousError", "Store",
     "StoreError", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
 from ._wire import Frame, Kind, encode_header
 from .checks.calls import describe_call, mismatch_advice
+from .checks.deadlock import DeadlockWatch, blocked_state
 from .checks.report import (
     build_report,
     format_where,
@@ -36,7 +38,14 @@ from .checks.report import (
     stalled_mismatch,
 )
 from .checks.where import WhereService
-from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
+from .errors import (
+    CollectiveMismatch,
+    DeadlockError,
+    DistError,
+    DistNetworkError,
+    DistTimeout,
+    PeerFailure,
+)
 from .transport.base import Transport
 
 __all__ = ["Activity", "Communicator"]
@@ -97,6 +106,8 @@ class Communicator:
         self.closed = False
         #: seconds a wait may last before this rank asks everyone where they are
         self.warn_after = _env_seconds("RANKWISE_WARN_AFTER", 30.0)
+        #: asks whether every rank is blocked for good, from a wait's first second on
+        self.deadlock = DeadlockWatch(self)
         self._diagnosing = False
         self._diag_lock = threading.Lock()
         self._diag_done: threading.Event | None = None
@@ -106,6 +117,12 @@ class Communicator:
             from .diagnosis.trace import Tracer
 
             self.tracer = Tracer(trace_dir, rank)
+        self.dumper: Any = None  #: RANKWISE_DUMP's post-mortem writer (diagnosis.dump)
+        dump_dir = os.environ.get("RANKWISE_DUMP")
+        if dump_dir:
+            from .diagnosis.dump import Dumper
+
+            self.dumper = Dumper(dump_dir, self)
         transport.start(self)
 
     # --- calls (hot path: no formatting here) ----------------------------------------------
@@ -252,10 +269,20 @@ class Communicator:
         message = str(info.get("message", ""))[:200000]
         origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
         exc: DistError
-        if info.get("relayed_by") is not None and kind != "mismatch":
+        if info.get("relayed_by") is not None and kind not in ("mismatch", "deadlock"):
             exc = PeerFailure(f"{message}\n(passed on by rank {src}, which left after it)",
                               rank=origin, remote_traceback=str(info.get("traceback", "")),
                               last_collective=str(info.get("last", "")))
+        elif kind == "deadlock":
+            calls = info.get("ranks")
+            exc = DeadlockError(message + f"\n(detected by rank {origin}; reported to rank "
+                                f"{self.rank})",
+                                {int(r): str(c) for r, c in calls.items() if str(r).isdigit()}
+                                if isinstance(calls, dict) else None)
+            seen = info.get("reports")
+            if isinstance(seen, dict):
+                exc.reports = {int(r): rep for r, rep in seen.items()
+                               if str(r).isdigit() and isinstance(rep, dict)}
         elif kind == "mismatch":
             exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
                                      f"rank {self.rank})")
@@ -340,6 +367,8 @@ class Communicator:
                 raise
             table = self._check_where(f"rank {self.rank} timed out in "
                                       f"{self._doing() or 'a wait'}")
+            if self.dumper is not None:
+                self.dumper.write(f"DistTimeout: {what()}")
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
@@ -385,20 +414,38 @@ class Communicator:
         """The waiting itself, in the phases ``wait`` describes."""
         if pending.completed:
             return pending.wait(deadline, what)
+        start = time.monotonic()
         if self.transport.driving():
             self._drive(pending, deadline if quiet else
-                        min(deadline, time.monotonic() + self.warn_after))
+                        min(deadline, start + min(self.warn_after, self.deadlock.after)))
             if pending.completed:
                 return pending.wait(deadline, what)  # an error: ``wait`` stops driving
-            self.transport.drive_end()  # past the warning threshold: the I/O thread reads
-        if not quiet and not patient:
-            warn_at = time.monotonic() + self.warn_after
-            if warn_at < deadline:
-                try:
-                    return pending.wait(warn_at, what)
-                except DistTimeout:
-                    self._warn_slow(what)
-        return pending.wait(deadline, what)
+            self.transport.drive_end()  # past the first threshold: the I/O thread reads
+        if quiet:
+            return pending.wait(deadline, what)
+        return self._watch(pending, start, deadline, what, patient)
+
+    def _watch(self, pending: Pending, start: float, deadline: float,
+               what: Callable[[], str], patient: bool) -> Frame:
+        """A wait past the fast path: from ``deadlock.after`` s on, ask (backing off)
+        whether every rank is blocked for good; at ``warn_after`` s log who is where
+        (not when ``patient``); at ``deadline`` time out."""
+        warn_at = math.inf if patient else start + self.warn_after
+        probe_at = start + self.deadlock.after
+        while True:
+            until = min(warn_at, probe_at)
+            if until >= deadline:
+                return pending.wait(deadline, what)
+            try:
+                return pending.wait(until, what)
+            except DistTimeout:
+                pass
+            now = time.monotonic()
+            if now >= warn_at:
+                warn_at = math.inf
+                self._warn_slow(what)
+            if now >= probe_at:
+                probe_at = time.monotonic() + self.deadlock.probe(now - start)
 
     def _drive(self, pending: Pending, limit: float) -> None:
         """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive_begin)."""
@@ -552,7 +599,9 @@ class Communicator:
         peer, a mismatch): it names the rank where it started, so peers that hear from us
         first blame the right rank, not us."""
         origin = getattr(failure, "rank", None)
-        return {"kind": "mismatch" if isinstance(failure, CollectiveMismatch) else "exception",
+        kind = ("mismatch" if isinstance(failure, CollectiveMismatch) else
+                "deadlock" if isinstance(failure, DeadlockError) else "exception")
+        return {"kind": kind,
                 "rank": self.rank if origin is None else origin, "relayed_by": self.rank,
                 "message": str(failure)[:20000],
                 "traceback": str(getattr(failure, "remote_traceback", ""))[:40000],
@@ -585,6 +634,8 @@ class Communicator:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
             # notices our closed connection before the original one blames us.
             self.broadcast_abort(self.relay_of(failure), timeout=timeout)
+            if self.dumper is not None:
+                self.dumper.write(f"left after {type(failure).__name__}: {failure}")
         self.where.settle(min(timeout, 1.0))
         self.closed = True
         self.transport.close()
@@ -601,7 +652,9 @@ class Communicator:
     # --- who is where -----------------------------------------------------------------------
 
     def _report(self) -> dict[str, Any]:
-        return build_report(self)
+        report = build_report(self)
+        report["blocked"] = blocked_state(self)  # what the deadlock detector compares
+        return report
 
     @property
     def departures(self) -> dict[int, str]:

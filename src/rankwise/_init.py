@@ -174,6 +174,10 @@ def init_process_group(
     comm.site_lookup = world.site_lookup
     set_world(world)
     _install_hooks()
+    if comm.dumper is not None:
+        from .diagnosis.dump import install_signal_dumps
+
+        install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s)
 
 
@@ -460,6 +464,8 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
             world.comm.broadcast_abort(info)
         except Exception:  # noqa: BLE001, S110 - the original error matters more
             pass
+        if world.comm.dumper is not None:
+            world.comm.dumper.write(f"uncaught {exc_type.__name__}: {exc}")
     _previous_excepthook(exc_type, exc, tb)
 
 

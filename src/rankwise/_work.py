@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import DistTimeout
 
-__all__ = ["Work", "completed_work", "run_async"]
+__all__ = ["Work", "completed_work", "in_flight", "run_async"]
 
 
 class Work:
@@ -86,6 +86,11 @@ class _Worker:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Work, Callable[[], None]] | None] = \
             queue.SimpleQueue()
+        #: jobs handed in and jobs ended: their difference is the async work in flight,
+        #: which the deadlock detector must see (it may still satisfy someone's wait).
+        #: ``submitted`` changes under ``_worker_lock``, ``ended`` on the worker only.
+        self.submitted = 0
+        self.ended = 0
         self._thread = threading.Thread(target=self._run, name="rankwise-async", daemon=True)
         self._thread.start()
 
@@ -103,6 +108,7 @@ class _Worker:
                 del exc
             else:
                 work._finish()
+            self.ended += 1
             # drop the finished job now, not when the next one arrives (see the class doc)
             del work, fn
 
@@ -127,9 +133,16 @@ def run_async(description: str, fn: Callable[[], None]) -> Work:
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()
-    work = Work(description)
-    _worker.submit(work, fn)
+        work = Work(description)
+        _worker.submitted += 1
+        _worker.submit(work, fn)
     return work
+
+
+def in_flight() -> int:
+    """Async operations of this process handed in and not yet ended (slow path only)."""
+    worker = _worker
+    return 0 if worker is None else max(0, worker.submitted - worker.ended)
 
 
 def stop_worker(timeout: float = 5.0) -> None:

@@ -49,6 +49,8 @@ class ShmEngine:
         self._lock = threading.Lock()
         core.ch.slow_after = self.comm.warn_after
         core.ch.on_slow = self._slow
+        core.ch.stuck_after = self.comm.deadlock.after
+        core.ch.on_stuck = self.comm.deadlock.probe
         self.comm.peer_call_sources.append(self._last_call_of)
 
     def _slow(self) -> None:

@@ -1,9 +1,9 @@
-"""``rankwise run`` / ``bench`` / ``doctor``: the command line, with torchrun's spellings
-accepted.
+"""``rankwise run`` / ``bench`` / ``analyze`` / ``doctor``: the command line, with torchrun's
+spellings accepted.
 
 Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job,
-:mod:`rankwise.launch.bench` owns the ``bench`` subcommand and :mod:`rankwise.doctor`
-the checks of ``doctor``.
+:mod:`rankwise.launch.bench` owns the ``bench`` subcommand, :mod:`rankwise.diagnosis.analyze`
+``analyze``, and :mod:`rankwise.doctor` the checks of ``doctor``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     # parser sees it, so `rankwise run` never imports the benchmark's modules
     sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI); "
                                  "see `rankwise bench --help`", add_help=False)
+    sub.add_parser("analyze", help="merge the RANKWISE_DUMP=dir post-mortem files of a "
+                                   "job into one report; see `rankwise analyze --help`",
+                   add_help=False)
     _add_doctor_options(sub.add_parser(
         "doctor", help="check this machine's environment for a distributed job",
         description="Check the environment problems that make distributed jobs fail (GPU "
@@ -181,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(args[1:])
+    if args and args[0] == "analyze":
+        from ..diagnosis.analyze import main as analyze_main
+
+        return analyze_main(args[1:])
     if args and args[0] == "doctor":
         from ..doctor.run import doctor
 

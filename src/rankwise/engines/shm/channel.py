@@ -121,6 +121,10 @@ class Channel:
         #: who-is-where table there; if that finds the cause, ``check`` raises it)
         self.slow_after = math.inf
         self.on_slow: Callable[[], None] | None = None
+        #: called when a wait has lasted ``stuck_after`` seconds, with the seconds waited;
+        #: returns the seconds until it should be called again (the deadlock probe)
+        self.stuck_after = math.inf
+        self.on_stuck: Callable[[float], float] | None = None
         self.w[lay.record_word(rank, R_PID)] = os.getpid()
         self.w[self._state[rank]] = STATE_LIVE
 
@@ -195,7 +199,9 @@ class Channel:
         fut = self._futex[me]
         addr = self._base + fut * 8
         next_liveness = 0.0
-        slow_at = time.monotonic() + self.slow_after
+        start = time.monotonic()
+        slow_at = start + self.slow_after
+        stuck_at = start + self.stuck_after
         while True:
             missing = self._missing(s)
             if not missing:
@@ -204,6 +210,8 @@ class Channel:
             if now >= slow_at and self.on_slow is not None:
                 slow_at = math.inf  # once per wait
                 self.on_slow()
+            if now >= stuck_at and self.on_stuck is not None:
+                stuck_at = now + self.on_stuck(now - start)
             self._check_peers(missing, s, what, now >= next_liveness)
             if now >= next_liveness:
                 next_liveness = now + _LIVENESS_EVERY
