@@ -47,7 +47,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
 _BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
-_TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
@@ -140,20 +139,33 @@ def init_process_group(
     restart = os.environ.get("RANKWISE_RESTART_COUNT") or \
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
 
-    if store is None:
-        store, rank, world_size, master_addr = _make_store(
-            init_method or "env://", rank, world_size, timeout_s, secret)
-    else:
-        _validate_rank_world(rank, world_size)
-        master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    stage = "store"  # what init was doing when it failed: the doctor's hint for the port
+    try:
+        if store is None:
+            store, rank, world_size, master_addr = _make_store(
+                init_method or "env://", rank, world_size, timeout_s, secret)
+        else:
+            _validate_rank_world(rank, world_size)
+            master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        stage = "rendezvous"
 
-    from .store import PrefixStore
+        from .store import PrefixStore
 
-    scoped = PrefixStore(f"rankwise/{restart}", store)
-    job = _rendezvous(scoped, rank, world_size, timeout_s,
-                      hosting=getattr(store, "server", None) is not None)
-    bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-    socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
+        scoped = PrefixStore(f"rankwise/{restart}", store)
+        job = _rendezvous(scoped, rank, world_size, timeout_s,
+                          hosting=getattr(store, "server", None) is not None)
+        bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
+        socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
+    except DistError as exc:
+        if not isinstance(exc, InvalidArgument):
+            from .doctor import explain_init_failure
+
+            # rank is still -1 when the store failed before the environment was read:
+            # then the doctor reads rank and launcher from the environment itself
+            explain_init_failure(exc, hosting=None if stage == "store" and rank == -1 else
+                                 stage == "store" and rank == 0 and not _agent(),
+                                 token=secret)
+        raise
     comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
@@ -214,11 +226,15 @@ def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
                               "an integer") from None
 
 
+def _agent() -> bool:
+    from .launch.env import uses_agent_store
+
+    return uses_agent_store(os.environ)
+
+
 def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,
                secret: bytes | None) -> Any:
-    agent = (os.environ.get("RANKWISE_AGENT_STORE") in _TRUE
-             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
-    return cls(host, port, world_size=None, is_master=(rank == 0 and not agent),
+    return cls(host, port, world_size=None, is_master=(rank == 0 and not _agent()),
                timeout=timedelta(seconds=timeout_s), token=secret)
 
 
