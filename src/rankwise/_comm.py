@@ -88,6 +88,9 @@ class Communicator:
         #: latest call here, by global rank ("" when they have not seen one)
         self.peer_call_sources: list[Callable[[int], str]] = []
         self.activity = Activity()
+        #: the thread that made this communicator (the user's): a who-is-where answer
+        #: reads its stack to say where a rank that is not in a rankwise call is busy
+        self.user_thread = threading.get_ident()
         self._last_record: tuple[Any, str] | None = None
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}

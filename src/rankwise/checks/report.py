@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any
 
+from .._callsite import calling, stack_of
 from .calls import describe_call
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
@@ -68,10 +70,23 @@ def _state(comm: Any, now: float) -> str:
         if a.patient:
             text += " (rank_zero_first: waiting, without timeout, for rank 0's block)"
         return text
-    clock = time.strftime("%H:%M:%S", time.localtime(a.since))
     last = comm.last_call
-    return (f"running user code since {clock} ({since:.1f}s)"
+    return (f"running user code{_busy_at(comm.user_thread)}, {since:.1f} s"
             + (f" (last call: {last})" if last else " (no collective yet)"))
+
+
+def _busy_at(thread: int) -> str:
+    """`` at train.py:7 in load_data <- train.py:12 in main (time.sleep)``: where the
+    user's thread is now. Read only here, when someone asks where this rank is (the
+    responder thread answering WHERE): the fast path never looks at stacks."""
+    frame = sys._current_frames().get(thread)
+    if frame is None:
+        return " (its thread has ended)"
+    site = stack_of(frame)
+    if not site.frames:
+        return ""
+    callee = calling(frame)
+    return f" at {site.chain}" + (f" ({callee})" if callee else "")
 
 
 def build_report(comm: Any) -> dict[str, Any]:
