@@ -207,11 +207,14 @@ def _build(tkey: tuple[int, ...], kept: list[FrameType]) -> CallSite:
     return site
 
 
-def stack_of(frame: FrameType | None) -> CallSite:
-    """Where a thread is now, from its innermost frame (slow path: a who-is-where
-    answer reads the user's thread with ``sys._current_frames``; nothing is cached)."""
+def stack_of(frame: FrameType | None) -> tuple[CallSite, str]:
+    """Where a thread is now, from its innermost frame, and what the innermost frame
+    kept is calling (``time.sleep``; see ``calling``). Slow path: a who-is-where answer
+    reads the user's thread with ``sys._current_frames``; nothing is cached."""
     kept = _walk(frame)[1]
-    return CallSite(0, _frames_of(kept)) if kept else UNKNOWN
+    if not kept:
+        return UNKNOWN, ""
+    return CallSite(0, _frames_of(kept)), calling(kept[0])
 
 
 def calling(frame: FrameType | None) -> str:
