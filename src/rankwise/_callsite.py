@@ -153,19 +153,20 @@ def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:
     key: list[int] = []
     kept: list[FrameType] = []
     users = via = 0
+    depth, most_via = _DEPTH, _VIA  # locals: a global lookup per frame shows here
     while frame is not None:
         code = frame.f_code
         kind = kinds.get(code.co_filename)
         if kind is None:
             kind = _classify(code.co_filename)
-        if kind == _USER:
+        if not kind:  # _USER
             key.append(id(code))
             key.append(frame.f_lineno)
             kept.append(frame)
             users += 1
-            if users == _DEPTH:
+            if users == depth:
                 break
-        elif kind == _LIBRARY and not users and via < _VIA:
+        elif kind == 1 and not users and via < most_via:  # _LIBRARY, before the user's
             key.append(id(code))
             key.append(frame.f_lineno)
             kept.append(frame)
@@ -208,13 +209,15 @@ def _build(tkey: tuple[int, ...], kept: list[FrameType]) -> CallSite:
 
 
 def stack_of(frame: FrameType | None) -> tuple[CallSite, str]:
-    """Where a thread is now, from its innermost frame, and what the innermost frame
-    kept is calling (``time.sleep``; see ``calling``). Slow path: a who-is-where answer
-    reads the user's thread with ``sys._current_frames``; nothing is cached."""
+    """Where a thread is now, from its innermost frame, and what the user's innermost
+    frame is calling (``time.sleep``, ``loader.next``: see ``calling``; the library
+    frames under it are in the site's "via"). Slow path: a who-is-where answer reads
+    the user's thread with ``sys._current_frames``; nothing is cached."""
     kept = _walk(frame)[1]
     if not kept:
         return UNKNOWN, ""
-    return CallSite(0, _frames_of(kept)), calling(kept[0])
+    user = next((f for f in kept if not _kinds.get(f.f_code.co_filename)), kept[0])
+    return CallSite(0, _frames_of(kept)), calling(user)
 
 
 def calling(frame: FrameType | None) -> str:
