@@ -90,11 +90,15 @@ class CallSite:
         return (), self.frames
 
     @property
+    def first(self) -> tuple[str, int, str] | None:
+        """The innermost frame of the user's code (of a library when there is none)."""
+        return self._split()[1][0] if self.frames else None
+
+    @property
     def short(self) -> str:
         """``train.py:41 in create_dataloader``: the innermost frame of the user's code."""
-        if not self.frames:
-            return "<unknown>"
-        return _where(self._split()[1][0])
+        first = self.first
+        return "<unknown>" if first is None else _where(first)
 
     @property
     def chain(self) -> str:
