@@ -71,7 +71,10 @@ def test_messages_show_shapes_and_compare_counts() -> None:
     check(ranks, "CollectiveMismatch", "collective #2",
           f"all_reduce(float32[2, 2], op=SUM) at {at('shape-mismatch')}",
           f"all_reduce(float32[1, 5], op=SUM) at {at('shape-mismatch')}",
-          "Where the ranks diverged: collective #2", within=15.0)
+          "Where the ranks diverged: collective #2",
+          # #1's shapes differ, its counts agree: the row shows what was compared
+          f"#1    all ranks: all_reduce(float32 x 4, op=SUM) at {at('same-count')}",
+          within=15.0)
     for res in ranks:
         assert "collective #1 " not in res.message, res.message
 

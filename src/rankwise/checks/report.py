@@ -265,7 +265,9 @@ def _partition(hist: dict[int, dict[int, dict[str, Any]]], seq: int
             continue
         key = (str(e.get("fp") or e.get("call")), str(e.get("chain")))
         groups.setdefault(key, []).append(r)
-        sample.setdefault(key, e)
+        seen = sample.setdefault(key, e)
+        if seen.get("call") != e.get("call"):  # same counts, other shapes: show counts
+            sample[key] = {**seen, "call": seen.get("fp") or seen.get("call")}
     parts = [(ranks, sample[k]) for k, ranks in groups.items()]
     parts.sort(key=lambda p: (len(p[0]), p[0][0]))  # the odd one out first
     return parts
