@@ -246,7 +246,8 @@ def test_rank_stuck_in_a_long_computation() -> None:
     assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
     check(ranks, "DistTimeout", "timed out after 3s in barrier()",
           f"at {P}:{line_of('stuck-barrier')}", "waiting for rank 1", "who is where",
-          "rank 1: running user code since", f"last call: barrier() at {P}:", only=[0],
+          f"rank 1: running user code at {P}:", f" in _busy <- {P}:{line_of('busy')} in stuck",
+          f"last call: barrier() at {P}:", only=[0],
           within=12.0)
     # rank 1 comes back from its computation and learns why rank 0 is gone
     check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
@@ -280,7 +281,8 @@ def test_large_all_reduce_waiting_for_a_stuck_peer() -> None:
     zero = ranks[0]
     assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
     check(ranks, "DistTimeout", f"timed out after 3s in all_reduce(float32 x {LARGE}, op=SUM)",
-          f"at {P}:{line_of('stuck-large')}", "who is where", "rank 1: running user code since",
+          f"at {P}:{line_of('stuck-large')}", "who is where", f"rank 1: running user code at {P}:",
+          " in _busy <- ",
           only=[0], within=12.0)
 
 

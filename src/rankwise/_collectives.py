@@ -40,15 +40,16 @@ _OP_NAMES = {op: op.name for op in Op}
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
-           engine: Engine | None = None) -> Work | None:
+           engine: Engine | None = None, shape: tuple[int, ...] | None = None) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
-    inline or, with ``async_op``, on the async worker."""
+    inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
+    for messages only (the fingerprint compares element counts, as before)."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count)
     runner = group.engine if engine is None else engine
-    seq, record = group.begin(fp, site, frames=runner.framed)
+    seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
     call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
     if async_op:
         work = run_async(f"{op.name} #{seq} on {group.name}",
@@ -114,7 +115,8 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     buf = as_buffer(tensor, "tensor", writable=True)
     root = _root(g, src, group_src, "src")
     return launch(g, Op.broadcast, buf.dtype, buf.numel, None, root,
-                  lambda engine, call: engine.broadcast(call, buf.array, root), async_op)
+                  lambda engine, call: engine.broadcast(call, buf.array, root), async_op,
+                  shape=buf.shape)
 
 
 def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name: str,
@@ -143,7 +145,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     rop = _reduce_op(op, buf, "all_reduce")
     arr = buf.array
     return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
-                  lambda engine, call: engine.all_reduce(call, arr), async_op)
+                  lambda engine, call: engine.all_reduce(call, arr), async_op,
+                  shape=buf.shape)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
@@ -155,7 +158,8 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     rop = _reduce_op(op, buf, "reduce")
     root = _root(g, dst, group_dst, "dst")
     return launch(g, Op.reduce, buf.dtype, buf.numel, rop, root,
-                  lambda engine, call: engine.reduce(call, buf.array, root), async_op)
+                  lambda engine, call: engine.reduce(call, buf.array, root), async_op,
+                  shape=buf.shape)
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
@@ -174,7 +178,8 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
-    return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op)
+    return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op,
+                  shape=mine.shape)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -196,7 +201,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
-    return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op)
+    return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op,
+                  shape=mine.shape)
 
 
 def _root_slots(g: ProcessGroup, root: int, xs: Any, ref: Buffer, op: str, name: str,
@@ -227,7 +233,8 @@ def gather(tensor: Any, gather_list: Any = None, dst: int | None = None, group: 
     root = _root(g, dst, group_dst, "dst", default=0)
     slots = _root_slots(g, root, gather_list, mine, "gather", "gather_list", "dst", True)
     return launch(g, Op.gather, mine.dtype, mine.numel, None, root,
-                  lambda engine, call: engine.gather(call, mine.array, slots, root), async_op)
+                  lambda engine, call: engine.gather(call, mine.array, slots, root), async_op,
+                  shape=mine.shape)
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group: Any = None,
@@ -239,7 +246,8 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group
     root = _root(g, src, group_src, "src", default=0)
     slots = _root_slots(g, root, scatter_list, out, "scatter", "scatter_list", "src", False)
     return launch(g, Op.scatter, out.dtype, out.numel, None, root,
-                  lambda engine, call: engine.scatter(call, out.array, slots, root), async_op)
+                  lambda engine, call: engine.scatter(call, out.array, slots, root), async_op,
+                  shape=out.shape)
 
 
 def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -280,7 +288,8 @@ def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, 
         engine.reduce_scatter(call, chunks)
         out.array[...] = chunks[call.rank]
 
-    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op)
+    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op,
+                  shape=out.shape)
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,

@@ -35,6 +35,7 @@ from .checks.report import (
     format_where,
     mismatch_report,
     rank_list,
+    reported_shape,
     stalled_mismatch,
 )
 from .checks.where import WhereService
@@ -97,6 +98,9 @@ class Communicator:
         #: latest call here, by global rank ("" when they have not seen one)
         self.peer_call_sources: list[Callable[[int], str]] = []
         self.activity = Activity()
+        #: the thread that made this communicator (the user's): a who-is-where answer
+        #: reads its stack to say where a rank that is not in a rankwise call is busy
+        self.user_thread = threading.get_ident()
         self._last_record: tuple[Any, str] | None = None
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
@@ -239,8 +243,7 @@ class Communicator:
         record = group.record_of(a.seq) if group is not None else None
         if record is None:
             return f"{a.op}()"
-        fp = record.fp
-        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+        return str(record.describe(site=False))
 
     def _departed_error(self, rank: int, where: str) -> PeerFailure:
         doing = self._doing() or "a call"
@@ -516,21 +519,31 @@ class Communicator:
 
     # --- failures ---------------------------------------------------------------------------
 
-    def _on_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str) -> None:
+    def _mismatch_message(self, frame: Frame, fp: Fingerprint | None, detail: str,
+                          reports: dict[int, dict[str, Any]] | None = None) -> str:
+        """Both calls, in the user's words. The peer's tensor shape is not in its frame
+        (which carries element counts): it comes from its report, when there is one."""
+        shape = (None if reports is None else
+                 reported_shape(reports, frame.src, frame.group, frame.seq))
         theirs = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root,
-                               self.peer_sites[frame.src].get(frame.site))
-        ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
-                              self._site_of_seq(frame.group, frame.seq))
-                if fp is not None else "(a different call)")
+                               self.peer_sites[frame.src].get(frame.site), shape)
         group = self.groups.get(frame.group)
+        record = group.record_of(frame.seq) if group is not None else None
+        ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
+                              self._site_of_seq(frame.group, frame.seq),
+                              record.shape if record is not None else None)
+                if fp is not None else "(a different call)")
         gname = f"group {frame.group}" if group is None else group.name
-        message = (
+        return (
             f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
             + mismatch_advice(frame.op, frame.root, fp.op if fp is not None else 0,
                               fp.root if fp is not None else 0)
         )
+
+    def _on_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str) -> None:
+        message = self._mismatch_message(frame, fp, detail)
         with self._diag_lock:
             if self._diagnosing or self.router.failure is not None:
                 return
@@ -545,17 +558,20 @@ class Communicator:
             self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message},
                                  background=True)
             return
-        threading.Thread(target=self._diagnose_mismatch, args=(frame, message, exc),
+        threading.Thread(target=self._diagnose_mismatch, args=(frame, fp, detail, exc),
                          name="rankwise-diagnose", daemon=True).start()
 
-    def _diagnose_mismatch(self, frame: Frame, message: str, exc: CollectiveMismatch) -> None:
+    def _diagnose_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str,
+                           exc: CollectiveMismatch) -> None:
         """Off the I/O thread: gather every rank's history (bounded), complete the
         exception's message, tell the peers, then release this rank's waiters."""
         assert self._diag_done is not None
         report = ""
+        message = str(exc)
         try:
-            report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
-                                     self.rank, frame.src)
+            reports = self.where_is_everyone(2.0)
+            message = self._mismatch_message(frame, fp, detail, reports)
+            report = mismatch_report(reports, frame.group, frame.seq, self.rank, frame.src)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
             report = f"(the divergence report failed: {err!r})"
         full = message + ("\n\n" + report if report else "")

@@ -30,7 +30,8 @@ from ._callsite import capture
 from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
-from .engines.select import choose_engine, requested_engine
+from .checks.groups import GroupEntry, agree_on_group
+from .engines.select import choose_engine, host_identity, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from .transport.mesh import Mesh, exited_peers, local_address_for
 from .transport.tcp import TcpTransport
@@ -433,13 +434,21 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     if not members:
         raise InvalidArgument("new_group: ranks must not be empty")
     members = sorted(members)
+    limit = seconds(timeout, world.timeout)
     gid = world.next_group_id(members)
-    if world.comm.rank not in members:
+    comm = world.comm
+    # every rank, member or not, says which group it creates now: out of order is an
+    # error here, on every rank (see checks.groups); the hosts serve the engine choice
+    entries = agree_on_group(world.rendezvous, world.group_counter,
+                             GroupEntry(tuple(members), capture(), host_identity()),
+                             comm.rank, comm.world_size, limit)
+    if comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
-                         world.backend, group_desc or f"group {members}")
+    group = ProcessGroup(comm, gid, members, limit, world.backend,
+                         group_desc or f"group {members}")
     world.register(group)
-    group.engine = choose_engine(group, world.rendezvous, group.timeout)
+    group.engine = choose_engine(group, world.rendezvous, group.timeout,
+                                 hosts=[entries[r].host for r in members])
     return group
 
 
