@@ -46,18 +46,22 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
-_BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
+#: what init_process_group accepts; every one runs on rankwise's own engines
+BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp"))
 _TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
+    """The backend name ``get_backend`` reports: what was asked, lower-cased, as torch does
+    (``"gloo"``, ``"cpu:gloo"``). Which engine moves the data is the group's own business
+    (``ProcessGroup.engine_name()``: ``"shm"`` or ``"tcp"``)."""
     if backend is None:
         return "tcp"
     if not isinstance(backend, str):
         raise InvalidArgument(f"backend must be a string, got {backend!r}")
     name = backend.lower()
-    if name in _BACKENDS:
-        return name if name in ("tcp", "gloo") else "tcp"
+    if name in BACKENDS:
+        return name
     if "nccl" in name or "cuda" in name:
         raise InvalidArgument(
             f"backend {backend!r} needs GPU support, which rankwise has not built yet; use "
@@ -406,8 +410,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
               use_local_synchronization: bool = False, group_desc: str | None = None) -> Any:
     """Create a group; like torch, every rank of the job must call it, in the same order."""
     world = current()
-    if backend is not None:
-        _check_backend(backend)
+    backend_name = world.backend if backend is None else _check_backend(backend)
     members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
     for r in members:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:
@@ -421,7 +424,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     if world.comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
     group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
-                         world.backend, group_desc or f"group {members}")
+                         backend_name, group_desc or f"group {members}")
     world.register(group)
     group.engine = choose_engine(group, world.rendezvous, group.timeout)
     return group
