@@ -184,6 +184,7 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
     if "world_size" in query and world_size == -1:
         world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
+        _refuse_torchrun_store()
         rank, world_size, addr, port = _from_cluster_env(
             rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
@@ -208,6 +209,17 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
         return FileStore(path, world_size), rank, world_size, "127.0.0.1"
     raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
                           "tcp://host:port or file:///path")
+
+
+def _refuse_torchrun_store() -> None:
+    """Under torchrun, MASTER_PORT is torch's own store (hosted by its agent), which speaks
+    another protocol: connecting there would wait the whole timeout and then blame the
+    store. Say what is wrong and what to run instead, before any I/O."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1":
+        raise RendezvousError(
+            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
+            "store, not rankwise's: start it with `rankwise run` instead (same options, e.g. "
+            "`rankwise run --nproc-per-node 2 script.py`)")
 
 
 def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
