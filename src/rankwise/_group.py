@@ -66,6 +66,11 @@ class ProcessGroup:
         self.queued: Work | None = None
         comm.groups[group_id] = self  # who-is-where reports read every group's history
 
+    def engine_name(self) -> str:
+        """The engine that moves this group's collective data (``"shm"`` or ``"tcp"``);
+        ``get_backend`` reports the backend name the user asked for instead, as torch."""
+        return self.engine.name
+
     # torch-compatible accessors
     def rank(self) -> int:
         return self._index[self.comm.rank]

@@ -47,17 +47,22 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
-_BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
+#: what init_process_group accepts; every one runs on rankwise's own engines
+BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp"))
+_TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
+    """The backend name ``get_backend`` reports: what was asked, lower-cased, as torch does
+    (``"gloo"``, ``"cpu:gloo"``). Which engine moves the data is the group's own business
+    (``ProcessGroup.engine_name()``: ``"shm"`` or ``"tcp"``)."""
     if backend is None:
         return "tcp"
     if not isinstance(backend, str):
         raise InvalidArgument(f"backend must be a string, got {backend!r}")
     name = backend.lower()
-    if name in _BACKENDS:
-        return name if name in ("tcp", "gloo") else "tcp"
+    if name in BACKENDS:
+        return name
     if "nccl" in name or "cuda" in name:
         raise InvalidArgument(
             f"backend {backend!r} needs GPU support, which rankwise has not built yet; use "
@@ -193,6 +198,7 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
     if "world_size" in query and world_size == -1:
         world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
+        _refuse_torchrun_store()
         rank, world_size, addr, port = _from_cluster_env(
             rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
@@ -217,6 +223,17 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
         return FileStore(path, world_size), rank, world_size, "127.0.0.1"
     raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
                           "tcp://host:port or file:///path")
+
+
+def _refuse_torchrun_store() -> None:
+    """Under torchrun, MASTER_PORT is torch's own store (hosted by its agent), which speaks
+    another protocol: connecting there would wait the whole timeout and then blame the
+    store. Say what is wrong and what to run instead, before any I/O."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1":
+        raise RendezvousError(
+            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
+            "store, not rankwise's: start it with `rankwise run` instead (same options, e.g. "
+            "`rankwise run --nproc-per-node 2 script.py`)")
 
 
 def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
@@ -423,8 +440,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
               use_local_synchronization: bool = False, group_desc: str | None = None) -> Any:
     """Create a group; like torch, every rank of the job must call it, in the same order."""
     world = current()
-    if backend is not None:
-        _check_backend(backend)
+    backend_name = world.backend if backend is None else _check_backend(backend)
     members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
     for r in members:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:
@@ -444,7 +460,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
                              comm.rank, comm.world_size, limit)
     if comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    group = ProcessGroup(comm, gid, members, limit, world.backend,
+    group = ProcessGroup(comm, gid, members, limit, backend_name,
                          group_desc or f"group {members}")
     world.register(group)
     group.engine = choose_engine(group, world.rendezvous, group.timeout,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ._future import Future
 from .errors import DistTimeout
 
 __all__ = ["Work", "completed_work", "in_flight", "run_async"]
@@ -26,10 +27,35 @@ class Work:
         self._result = result
         self.description = description
         self._on_done: list[Callable[[], None]] = []
+        self._future: Future | None = None
+        self._future_lock = threading.Lock()
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        self._done.set()
+        with self._future_lock:
+            self._done.set()
+            future = self._future
+        if future is not None:
+            self._settle(future)
+
+    def _settle(self, future: Future) -> None:
+        if self._error is not None:
+            future.set_exception(self._error)
+        else:
+            future.set_result(self._result)
+
+    def get_future(self) -> Future:
+        """A ``Future`` completed with this call's output tensors (a list, as torch's) when
+        the call completes, or with its error; ``then`` chains work after it (DDP
+        communication hooks)."""
+        with self._future_lock:
+            if self._future is not None:
+                return self._future
+            self._future = future = Future()
+            done = self._done.is_set()
+        if done:
+            self._settle(future)
+        return future
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; re-raise its error in this thread."""
@@ -128,12 +154,12 @@ _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
 
-def run_async(description: str, fn: Callable[[], None]) -> Work:
+def run_async(description: str, fn: Callable[[], None], result: Any = None) -> Work:
     global _worker
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()
-        work = Work(description)
+        work = Work(description, result)
         _worker.submitted += 1
         _worker.submit(work, fn)
     return work

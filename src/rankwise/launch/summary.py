@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .worker import one_line
+
 __all__ = [
     "WorkerOutcome",
     "exit_status_text",
@@ -136,7 +138,7 @@ def _indent(text: str, pad: str = "    ") -> str:
 def _describe(o: WorkerOutcome) -> str:
     text = exit_status_text(o.returncode)
     if o.error is not None:
-        text += f", raised {o.error.get('exc_type')}: {str(o.error.get('message', ''))[:160]}"
+        text += f", raised {one_line(str(o.error.get('exc_type')), str(o.error.get('message')))}"
     if o.stopped_at is not None:
         text += f", was stopped (SIGSTOP/SIGTSTP) at {_clock(o.stopped_at)}"
     if o.signalled_by_launcher:
@@ -190,7 +192,7 @@ def cause_line(outcome: WorkerOutcome) -> str:
     """One line naming a failure, for other nodes' summaries."""
     text = f"rank {outcome.rank} (node {outcome.node_rank}) {exit_status_text(outcome.returncode)}"
     if outcome.error is not None:
-        text += f": {outcome.error.get('exc_type')}: {outcome.error.get('message', '')}"
+        text += f": {one_line(str(outcome.error.get('exc_type')), str(outcome.error.get('message')))}"
     return text + f" at {_clock(outcome.failed_at)}"
 
 

@@ -28,7 +28,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["Terminated", "install_worker_hooks", "write_error_file"]
+__all__ = ["Terminated", "install_worker_hooks", "one_line", "write_error_file"]
 
 ERROR_FILE_ENV = "RANKWISE_ERROR_FILE"
 _installed = False
@@ -80,6 +80,13 @@ def write_error_file(
     return True
 
 
+def one_line(exc_type: type[BaseException] | str, exc: BaseException | str) -> str:
+    """``ExcType: first line of the message``: how a rank's failure is named in one line."""
+    name = exc_type if isinstance(exc_type, str) else exc_type.__qualname__
+    lines = str(exc).strip().splitlines()
+    return f"{name}: {lines[0][:200]}" if lines else name
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
@@ -101,8 +108,16 @@ def install_worker_hooks() -> None:
     def excepthook(
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
+        if not os.environ.get(ERROR_FILE_ENV):
+            previous_hook(exc_type, exc, tb)
+            return
+        # the launcher prints the traceback once, in its summary (from the error file):
+        # printed here too it appeared once per rank plus once there
         write_error_file(exc_type, exc, tb)
-        previous_hook(exc_type, exc, tb)
+        rank = os.environ.get("RANK", "?")
+        sys.stderr.write(f"rank {rank}: {one_line(exc_type, exc)} (traceback: in the "
+                         "launcher's summary)\n")
+        sys.stderr.flush()
 
     sys.excepthook = excepthook
 
