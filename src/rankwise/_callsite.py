@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 from types import FrameType
 
-__all__ = ["CallSite", "capture", "enabled", "set_enabled", "site_text"]
+__all__ = ["CallSite", "capture", "enabled", "set_enabled", "site_text", "skip_directory"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: frames of the standard library's context-manager plumbing are skipped too: a barrier
@@ -24,6 +24,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: ``contextlib.py:144 in __exit__``
 _SKIP_FILES = (os.sep + "contextlib.py",)
 _DEPTH = 4  #: user frames kept: the call and up to three callers
+#: directories whose frames are never the user's: rankwise itself, plus what
+#: :func:`skip_directory` adds (``rankwise.torch`` adds torch's, so a call that comes through
+#: ``torch.distributed`` points at the user's line, not at ``distributed_c10d.py``)
+_skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)
 
 #: RANKWISE_DIAGNOSIS=0 turns call-site capture off (every call gets UNKNOWN): the switch
 #: that ``benchmarks/diagnosis.py`` flips to measure what diagnosis costs
@@ -84,8 +88,21 @@ _internal: dict[str, bool] = {}
 def _classify(filename: str) -> bool:
     # sys.path may hold non-normalized paths ("bench/../src")
     path = os.path.abspath(filename)
-    known = _internal[filename] = path.startswith(_PACKAGE_DIR) or path.endswith(_SKIP_FILES)
+    known = _internal[filename] = path.startswith(_skip_dirs) or path.endswith(_SKIP_FILES)
     return known
+
+
+def skip_directory(path: str) -> None:
+    """Treat every frame under ``path`` as library code, not the user's.
+
+    Forgets what was classified and cached so far (a frame of ``path`` may have been
+    taken for the user's already)."""
+    global _skip_dirs
+    prefix = os.path.join(os.path.abspath(path), "")
+    if prefix not in _skip_dirs:
+        _skip_dirs = (*_skip_dirs, prefix)
+        _internal.clear()
+        _cache.clear()
 
 
 def _is_internal(frame: FrameType) -> bool:

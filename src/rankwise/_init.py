@@ -416,8 +416,16 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     gid = world.next_group_id(members)
     if world.comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
-                         world.backend, group_desc or f"group {members}")
+    return make_group(world, gid, members, seconds(timeout, world.timeout),
+                      group_desc or f"group {members}")
+
+
+def make_group(world: World, gid: int, members: list[int], timeout_s: float,
+               desc: str) -> ProcessGroup:
+    """Build, register and give an engine to the group ``gid`` of the sorted global ranks
+    ``members``; only members call it. Shared by ``new_group`` and the torch backend
+    (torch asks only the members, and names the group itself)."""
+    group = ProcessGroup(world.comm, gid, members, timeout_s, world.backend, desc)
     world.register(group)
     group.engine = choose_engine(group, world.rendezvous, group.timeout)
     return group

@@ -1,0 +1,107 @@
+"""``SyncBatchNorm`` that works on CPU tensors, over any torch.distributed backend.
+
+Why: torch 2.13's ``nn.SyncBatchNorm`` raises "SyncBatchNorm expected input tensor to be
+on GPU" for CPU input as soon as a process group is initialized (its kernels
+``batch_norm_stats`` / ``batch_norm_gather_stats_with_counts`` have no CPU version).
+This drop-in is a subclass (``isinstance(m, nn.SyncBatchNorm)`` holds, so torch's DDP
+treats it as one) whose training forward computes the batch statistics of the whole group:
+one all-reduce of ``[sum, sum of squares, count]`` per channel. The all-reduce is
+differentiable (its backward all-reduces the gradient), so autograd yields exactly the
+synchronized gradient torch's CUDA kernels compute. Eval mode, a group of one, or no
+initialized group: plain ``F.batch_norm``, as torch does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F  # noqa: N812 - torch's spelling
+from torch import nn
+
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over the group; the gradient of a sum is the sum of the gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = tensor.clone()
+        tdist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = grad.contiguous().clone()
+        tdist.all_reduce(out, group=ctx.group)
+        return out, None
+
+
+class SyncBatchNorm(nn.SyncBatchNorm):
+    """``torch.nn.SyncBatchNorm`` with the same arguments, buffers and results, on CPU."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        self._check_non_zero_input_channels(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            assert self.num_batches_tracked is not None  # noqa: S101 - torch's invariant
+            self.num_batches_tracked.add_(1)
+            factor = (1.0 / float(self.num_batches_tracked.item()) if self.momentum is None
+                      else self.momentum)
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        tracked = not self.training or self.track_running_stats
+        running_mean = self.running_mean if tracked else None
+        running_var = self.running_var if tracked else None
+        group = self.process_group or tdist.group.WORLD
+        if not (bn_training and self.training and tdist.is_available()
+                and tdist.is_initialized() and tdist.get_world_size(group) > 1):
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
+                                bn_training, factor, self.eps)
+        return self._synced(input, running_mean, running_var, factor, group)
+
+    def _synced(self, x: torch.Tensor, running_mean: torch.Tensor | None,
+                running_var: torch.Tensor | None, factor: float, group: Any) -> torch.Tensor:
+        channels = x.size(1)
+        dims = [0, *range(2, x.dim())]
+        local_n = x.numel() // channels
+        stats = torch.cat([x.sum(dims), (x * x).sum(dims), x.new_full((1,), float(local_n))])
+        stats = _AllReduceSum.apply(stats, group)
+        n = stats[-1]
+        mean = stats[:channels] / n
+        var = stats[channels:2 * channels] / n - mean * mean  # biased, as in normalization
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if self.weight is not None and self.bias is not None:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        with torch.no_grad():
+            if running_mean is not None:
+                running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
+            if running_var is not None:
+                unbiased = var.detach() * (n / (n - 1).clamp(min=1))
+                running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+        return y
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: nn.Module, process_group: Any = None) -> nn.Module:
+        """Like torch's, but the layers it makes are this CPU-capable class."""
+        return convert_sync_batchnorm(module, process_group)
+
+
+def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
+    """torch's ``SyncBatchNorm.convert_sync_batchnorm``, making rankwise's CPU drop-in
+    (``BatchNorm*d`` layers and torch's own ``SyncBatchNorm`` alike)."""
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
+    return _retype(converted)
+
+
+def _retype(module: nn.Module) -> nn.Module:
+    """Switch every ``nn.SyncBatchNorm`` to this subclass in place (same state: the
+    subclass adds no attributes, so parameters, buffers and hooks stay as they are)."""
+    for m in module.modules():
+        if type(m) is nn.SyncBatchNorm:
+            m.__class__ = SyncBatchNorm
+    return module
