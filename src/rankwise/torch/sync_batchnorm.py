@@ -3,12 +3,15 @@
 Why: torch 2.13's ``nn.SyncBatchNorm`` raises "SyncBatchNorm expected input tensor to be
 on GPU" for CPU input as soon as a process group is initialized (its kernels
 ``batch_norm_stats`` / ``batch_norm_gather_stats_with_counts`` have no CPU version).
-This drop-in is a subclass (``isinstance(m, nn.SyncBatchNorm)`` holds, so torch's DDP
-treats it as one) whose training forward computes the batch statistics of the whole group:
+This drop-in has the same arguments, state and results, and its training forward
+computes the batch statistics of the whole group:
 one all-reduce of ``[sum, sum of squares, count]`` per channel. The all-reduce is
 differentiable (its backward all-reduces the gradient), so autograd yields exactly the
 synchronized gradient torch's CUDA kernels compute. Eval mode, a group of one, or no
 initialized group: plain ``F.batch_norm``, as torch does.
+
+It is deliberately *not* a subclass of ``nn.SyncBatchNorm``: torch's DDP refuses any such
+layer in a CPU module ("SyncBatchNorm layers only work with GPU modules").
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F  # noqa: N812 - torch's spelling
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
@@ -40,8 +44,23 @@ class _AllReduceSum(torch.autograd.Function):
         return out, None
 
 
-class SyncBatchNorm(nn.SyncBatchNorm):
+class SyncBatchNorm(_BatchNorm):
     """``torch.nn.SyncBatchNorm`` with the same arguments, buffers and results, on CPU."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True,
+                 process_group: Any = None, device: Any = None, dtype: Any = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _check_non_zero_input_channels(self, input: torch.Tensor) -> None:
+        if input.size(1) == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
@@ -99,8 +118,8 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
 
 
 def _retype(module: nn.Module) -> nn.Module:
-    """Switch every ``nn.SyncBatchNorm`` to this subclass in place (same state: the
-    subclass adds no attributes, so parameters, buffers and hooks stay as they are)."""
+    """Switch every ``nn.SyncBatchNorm`` to this class in place: both are ``_BatchNorm``s
+    with a ``process_group``, so parameters, buffers and hooks stay as they are."""
     for m in module.modules():
         if type(m) is nn.SyncBatchNorm:
             m.__class__ = SyncBatchNorm
