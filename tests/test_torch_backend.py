@@ -15,8 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch_scripts.helpers import ROOT, SCRIPTS, env, free_port, run_launcher  # noqa: E402
-from test_diagnosis_programs import line_of  # noqa: E402
+from launch_scripts.helpers import ROOT, SCRIPTS, env, free_port, run_launcher
+from test_diagnosis_programs import line_of
 
 PROGRAM = str(SCRIPTS / "torch_programs.py")
 TIMEOUT = 240.0  #: hard bound per job; the loaded 2-core machine needs the margin
@@ -36,8 +36,8 @@ def _states(out: Path, tag: str) -> list[dict[str, torch.Tensor]]:
 
 def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{what}: {k} differs: {a[k]} vs {b[k]}"
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), f"{what}: {k} differs: {value} vs {b[k]}"
 
 
 def test_ddp_with_sync_batchnorm_matches_gloo(tmp_path: Path) -> None:

@@ -1,3 +1,6 @@
+# torch's stubs give these methods overloaded convenience forms (``gather(outs, in, root)``)
+# that torch's Python never calls on a backend; the options form below is the one it calls.
+# mypy: disable-error-code="override,assignment"
 """A ``torch.distributed.ProcessGroup`` whose every operation runs on a rankwise group.
 
 Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13 gives Python a
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
 from .. import _collectives as coll
@@ -41,7 +44,8 @@ def _done(result: Any) -> tdist.Work:
     """A finished ``Work``; its future holds ``result`` (torch's convention: the tensors)."""
     fut: Future[Any] = Future()
     fut.set_result(result)
-    return _create_work_from_future(fut)
+    work: tdist.Work = _create_work_from_future(fut)
+    return work
 
 
 def _reduce_op(opts: Any) -> ReduceOp:
@@ -56,7 +60,7 @@ def _one(tensors: Any, what: str) -> Any:
     return tensors[0]
 
 
-class _RecvWork(tdist.Work):  # type: ignore[misc]
+class _RecvWork(tdist.Work):
     """A pending receive: ``wait`` finishes it (bounded by the group's timeout)."""
 
     def __init__(self, inner: RankwiseWork, tensors: Tensors) -> None:
@@ -88,15 +92,16 @@ class _RecvWork(tdist.Work):  # type: ignore[misc]
         return fut
 
 
-class TorchProcessGroup(tdist.ProcessGroup):  # type: ignore[misc]
+class TorchProcessGroup(tdist.ProcessGroup):
     """torch's view of one rankwise group (made by the backend's creator function)."""
 
     def __init__(self, group: RankwiseGroup, owns_world: bool) -> None:
-        super().__init__(group.group_rank, group.size())
+        # the (rank, size) constructor: the one a Python subclass gets (no store needed)
+        super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
         self.group = group
         self._owns_world = owns_world
 
-    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+    def getBackendName(self) -> str:
         return BACKEND_NAME
 
     @property
@@ -215,12 +220,12 @@ class TorchProcessGroup(tdist.ProcessGroup):  # type: ignore[misc]
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
         work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag, group_src=src)
-        assert work is not None  # noqa: S101 - torch only asks members
+        assert work is not None
         return _RecvWork(work, tensors)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> tdist.Work:
         work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag)
-        assert work is not None  # noqa: S101 - torch only asks members
+        assert work is not None
         return _RecvWork(work, tensors)
 
     # --- leaving --------------------------------------------------------------------------

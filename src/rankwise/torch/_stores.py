@@ -13,7 +13,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as tdist
+from torch._C._distributed_c10d import PrefixStore
+from torch._C._distributed_c10d import Store as _TorchStore
 
 from ..errors import StoreError
 from ..store.base import Store
@@ -24,7 +25,7 @@ __all__ = ["RankwiseStoreView", "TorchStoreView", "rankwise_store_under"]
 _POLL = timedelta(milliseconds=1)
 
 
-class TorchStoreView(tdist.Store):  # type: ignore[misc]
+class TorchStoreView(_TorchStore):
     """torch's ``Store`` interface over a rankwise store."""
 
     def __init__(self, inner: Store) -> None:
@@ -67,7 +68,7 @@ def rankwise_store_under(store: Any) -> Store | None:
     torch scopes the store it hands to a backend (``"<group>/"`` prefixes); rankwise's own
     rendezvous wants the unscoped launcher store, whose ``rankwise/<attempt>/exited/<rank>``
     keys tell waiting ranks at once that a peer died before the group formed."""
-    while isinstance(store, tdist.PrefixStore):
+    while isinstance(store, PrefixStore):
         store = store.underlying_store
     return store.inner if isinstance(store, TorchStoreView) else None
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-import torch.nn.functional as F  # noqa: N812 - torch's spelling
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -67,7 +67,7 @@ class SyncBatchNorm(_BatchNorm):
         self._check_non_zero_input_channels(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
-            assert self.num_batches_tracked is not None  # noqa: S101 - torch's invariant
+            assert self.num_batches_tracked is not None
             self.num_batches_tracked.add_(1)
             factor = (1.0 / float(self.num_batches_tracked.item()) if self.momentum is None
                       else self.momentum)
@@ -88,12 +88,12 @@ class SyncBatchNorm(_BatchNorm):
         dims = [0, *range(2, x.dim())]
         local_n = x.numel() // channels
         stats = torch.cat([x.sum(dims), (x * x).sum(dims), x.new_full((1,), float(local_n))])
-        stats = _AllReduceSum.apply(stats, group)
+        stats = _AllReduceSum.apply(stats, group)  # type: ignore[no-untyped-call]
         n = stats[-1]
         mean = stats[:channels] / n
         var = stats[channels:2 * channels] / n - mean * mean  # biased, as in normalization
         shape = [1, channels] + [1] * (x.dim() - 2)
-        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y: torch.Tensor = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.weight is not None and self.bias is not None:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         with torch.no_grad():
@@ -113,7 +113,8 @@ class SyncBatchNorm(_BatchNorm):
 def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
     """torch's ``SyncBatchNorm.convert_sync_batchnorm``, making rankwise's CPU drop-in
     (``BatchNorm*d`` layers and torch's own ``SyncBatchNorm`` alike)."""
-    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(  # type: ignore[no-untyped-call]
+        module, process_group)
     return _retype(converted)
 
 
@@ -122,5 +123,5 @@ def _retype(module: nn.Module) -> nn.Module:
     with a ``process_group``, so parameters, buffers and hooks stay as they are."""
     for m in module.modules():
         if type(m) is nn.SyncBatchNorm:
-            m.__class__ = SyncBatchNorm
+            m.__class__ = SyncBatchNorm  # type: ignore[assignment]
     return module
