@@ -13,7 +13,11 @@ Each method calls rankwise's public collective on the wrapped group, so the call
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
 ``_callsite.skip_directory``) and failure reports. Collectives run inline and return a
 completed ``Work`` (its future already holds the result: DDP's ``get_future().then()``
-works); a ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+works), or ``None`` when torch's Python wrapper said the call is synchronous
+(``opts.asyncOp`` false): every wrapper then skips ``work.wait()`` ("the backend has
+synced"), and the ~3 us of a Future and a Work per call are saved. C++ callers (DDP's
+reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get a Work.
+A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
 """
 
 from __future__ import annotations
@@ -48,9 +52,26 @@ def _done(result: Any) -> tdist.Work:
     return work
 
 
+def _finish(opts: Any, result: Any) -> tdist.Work | None:
+    """The return value of a collective that already ran (see the module docstring)."""
+    if opts is not None and not getattr(opts, "asyncOp", True):
+        return None
+    return _done(result)
+
+
+_REDUCE_OPS: dict[Any, ReduceOp] = {}
+
+
 def _reduce_op(opts: Any) -> ReduceOp:
-    """torch hands a ``ReduceOp`` object; its ``op`` is the ``RedOpType`` enum member."""
-    return coerce_reduce_op(getattr(opts.reduceOp, "op", opts.reduceOp))
+    """torch hands a ``ReduceOp`` object; its ``op`` is the ``RedOpType`` enum member
+    (hashable: the translation is cached, it runs on every call)."""
+    if opts is None:
+        return ReduceOp.SUM
+    kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+    found = _REDUCE_OPS.get(kind)
+    if found is None:
+        found = _REDUCE_OPS[kind] = coerce_reduce_op(kind)
+    return found
 
 
 def _one(tensors: Any, what: str) -> Any:
@@ -113,110 +134,110 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return f"<rankwise torch backend over {self.group!r}>"
 
     # --- collectives ----------------------------------------------------------------------
-    def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work:
-        rop = _reduce_op(opts) if opts is not None else ReduceOp.SUM
+    def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
+        rop = _reduce_op(opts)
         for t in tensors:
             coll.all_reduce(t, rop, group=self.group)
-        return _done(tensors)
+        return _finish(opts, tensors)
 
-    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work:
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work:
+    def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
         for t in tensors:
             coll.broadcast(t, group=self.group, group_src=opts.rootRank)
-        return _done(tensors)
+        return _finish(opts, tensors)
 
-    def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work:
+    def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
         coll.reduce(_one(tensors, "reduce"), op=_reduce_op(opts), group=self.group,
                     group_dst=opts.rootRank)
-        return _done(tensors)
+        return _finish(opts, tensors)
 
     def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors,
-                  opts: Any = None) -> tdist.Work:
+                  opts: Any = None) -> tdist.Work | None:
         coll.all_gather(_one(output_tensors, "all_gather"), _one(input_tensors, "all_gather"),
                         group=self.group)
-        return _done(output_tensors)
+        return _finish(opts, output_tensors)
 
     def allgather_coalesced(self, output_lists: list[Tensors], inputs: Tensors,
-                            opts: Any = None) -> tdist.Work:
+                            opts: Any = None) -> tdist.Work | None:
         for outs, inp in zip(output_lists, inputs, strict=True):
             coll.all_gather(outs, inp, group=self.group)
-        return _done(output_lists)
+        return _finish(opts, output_lists)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> tdist.Work:
+                          opts: Any = None) -> tdist.Work | None:
         coll.all_gather_into_tensor(output, input, group=self.group)
-        return _done([output])
+        return _finish(opts, [output])
 
     _allgather_base = all_gather_single  #: the name torch's C++ side uses
 
     def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
-                                        opts: Any = None) -> tdist.Work:
+                                        opts: Any = None) -> tdist.Work | None:
         for out, inp in zip(outputs, inputs, strict=True):
             coll.all_gather_into_tensor(out, inp, group=self.group)
-        return _done(outputs)
+        return _finish(opts, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
-                       opts: Any) -> tdist.Work:
+                       opts: Any) -> tdist.Work | None:
         coll.reduce_scatter(_one(output_tensors, "reduce_scatter"),
                             _one(input_tensors, "reduce_scatter"), _reduce_op(opts),
                             group=self.group)
-        return _done(output_tensors)
+        return _finish(opts, output_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any) -> tdist.Work:
+                              opts: Any) -> tdist.Work | None:
         coll.reduce_scatter_tensor(output, input, _reduce_op(opts), group=self.group)
-        return _done([output])
+        return _finish(opts, [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
-                                        opts: Any) -> tdist.Work:
+                                        opts: Any) -> tdist.Work | None:
         for out, inp in zip(outputs, inputs, strict=True):
             coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
-        return _done(outputs)
+        return _finish(opts, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
-                      opts: Any = None) -> tdist.Work:
+                      opts: Any = None) -> tdist.Work | None:
         coll.all_to_all_single(output, input, list(output_split_sizes) or None,
                                list(input_split_sizes) or None, group=self.group)
-        return _done([output])
+        return _finish(opts, [output])
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: Tensors, input_tensors: Tensors,
-                 opts: Any = None) -> tdist.Work:
+                 opts: Any = None) -> tdist.Work | None:
         coll.all_to_all(output_tensors, input_tensors, group=self.group)
-        return _done(output_tensors)
+        return _finish(opts, output_tensors)
 
     def gather(self, output_tensors: list[Tensors], input_tensors: Tensors,
-               opts: Any) -> tdist.Work:
+               opts: Any) -> tdist.Work | None:
         root = opts.rootRank
         slots = _one(output_tensors, "gather") if self.group.group_rank == root else None
         coll.gather(_one(input_tensors, "gather"), slots, group=self.group, group_dst=root)
-        return _done(output_tensors)
+        return _finish(opts, output_tensors)
 
     def scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
-                opts: Any) -> tdist.Work:
+                opts: Any) -> tdist.Work | None:
         root = opts.rootRank
         parts = _one(input_tensors, "scatter") if self.group.group_rank == root else None
         coll.scatter(_one(output_tensors, "scatter"), parts, group=self.group, group_src=root)
-        return _done(output_tensors)
+        return _finish(opts, output_tensors)
 
-    def barrier(self, opts: Any = None) -> tdist.Work:
+    def barrier(self, opts: Any = None) -> tdist.Work | None:
         coll.barrier(group=self.group)
-        return _done(None)
+        return _finish(opts, None)
 
     # --- point to point -------------------------------------------------------------------
     def send(self, tensors: Tensors, dst: int, tag: int) -> tdist.Work:
         p2p.send(_one(tensors, "send"), group=self.group, tag=tag, group_dst=dst)
-        return _done(tensors)
+        return _done(tensors)  # torch's send waits on it unconditionally
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
         work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag, group_src=src)
