@@ -92,13 +92,9 @@ def test_peer_failure_reaches_the_waiting_rank() -> None:
     assert f"torch_programs.py:{line_of('torch-peer-wait', PROGRAM)} in peer_failure" in out
 
 
-def test_under_torchrun(tmp_path: Path) -> None:
-    """torchrun's own store: rankwise's rendezvous runs on it (no second port)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), PROGRAM, "sbn_check", "rankwise"]
-    e = env()
-    e.pop("RANKWISE_LAUNCHED", None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE,
+def _bounded(cmd: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in its own session; on timeout kill the whole session (its ranks too)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
@@ -106,5 +102,23 @@ def test_under_torchrun(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 0, out[-6000:]
-    assert len(re.findall(r"sbn-check rank \d max error", out)) == 2, out
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def test_under_torchrun() -> None:
+    """torchrun's own store: rankwise's rendezvous runs on it (no second port)."""
+    e = env()
+    e.pop("RANKWISE_LAUNCHED", None)
+    proc = _bounded([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                     "--master-port", str(free_port()), PROGRAM, "sbn_check", "rankwise"], e)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert len(re.findall(r"sbn-check rank \d max error", proc.stdout)) == 2, proc.stdout
+
+
+def test_overhead_benchmark_runs() -> None:
+    """benchmarks/torch_backend.py (a short run: the ratio itself is measured quietly)."""
+    proc = _bounded([sys.executable, str(ROOT / "benchmarks" / "torch_backend.py"),
+                     "--iters", "50", "--blocks", "2"], env())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    row = proc.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "2" and float(row[3]) > 0, proc.stdout

@@ -98,7 +98,14 @@ class RankwiseStoreView(Store):
         return bytes(self._call("get", self.inner.get, key.decode()))
 
     def _add(self, key: bytes, amount: int) -> int:
-        return int(self._call("add", self.inner.add, key.decode(), amount))
+        name = key.decode()
+        # torch's TCPStore server drops the connection on ``add`` to a non-integer value
+        # (every later call then fails); refuse that here, with rankwise's wording
+        if self._check_one(name):
+            current = bytes(self._call("get", self.inner.get, name))
+            if not current.strip().lstrip(b"-").isdigit():
+                raise StoreError(f"add({name!r}): the value {current[:40]!r} is not an integer")
+        return int(self._call("add", self.inner.add, name, amount))
 
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         return bytes(self._call("compare_set", self.inner.compare_set, key.decode(), expected,
