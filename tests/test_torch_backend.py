@@ -77,13 +77,23 @@ def test_distributed_sampler_and_checkpoint(tmp_path: Path) -> None:
     assert (tmp_path / "ckpt" / ".metadata").exists()
 
 
-def test_mismatch_names_the_programs_own_lines() -> None:
-    out = _run("mismatch", "rankwise", ok=False)
+def _mismatch_message(case: str) -> str:
+    out = _run(case, "rankwise", ok=False)
     first = out.index("CollectiveMismatch: ")
     message = out[first:out.index("\n", first)]
-    assert f"torch_programs.py:{line_of('torch-mismatch-0', PROGRAM)} in mismatch" in message
-    assert f"torch_programs.py:{line_of('torch-mismatch-1', PROGRAM)} in mismatch" in message
     assert "distributed_c10d" not in message and "c10d_logger" not in message
+    assert "autograd" not in message and "_tensor.py" not in message
+    return message
+
+
+@pytest.mark.parametrize(("case", "markers"), [
+    ("mismatch", ("torch-mismatch-0", "torch-mismatch-1")),
+    ("ddp_mismatch", ("torch-ddp-extra", "torch-ddp-backward")),
+])
+def test_mismatch_names_the_programs_own_lines(case: str, markers: tuple[str, str]) -> None:
+    message = _mismatch_message(case)
+    for marker in markers:
+        assert f"torch_programs.py:{line_of(marker, PROGRAM)} in " in message, message
 
 
 def test_peer_failure_reaches_the_waiting_rank() -> None:

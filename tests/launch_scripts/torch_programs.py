@@ -104,6 +104,16 @@ def mismatch(rank: int, out: Path, backend: str) -> None:
         dist.broadcast(t, src=0)  # @torch-mismatch-1
 
 
+def ddp_mismatch(rank: int, out: Path, backend: str) -> None:
+    """torch's DDP reduces gradients from C++ during backward; the report must still name
+    the user's ``backward()`` line, not torch's autograd frames."""
+    ddp = DDP(nn.Linear(4, 1))
+    loss = ddp(torch.ones(2, 4)).sum()
+    if rank == 1:
+        dist.all_reduce(torch.ones(3))  # @torch-ddp-extra
+    loss.backward()  # @torch-ddp-backward
+
+
 def peer_failure(rank: int, out: Path, backend: str) -> None:
     t = torch.ones(4)
     dist.all_reduce(t)
@@ -113,7 +123,7 @@ def peer_failure(rank: int, out: Path, backend: str) -> None:
 
 
 CASES = {f.__name__: f for f in (sbn_check, ddp_bn, ddp_sbn, sampler_dcp, mismatch,
-                                 peer_failure)}
+                                 ddp_mismatch, peer_failure)}
 
 
 def main() -> None:
