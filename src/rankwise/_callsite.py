@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 __all__ = ["CallSite", "calling", "capture", "enabled", "is_library", "set_enabled", "site_text",
-           "stack_of"]
+           "skip_directory", "stack_of"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: frames of the standard library's context-manager plumbing are skipped too: a barrier
@@ -38,6 +38,10 @@ _USER, _LIBRARY, _SKIP = 0, 1, 2  #: kinds of frames (see ``_classify``)
 _LIBRARY_MARKS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _LIBRARY_DIRS = tuple(sorted({os.path.abspath(d) + os.sep for d in (
     sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if d}))
+#: directories whose frames are never shown, not even as "via": rankwise itself, plus what
+#: :func:`skip_directory` adds (``rankwise.torch`` adds torch's, so a call that comes through
+#: ``torch.distributed`` points at the user's line, not at ``distributed_c10d.py``)
+_skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)
 
 #: RANKWISE_DIAGNOSIS=0 turns call-site capture off (every call gets UNKNOWN): the switch
 #: that ``benchmarks/diagnosis.py`` flips to measure what diagnosis costs
@@ -135,12 +139,25 @@ _kinds: dict[str, int] = {}  #: frame kind by code file name (see ``_classify``)
 def _classify(filename: str) -> int:
     # sys.path may hold non-normalized paths ("bench/../src")
     path = os.path.abspath(filename)
-    if path.startswith(_PACKAGE_DIR) or path.endswith(_SKIP_FILES):
+    if path.startswith(_skip_dirs) or path.endswith(_SKIP_FILES):
         kind = _SKIP
     else:
         kind = _LIBRARY if is_library(filename) else _USER
     _kinds[filename] = kind
     return kind
+
+
+def skip_directory(path: str) -> None:
+    """Treat every frame under ``path`` as rankwise's own: skipped, never shown.
+
+    Forgets what was classified and cached so far (a frame of ``path`` may have been
+    taken for a library's or the user's already)."""
+    global _skip_dirs
+    prefix = os.path.join(os.path.abspath(path), "")
+    if prefix not in _skip_dirs:
+        _skip_dirs = (*_skip_dirs, prefix)
+        _kinds.clear()
+        _cache.clear()
 
 
 def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:

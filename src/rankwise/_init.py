@@ -460,11 +460,21 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
                              comm.rank, comm.world_size, limit)
     if comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    group = ProcessGroup(comm, gid, members, limit, backend_name,
-                         group_desc or f"group {members}")
+    return make_group(world, gid, members, limit, group_desc or f"group {members}",
+                      backend_name, hosts=[entries[r].host for r in members])
+
+
+def make_group(world: World, gid: int, members: list[int], timeout_s: float, desc: str,
+               backend_name: str | None = None,
+               hosts: list[str] | None = None) -> ProcessGroup:
+    """Build, register and give an engine to the group ``gid`` of the sorted global ranks
+    ``members``; only members call it. Shared by ``new_group`` and the torch backend
+    (torch asks only the members, and names the group itself). ``hosts``: the members'
+    host identities when a round already gathered them (else the engine choice asks)."""
+    group = ProcessGroup(world.comm, gid, members, timeout_s,
+                         world.backend if backend_name is None else backend_name, desc)
     world.register(group)
-    group.engine = choose_engine(group, world.rendezvous, group.timeout,
-                                 hosts=[entries[r].host for r in members])
+    group.engine = choose_engine(group, world.rendezvous, group.timeout, hosts=hosts)
     return group
 
 
