@@ -1,7 +1,7 @@
 """rankwise's DDP and sampler pass for torch's: isinstance, torch.save, comm hooks, device_ids.
 
 Scripts and libraries unwrap models with ``isinstance(m, DistributedDataParallel)``,
-pickle whole DDP models and pass ``device_ids=[rank]``
+pickle whole DDP models, register communication hooks and pass ``device_ids=[rank]``
 out of GPU habit; each of those must work on rankwise's classes (issue 14, item 3).
 All multi-process scenarios of one backend run in one spawn of 2 ranks.
 """
@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_ddp import Net, batches, max_diff
+from test_ddp import Net, batches, max_diff, params_hash
 from test_ddp_harness import run_ranks
 from torch import nn
 
@@ -31,6 +31,78 @@ def _train(ddp: Any, rank: int, world: int) -> None:
         nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+def _rankwise_allreduce_hook(state: Any, bucket: Any) -> Any:
+    """The user-written equivalent of torch's allreduce_hook, on rankwise's own API."""
+    from rankwise.nn._comm import comm
+
+    dist = comm()
+    state["calls"].append((bucket.index(), bucket.is_last(), len(bucket.parameters())))
+    world = dist.get_world_size()
+    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return future.then(lambda done: done.value()[0] / world)
+
+
+def _hooked(rank: int, world: int) -> dict[str, Any]:
+    """Default reduction vs. a comm hook (small buckets so there are several)."""
+    from rankwise.nn import DDPError, DistributedDataParallel
+    from rankwise.nn._comm import comm
+
+    results: dict[str, Any] = {}
+    torch.manual_seed(0)
+    plain = DistributedDataParallel(Net(), **SMALL)
+    hooked = DistributedDataParallel(copy.deepcopy(plain.module), **SMALL)
+    state: dict[str, Any] = {"calls": []}
+    hooked.register_comm_hook(state, _rankwise_allreduce_hook)
+    try:
+        hooked.register_comm_hook(state, _rankwise_allreduce_hook)
+    except DDPError as exc:
+        results["twice"] = str(exc)
+    _train(plain, rank, world)
+    _train(hooked, rank, world)
+    everyone: list[Any] = [None] * world
+    comm().all_gather_object(everyone, params_hash(hooked.module))
+    results.update(
+        diff=max_diff(plain.module, hooked.module),
+        hashes_equal=len(set(everyone)) == 1,
+        calls=state["calls"],
+        buckets=hooked.statistics().buckets,
+    )
+    try:
+        plain.register_comm_hook(None, _rankwise_allreduce_hook)
+    except DDPError as exc:
+        results["after_backward"] = str(exc)
+    return results
+
+
+def _torch_hook(rank: int, world: int) -> dict[str, Any]:
+    """torch's own allreduce_hook on rankwise's DDP. The hook calls torch.distributed on
+    its WORLD group, which ``import rankwise.torch`` makes a view of rankwise's world, so
+    every byte still goes through rankwise."""
+    import torch.distributed as tdist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    import rankwise.torch  # noqa: F401 - registers backend "rankwise"
+    from rankwise.nn import DistributedDataParallel
+
+    # rankwise is initialized already (the harness, which also tears it down): torch's
+    # default group reuses that world
+    tdist.init_process_group("rankwise", store=tdist.HashStore(), rank=rank, world_size=world)
+    torch.manual_seed(0)
+    plain = DistributedDataParallel(Net(), **SMALL)
+    hooked = DistributedDataParallel(copy.deepcopy(plain.module), **SMALL)
+    buckets: list[int] = []
+
+    def counted(state: Any, bucket: Any) -> Any:
+        buckets.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    hooked.register_comm_hook(None, counted)
+    _train(plain, rank, world)
+    _train(hooked, rank, world)
+    return {"diff": max_diff(plain.module, hooked.module), "backend": tdist.get_backend(),
+            "hook_calls": len(buckets), "buckets": hooked.statistics().buckets}
 
 
 def _identity(rank: int, world: int) -> dict[str, Any]:
@@ -73,8 +145,39 @@ def _identity(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def hooked() -> list[dict[str, Any]]:
+    return run_ranks(_hooked, 2, timeout=120)
+
+
+@pytest.fixture(scope="module")
 def identity() -> list[dict[str, Any]]:
     return run_ranks(_identity, 2, timeout=120)
+
+
+def test_comm_hook_gives_the_default_reduction(hooked: list[dict[str, Any]]) -> None:
+    for per_rank in hooked:
+        assert per_rank["diff"] < 1e-6, per_rank
+        assert per_rank["hashes_equal"]
+
+
+def test_comm_hook_sees_every_bucket_in_order(hooked: list[dict[str, Any]]) -> None:
+    calls, buckets = hooked[0]["calls"], hooked[0]["buckets"]
+    assert buckets > 2
+    assert [index for index, _, _ in calls] == list(range(buckets)) * STEPS
+    assert [last for _, last, _ in calls] == [i == buckets - 1 for i in range(buckets)] * STEPS
+    assert sum(n for _, _, n in calls[:buckets]) == len(list(Net().parameters()))
+
+
+def test_comm_hook_registration_rules(hooked: list[dict[str, Any]]) -> None:
+    assert "only be called once" in hooked[0]["twice"]
+    assert "before the first backward" in hooked[0]["after_backward"]
+
+
+def test_torch_allreduce_hook_works() -> None:
+    for per_rank in run_ranks(_torch_hook, 2, backend="rankwise", timeout=120):
+        assert per_rank["diff"] < 1e-6, per_rank
+        assert per_rank["backend"] == "rankwise"
+        assert per_rank["hook_calls"] == per_rank["buckets"] * STEPS > 0
 
 
 def test_isinstance_and_cpu_device_ids(identity: list[dict[str, Any]]) -> None:
@@ -102,3 +205,13 @@ def test_sampler_is_torchs() -> None:
     assert list(sampler) == list(
         torch.utils.data.DistributedSampler(range(10), num_replicas=2, rank=1)
     )
+
+
+def test_bad_hook_is_refused_before_any_collective() -> None:
+    from rankwise.errors import InvalidArgument
+    from rankwise.nn._comm_hook import check_hook
+
+    with pytest.raises(InvalidArgument, match="callable"):
+        check_hook(42)
+    with pytest.raises(InvalidArgument, match=r"\(state, bucket\)"):
+        check_hook(lambda bucket: bucket)

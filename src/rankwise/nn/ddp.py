@@ -10,7 +10,8 @@ construction (rank 0's values) and buffers before each forward.
 Differences from torch's DDP, on purpose or not yet done: CPU tensors only; buckets
 keep reverse registration order (torch re-orders them once after the first iteration
 from the observed gradient order); ``static_graph=True`` means "the set of unused
-parameters never changes" and is computed once; no communication hooks.
+parameters never changes" and is computed once; ``register_comm_hook`` takes hooks that
+return a future (torch's ``allreduce_hook`` included) but not torch's built-in C++ hooks.
 
 Identity with torch's class: it derives from ``torch.nn.parallel.DistributedDataParallel``
 so that ``isinstance`` checks ("unwrap if DDP") in scripts and libraries pass, but it never
@@ -35,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from rankwise.errors import InvalidArgument
+from rankwise.nn._comm_hook import CommHook, check_hook
 from rankwise.nn._errors import DDPError
 from rankwise.nn._join import JoinState
 from rankwise.nn._reducer import Reducer, ReducerStatistics
@@ -140,6 +142,17 @@ class DistributedDataParallel(_TorchDDP):
                 "(on every rank) to train it; to evaluate, call .eval() or use torch.no_grad()."
             )
         return self.reducer
+
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket)`` (torch's contract).
+
+        ``bucket`` is a :class:`rankwise.GradBucket` holding the bucket's gradients
+        *undivided*; the hook returns a future (``Work.get_future()``, possibly chained
+        with ``then``) whose value is the reduced flat tensor, averaging included.
+        Call it on every rank, before the first backward, once.
+        """
+        check_hook(hook)
+        self._live_reducer().register_comm_hook(CommHook(hook, state))
 
     # -- what gets synchronised ----------------------------------------------------------
 
