@@ -1,4 +1,4 @@
-"""The ``Transport`` contract, checked against every transport (tcp and memory).
+"""The ``Transport`` contract, checked against every transport (tcp, shm and memory).
 
 Why one suite: the layers above a transport (router, checks, algorithms) assume exactly
 these properties — whole frames, per-sender order, correct source, loss reported once,
@@ -19,7 +19,9 @@ from _loopback import connected_pair
 
 from rankwise._wire import DROP, HOLD, Frame, Kind, encode_header
 from rankwise.errors import DistNetworkError
+from rankwise.store import HashStore
 from rankwise.transport.memory import MemoryHub
+from rankwise.transport.shm import ShmTransport
 from rankwise.transport.tcp import TcpTransport
 
 WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
@@ -81,7 +83,26 @@ def _memory_world(n: int) -> list[Any]:
     return list(MemoryHub(n).transports)
 
 
-WORLDS = {"tcp": _tcp_world, "memory": _memory_world}
+def shm_world(n: int, ring_bytes: int = 1 << 20) -> list[Any]:
+    """n ShmTransports of this process, sharing one segment (each rank's rendezvous runs
+    on a thread of its own, as the ranks would in their processes)."""
+    store = HashStore()
+    made: dict[int, ShmTransport] = {}
+
+    def open_one(r: int) -> None:
+        made[r] = ShmTransport.open(store, "conformance", r, n, list(range(n)), WAIT,
+                                    ring_bytes=ring_bytes)
+
+    threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert sorted(made) == list(range(n)), "shared-memory rendezvous did not finish"
+    return [made[r] for r in range(n)]
+
+
+WORLDS = {"tcp": _tcp_world, "memory": _memory_world, "shm": shm_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))
