@@ -32,8 +32,8 @@ from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
 from .engines.select import choose_engine, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, exited_peers, local_address_for
-from .transport.tcp import TcpTransport
+from .transport.factory import open_transport, requested_transport
+from .transport.mesh import exited_peers, local_address_for
 
 __all__ = [
     "destroy_process_group",
@@ -131,6 +131,7 @@ def init_process_group(
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
     requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
+    requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -153,8 +154,8 @@ def init_process_group(
     job = _rendezvous(scoped, rank, world_size, timeout_s,
                       hosting=getattr(store, "server", None) is not None)
     bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-    socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
-    comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
+    transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
+    comm = Communicator(rank, world_size, transport)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
     world = World(comm, default, store, scoped, backend_name, timeout_s)
