@@ -5,9 +5,9 @@ Segment (created and shared by ``engines/shm/segment.py``, like the collective e
     header page (4 KiB)              int64 fields H_* (checked by a peer before use)
     n rank records (128 B each)      DOORBELL, SLEEPING, STATE, PID; written by rank r
                                      (DOORBELL also bumped by peers to wake rank r)
-    n x n ring controls (192 B each) HEAD/EOF (producer line), TAIL/DROPPED (consumer
+    n(n-1) ring controls (192 B)     HEAD/EOF (producer line), TAIL/DROPPED (consumer
                                      line), PWAIT (producer waits for room)
-    n x n rings of slot_bytes        ring (src, dst): bytes from src to dst
+    n(n-1) rings of slot_bytes       ring (src, dst): bytes from src to dst (src != dst)
 
 Why one single-producer single-consumer ring per ordered pair: each control word then
 has exactly one writer, so plain aligned int64 stores suffice (atomic on x86_64) and no
@@ -60,11 +60,16 @@ class RingLayout(SegmentLayout):
 
     @property
     def data(self) -> int:
-        return _round_up(self.controls + self.nranks * self.nranks * CTRL_BYTES, PAGE)
+        return _round_up(self.controls + self.slot_count * CTRL_BYTES, PAGE)
 
     @property
     def slot_count(self) -> int:
-        return self.nranks * self.nranks
+        return self.nranks * (self.nranks - 1)
+
+    def _pair(self, src: int, dst: int) -> int:
+        if src == dst or not (0 <= src < self.nranks and 0 <= dst < self.nranks):
+            raise ValueError(f"no ring from {src} to {dst} among {self.nranks} ranks")
+        return src * (self.nranks - 1) + (dst if dst < src else dst - 1)
 
     def rec(self, rank: int, field: int) -> int:
         """int64 index of a field of ``rank``'s record (local ranks 0..n-1)."""
@@ -72,11 +77,11 @@ class RingLayout(SegmentLayout):
 
     def ctrl(self, src: int, dst: int, field: int) -> int:
         """int64 index of a control field of ring (src, dst)."""
-        return (self.controls + (src * self.nranks + dst) * CTRL_BYTES) // 8 + field
+        return (self.controls + self._pair(src, dst) * CTRL_BYTES) // 8 + field
 
     def ring(self, src: int, dst: int) -> int:
         """Byte offset of ring (src, dst)'s data."""
-        return self.data + (src * self.nranks + dst) * self.slot_bytes
+        return self.data + self._pair(src, dst) * self.slot_bytes
 
 
 class RingView:
