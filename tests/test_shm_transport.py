@@ -104,7 +104,7 @@ def _shm_entries() -> set[str]:
 
 def w_killed_peer(rank: int, size: int, store_path: str) -> Any:
     """Rank 1 sends one frame, then SIGKILLs itself; rank 0 returns how long after that
-    frame it was told rank 1 was lost, and why."""
+    frame it was told rank 1 was lost, why, and how a send to rank 1 then failed."""
     from rankwise.store import FileStore
     from rankwise.transport.shm import ShmTransport
 
@@ -118,9 +118,15 @@ def w_killed_peer(rank: int, size: int, store_path: str) -> Any:
     rec.wait_for(lambda: bool(rec.frames))
     got = time.monotonic()
     rec.wait_for(lambda: bool(rec.lost))
+    took = time.monotonic() - got
     rank_lost, reason = rec.lost[0]
+    try:
+        _send(t, 1, 8, b"x" * (8 << 20))  # more than its ring holds: would wait
+        refused = ""
+    except DistNetworkError as exc:
+        refused = str(exc)
     t.close()
-    return time.monotonic() - got, rank_lost, str(reason), rec.frames[0][1]
+    return took, rank_lost, str(reason), rec.frames[0][1], refused
 
 
 @pytest.mark.parametrize("method", ["memfd", "file"])
@@ -131,8 +137,9 @@ def test_a_sigkilled_peer_is_reported_within_seconds_and_leaves_nothing(
                         timeout=60, env={"RANKWISE_SHM_METHOD": method})
     assert results[1].exitcode == -signal.SIGKILL
     assert results[0].ok, results[0].traceback or results[0].message
-    after_frame, lost, reason, payload = results[0].value
+    after_frame, lost, reason, payload, refused = results[0].value
     assert payload == b"last words"  # what it sent before dying still arrives
     assert lost == 1 and "rank 1" in reason and "died" in reason
     assert after_frame < 2.0  # liveness is checked every 0.1 s
+    assert "rank 1" in refused  # a send to the dead peer fails, it does not wait
     assert not _shm_entries() - before, f"left in /dev/shm: {_shm_entries() - before}"

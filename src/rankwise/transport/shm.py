@@ -341,6 +341,7 @@ class ShmTransport:
                 continue
             if not self._live.alive(conn.rank, int(w[self._pid[conn.local]])):
                 conn.dead = True
+                self._gone.add(conn.rank)  # sends to it fail now, held frame or not
                 if conn.held and not self._held_frame_complete(conn):
                     self._lost(conn, ConnectionResetError(
                         f"rank {conn.rank} died before the end of a frame that was waiting "
