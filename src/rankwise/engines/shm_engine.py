@@ -150,7 +150,9 @@ class ShmEngine:
                                      call.seq, self.comm.rank, peer)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
             report = f"(the divergence report failed: {err!r})"
-        return CollectiveMismatch(message + ("\n\n" + report if report else ""))
+        full = message + ("\n\n" + report if report else "")
+        self.comm.tell_mismatch(full)
+        return CollectiveMismatch(full)
 
     # --- Engine ---------------------------------------------------------------------------
 
