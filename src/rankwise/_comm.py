@@ -583,16 +583,17 @@ class Communicator:
                 self.tracer.write()
             except OSError as exc:
                 log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
-        # answers to "where are you?" first: a peer stops waiting for ours once it has our
-        # goodbye, so an answer sent after it would be lost (its report then says "exited")
-        self.where.settle(min(timeout, 1.0))
         failure = self.router.failure
         if failure is None:
+            # answers to "where are you?" first: a peer stops waiting for ours once it has
+            # our goodbye, so an answer sent after it would be lost ("exited" in its report)
+            self.where.settle(min(timeout, 1.0))
             self._tell_everyone(Kind.BYE, where.encode()[:2000], time.monotonic() + timeout)
         else:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
             # notices our closed connection before the original one blames us.
             self.broadcast_abort(self.relay_of(failure), timeout=timeout)
+        self.where.settle(min(timeout, 1.0))
         self.closed = True
         self.transport.close()
 
