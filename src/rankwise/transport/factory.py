@@ -21,7 +21,7 @@ from typing import Protocol
 
 from ..engines.select import host_identity
 from ..engines.shm.errors import ShmUnavailable
-from ..errors import DistNetworkError, InvalidArgument
+from ..errors import DistError, DistNetworkError, InvalidArgument
 from .base import Transport
 from .mesh import Mesh
 from .per_peer import PerPeerTransport
@@ -51,6 +51,18 @@ def requested_transport() -> str:
     return value
 
 
+def _all_have_read(store: _Store, world_size: int, timeout: float) -> None:
+    """Before every rank fails alike: wait (bounded) until all have read the hosts, so
+    the rank hosting the store does not exit under a rank still reading them (which
+    would then fail with "connection closed" instead of the reason)."""
+    if int(store.add("mesh/host/read", 1)) >= world_size:
+        store.set("mesh/host/all-read", "1")
+    try:
+        store.wait(["mesh/host/all-read"], timeout)
+    except DistError:
+        pass  # a rank that never reads: fail with the reason anyway
+
+
 def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
                    token: bytes | None, bind_host: str, timeout: float) -> Transport:
     """Connect ``rank`` to every other rank of the job, each by the transport that
@@ -62,6 +74,7 @@ def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
     hosts = mesh.exchange("host", host_identity())
     local = [r for r, h in enumerate(hosts) if h == hosts[rank]]
     if want == "shm" and len(local) < world_size:
+        _all_have_read(store, world_size, min(timeout, 5.0))
         apart = sorted({h.split("|", 1)[0] for h in hosts})
         raise DistNetworkError(
             f"{TRANSPORT_ENV}=shm, but the ranks do not share one host (hosts {apart}, or "
