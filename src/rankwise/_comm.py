@@ -577,12 +577,17 @@ class Communicator:
         full = message + ("\n\n" + report if report else "")
         exc.args = (full,)
         try:
-            # peers before our own raise: this rank may exit right after, and the abort
-            # must reach them before its closed connection does
-            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full,
-                                  "report": self.where.mine()})
+            self.tell_mismatch(full)
         finally:
             self._diag_done.set()
+
+    def tell_mismatch(self, message: str) -> None:
+        """Tell the peers about a mismatch this rank found, with this rank's report.
+        Peers before our own raise: this rank may exit right after, and the abort must
+        reach them before its closed connection does; a peer still gathering reports for
+        its own message then has our history even if its question comes after we left."""
+        self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message,
+                              "report": self.where.mine()})
 
     def await_diagnosis(self, timeout: float = 5.0) -> None:
         """Block (bounded) until a mismatch report being built is in its exception."""
@@ -645,6 +650,9 @@ class Communicator:
                 log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
         failure = self.router.failure
         if failure is None:
+            # answers to "where are you?" first: a peer stops waiting for ours once it has
+            # our goodbye, so an answer sent after it would be lost ("exited" in its report)
+            self.where.settle(min(timeout, 1.0))
             self._tell_everyone(Kind.BYE, where.encode()[:2000], time.monotonic() + timeout)
         else:
             # Leaving after a failure: pass the root cause on. Without this, a peer that

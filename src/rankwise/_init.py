@@ -33,8 +33,8 @@ from ._world import GroupMember, World, current, maybe_current, set_world
 from .checks.groups import GroupEntry, agree_on_group
 from .engines.select import choose_engine, host_identity, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, exited_peers, local_address_for
-from .transport.tcp import TcpTransport
+from .transport.factory import open_transport, requested_transport
+from .transport.mesh import exited_peers, local_address_for
 
 __all__ = [
     "destroy_process_group",
@@ -136,6 +136,7 @@ def init_process_group(
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
     requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
+    requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -161,7 +162,7 @@ def init_process_group(
         job = _rendezvous(scoped, rank, world_size, timeout_s,
                           hosting=getattr(store, "server", None) is not None)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-        socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
+        transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from .doctor import explain_init_failure
@@ -172,7 +173,7 @@ def init_process_group(
                                  stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
-    comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
+    comm = Communicator(rank, world_size, transport)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
     world = World(comm, default, store, scoped, backend_name, timeout_s)
