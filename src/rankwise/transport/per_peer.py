@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..errors import DistNetworkError
-from .base import FrameHandler, Transport
+from .base import FrameHandler, NoDriving, Transport
 
 __all__ = ["PerPeerTransport"]
 
 
-class PerPeerTransport:
+class PerPeerTransport(NoDriving):
     """Sends to ``route[peer]``; starts, resumes and closes the parts."""
 
     def __init__(self, rank: int, world_size: int, route: Mapping[int, Transport],
@@ -44,18 +44,6 @@ class PerPeerTransport:
         part = self._route.get(rank)
         if part is not None:
             part.resume(rank)
-
-    def drive_begin(self) -> bool:
-        return False
-
-    def drive_end(self) -> None:
-        return None
-
-    def driving(self) -> bool:
-        return False
-
-    def progress(self, timeout: float) -> None:
-        raise RuntimeError("PerPeerTransport has no driver: drive_begin() is always False")
 
     def close(self) -> None:
         for part in self._parts:

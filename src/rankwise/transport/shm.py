@@ -43,7 +43,7 @@ from ..engines.shm.liveness import PidWatch
 from ..engines.shm.segment import Segment, StoreLike, open_segment
 from ..engines.shm.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..errors import DistError, DistNetworkError, DistTimeout
-from .base import FrameHandler
+from .base import FrameHandler, NoDriving
 from .shm_ring import CLOSED, DOORBELL, LIVE, PID, SLEEPING, STATE, RingLayout, RingView
 
 __all__ = ["RING_BYTES_ENV", "ShmTransport"]
@@ -92,7 +92,7 @@ class _Out:
     broken: BaseException | None = None
 
 
-class ShmTransport:
+class ShmTransport(NoDriving):
     """One rank's end of the rings to and from the other ``ranks`` of its host."""
 
     def __init__(self, seg: Segment[RingLayout], rank: int, world_size: int,
@@ -461,18 +461,6 @@ class ShmTransport:
             self._handler.on_peer_lost(conn.rank, reason)
 
     # --- no driving: the reader thread always reads ---------------------------------------
-
-    def drive_begin(self) -> bool:
-        return False
-
-    def drive_end(self) -> None:
-        return None
-
-    def driving(self) -> bool:
-        return False
-
-    def progress(self, timeout: float) -> None:
-        raise RuntimeError("ShmTransport has no driver: drive_begin() is always False")
 
     # --- teardown ------------------------------------------------------------------------
 
