@@ -14,17 +14,12 @@ both alike, and prints the on/off latency ratio (target: overhead <= 5%).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import time
-from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "src"))
+from _blocks import run_blocks, slowest_per_block, time_blocks
 
 
-def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, Any]:
+def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[float]]:
     import numpy as np
 
     import rankwise as dist
@@ -37,22 +32,15 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, Any]:
             set_enabled(on)
             for _ in range(200):
                 fn()
-    times: dict[str, dict[bool, list[float]]] = {op: {True: [], False: []} for op in ops}
-    for b in range(blocks):
-        for name, fn in ops.items():
-            for on in ((True, False) if b % 2 == 0 else (False, True)):
-                set_enabled(on)
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                times[name][on].append((time.perf_counter() - start) / iters)
+    # each op twice: "all_reduce/on" and "all_reduce/off", the switch flipped before a block
+    variants = {f"{name}/{state}": fn for name, fn in ops.items() for state in ("on", "off")}
+    times = time_blocks(variants, iters, blocks, dist.barrier,
+                        before=lambda v: set_enabled(v.endswith("/on")))
     set_enabled(True)
-    return {op: {str(on): v for on, v in d.items()} for op, d in times.items()}
+    return times
 
 
 def main() -> None:
-    from rankwise.testing import run_ranks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="2,4")
@@ -62,19 +50,9 @@ def main() -> None:
     print(f"{'ranks':>5} {'op':>10} {'off (us)':>9} {'on (us)':>9} {'on/off':>7} overhead"
           f" {'best off':>9} {'best on':>8} {'best on/off':>11}")
     for n in [int(x) for x in args.ranks.split(",")]:
-        results = run_ranks(_bench, n, args=(args.iters, args.blocks), timeout=600)
-        for res in results:
-            if not res.ok:
-                raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")
+        per_rank = run_blocks(_bench, n, (args.iters, args.blocks))
         for op in ("all_reduce", "barrier"):
-            # per block: the slowest rank's mean (a collective is as fast as its slowest
-            # rank); then the median over blocks
-            # (median and best block: on a loaded machine the best is the steadier figure)
-            def per_block(on: bool, op: str = op, results: Any = results) -> list[float]:
-                blocks = zip(*(r.value[op][str(on)] for r in results))
-                return [max(b) * 1e6 for b in blocks]
-
-            off, on = per_block(False), per_block(True)
+            off, on = (slowest_per_block(per_rank, f"{op}/{s}") for s in ("off", "on"))
             ratio = statistics.median(on) / statistics.median(off)
             best = min(on) / min(off)
             print(f"{n:>5} {op:>10} {statistics.median(off):>9.1f} {statistics.median(on):>9.1f}"

@@ -7,6 +7,10 @@ Blocks of each are interleaved (alternating which goes first) so machine noise h
 alike; per block the slowest rank counts (a collective is as fast as its slowest rank),
 then the median over blocks. Target: torch/rankwise <= 1.20 on a 4-byte all_reduce.
 
+A third column times torch's wrapper alone: ``torch.distributed.all_reduce`` on a group
+whose backend returns at once (no communication). That is the floor no backend can go
+under; "beyond floor" is what rankwise's backend adds on top of it and of its own call.
+
     python benchmarks/torch_backend.py                  # 2 ranks
     python benchmarks/torch_backend.py --ranks 2,4 --iters 2000 --blocks 10
 """
@@ -14,14 +18,28 @@ then the median over blocks. Target: torch/rankwise <= 1.20 on a 4-byte all_redu
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "src"))
+from _blocks import run_blocks, slowest_per_block, time_blocks
+
+_NOOP = "rankwise-bench-noop"
+
+
+def _noop_group(tdist: Any) -> Any:
+    """A group of every rank whose all_reduce does nothing: torch's wrapper cost alone."""
+
+    class NoOp(tdist.ProcessGroup):  # type: ignore[misc,name-defined]
+        def allreduce(self, tensors: Any, opts: Any = None) -> None:
+            return None
+
+        def getBackendName(self) -> str:
+            return _NOOP
+
+    if _NOOP not in tdist.Backend.backend_list:
+        tdist.Backend.register_backend(_NOOP, lambda store, rank, size, timeout:
+                                       NoOp(rank, size), devices=["cpu"])
+    return tdist.new_group(backend=_NOOP)
 
 
 def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[float]]:
@@ -36,47 +54,33 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     tdist.init_process_group("rankwise", store=TorchStoreView(current().store), rank=rank,
                              world_size=world)
     t = torch.ones(1)  # 4 bytes
-    ops = {"rankwise": lambda: rankwise.all_reduce(t), "torch": lambda: tdist.all_reduce(t)}
-    for fn in ops.values():  # warm up both paths (call-site caches, sockets)
+    noop = _noop_group(tdist)
+    ops = {"rankwise": lambda: rankwise.all_reduce(t), "torch": lambda: tdist.all_reduce(t),
+           "floor": lambda: tdist.all_reduce(t, group=noop)}
+    for fn in ops.values():  # warm up every path (call-site caches, sockets)
         for _ in range(300):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in ops}
-    for b in range(blocks):
-        order = list(ops) if b % 2 == 0 else list(reversed(ops))
-        for name in order:
-            rankwise.barrier()
-            start = time.perf_counter()
-            fn = ops[name]
-            for _ in range(iters):
-                fn()
-            times[name].append((time.perf_counter() - start) / iters)
+    times = time_blocks(ops, iters, blocks, rankwise.barrier)
     tdist.destroy_process_group()  # leaves rankwise's world to run_ranks (not torch's)
     return times
 
 
 def main() -> None:
-    from rankwise.testing import run_ranks
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="2")
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--blocks", type=int, default=8)
     args = parser.parse_args()
     print(f"{'ranks':>5} {'rankwise (us)':>13} {'torch (us)':>10} {'torch/rankwise':>14} "
-          f"{'best rw':>8} {'best torch':>10} {'best ratio':>10}")
+          f"{'best rw':>8} {'best torch':>10} {'best ratio':>10} {'floor (us)':>10} "
+          f"{'beyond floor':>12}")
     for n in [int(x) for x in args.ranks.split(",")]:
-        results = run_ranks(_bench, n, args=(args.iters, args.blocks), timeout=600)
-        for res in results:
-            if not res.ok:
-                raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")
-
-        def per_block(name: str, results: Any = results) -> list[float]:
-            return [max(b) * 1e6 for b in zip(*(r.value[name] for r in results))]
-
-        rw, tw = per_block("rankwise"), per_block("torch")
-        print(f"{n:>5} {statistics.median(rw):>13.1f} {statistics.median(tw):>10.1f} "
-              f"{statistics.median(tw) / statistics.median(rw):>14.3f} {min(rw):>8.1f} "
-              f"{min(tw):>10.1f} {min(tw) / min(rw):>10.3f}")
+        per_rank = run_blocks(_bench, n, (args.iters, args.blocks))
+        rw, tw, fl = (slowest_per_block(per_rank, k) for k in ("rankwise", "torch", "floor"))
+        rw_m, tw_m, fl_m = (statistics.median(x) for x in (rw, tw, fl))
+        print(f"{n:>5} {rw_m:>13.1f} {tw_m:>10.1f} {tw_m / rw_m:>14.3f} {min(rw):>8.1f} "
+              f"{min(tw):>10.1f} {min(tw) / min(rw):>10.3f} {fl_m:>10.1f} "
+              f"{tw_m - rw_m - fl_m:>10.1f}us")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ def test_distributed_sampler_and_checkpoint(tmp_path: Path) -> None:
 
 def _mismatch_message(case: str) -> str:
     out = _run(case, "rankwise", ok=False)
-    first = out.index("CollectiveMismatch: ")
+    # the launcher's summary has the root cause's whole message (each rank's own line is cut)
+    first = out.index("exception  : CollectiveMismatch: ")
     message = out[first:out.index("\n", first)]
     assert "distributed_c10d" not in message and "c10d_logger" not in message
     assert "autograd" not in message and "_tensor.py" not in message

@@ -28,6 +28,7 @@ from typing import Any
 from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
 from ._wire import Frame, Kind, encode_header
+from .checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
 from .checks.calls import describe_call, mismatch_advice
 from .checks.deadlock import DeadlockWatch, blocked_state
 from .checks.report import (
@@ -41,7 +42,6 @@ from .checks.report import (
 from .checks.where import WhereService
 from .errors import (
     CollectiveMismatch,
-    DeadlockError,
     DistError,
     DistNetworkError,
     DistTimeout,
@@ -259,53 +259,11 @@ class Communicator:
         return exc
 
     def _on_abort(self, src: int, payload: bytes) -> None:
-        try:
-            info = json.loads(payload.decode("utf-8", "replace"))
-            if not isinstance(info, dict):
-                raise ValueError  # noqa: TRY004 - handled right below like bad JSON
-        except ValueError:
-            info = {"kind": "exception", "message": "(unreadable abort message)"}
-        kind = str(info.get("kind", "exception"))
+        info = parse_abort(payload)
         report = info.get("report")
         if isinstance(report, dict):
             self.last_reports[src] = report
-        message = str(info.get("message", ""))[:200000]
-        origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
-        exc: DistError
-        if info.get("relayed_by") is not None and kind not in ("mismatch", "deadlock"):
-            exc = PeerFailure(f"{message}\n(passed on by rank {src}, which left after it)",
-                              rank=origin, remote_traceback=str(info.get("traceback", "")),
-                              last_collective=str(info.get("last", "")))
-        elif kind == "deadlock":
-            calls = info.get("ranks")
-            exc = DeadlockError(message + f"\n(detected by rank {origin}; reported to rank "
-                                f"{self.rank})",
-                                {int(r): str(c) for r, c in calls.items() if str(r).isdigit()}
-                                if isinstance(calls, dict) else None)
-            seen = info.get("reports")
-            if isinstance(seen, dict):
-                exc.reports = {int(r): rep for r, rep in seen.items()
-                               if str(r).isdigit() and isinstance(rep, dict)}
-        elif kind == "mismatch":
-            exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
-                                     f"rank {self.rank})")
-        elif message.startswith("CollectiveMismatch: "):
-            # the peer died of a mismatch it learned about: the cause is the mismatch
-            exc = CollectiveMismatch(message[len("CollectiveMismatch: "):]
-                                     + f"\n(raised on rank {origin}; reported to rank "
-                                     f"{self.rank})")
-        else:
-            tb = str(info.get("traceback", ""))[:50000]
-            last = str(info.get("last", ""))
-            mine = self._doing()
-            exc = PeerFailure(
-                f"rank {origin} failed: {message}\n"
-                f"its last collective: {last or 'none'}\n"
-                + (f"rank {self.rank} was in {mine}\n" if mine else "")
-                + (f"its traceback:\n{tb}" if tb else ""),
-                rank=origin, remote_traceback=tb, last_collective=last,
-            )
-        self.router.fail_all(exc)
+        self.router.fail_all(abort_error(AbortInfo(info, src, self.rank, self._doing())))
 
     # --- sending ----------------------------------------------------------------------------
 
@@ -577,12 +535,17 @@ class Communicator:
         full = message + ("\n\n" + report if report else "")
         exc.args = (full,)
         try:
-            # peers before our own raise: this rank may exit right after, and the abort
-            # must reach them before its closed connection does
-            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full,
-                                  "report": self.where.mine()})
+            self.tell_mismatch(full)
         finally:
             self._diag_done.set()
+
+    def tell_mismatch(self, message: str) -> None:
+        """Tell the peers about a mismatch this rank found, with this rank's report.
+        Peers before our own raise: this rank may exit right after, and the abort must
+        reach them before its closed connection does; a peer still gathering reports for
+        its own message then has our history even if its question comes after we left."""
+        self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message,
+                              "report": self.where.mine()})
 
     def await_diagnosis(self, timeout: float = 5.0) -> None:
         """Block (bounded) until a mismatch report being built is in its exception."""
@@ -615,9 +578,7 @@ class Communicator:
         peer, a mismatch): it names the rank where it started, so peers that hear from us
         first blame the right rank, not us."""
         origin = getattr(failure, "rank", None)
-        kind = ("mismatch" if isinstance(failure, CollectiveMismatch) else
-                "deadlock" if isinstance(failure, DeadlockError) else "exception")
-        return {"kind": kind,
+        return {"kind": kind_of(failure),
                 "rank": self.rank if origin is None else origin, "relayed_by": self.rank,
                 "message": str(failure)[:20000],
                 "traceback": str(getattr(failure, "remote_traceback", ""))[:40000],
@@ -645,6 +606,9 @@ class Communicator:
                 log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
         failure = self.router.failure
         if failure is None:
+            # answers to "where are you?" first: a peer stops waiting for ours once it has
+            # our goodbye, so an answer sent after it would be lost ("exited" in its report)
+            self.where.settle(min(timeout, 1.0))
             self._tell_everyone(Kind.BYE, where.encode()[:2000], time.monotonic() + timeout)
         else:
             # Leaving after a failure: pass the root cause on. Without this, a peer that

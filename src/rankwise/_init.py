@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -33,8 +34,8 @@ from ._world import GroupMember, World, current, maybe_current, set_world
 from .checks.groups import GroupEntry, agree_on_group
 from .engines.select import choose_engine, host_identity, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, exited_peers, local_address_for
-from .transport.tcp import TcpTransport
+from .transport.factory import open_transport, requested_transport
+from .transport.mesh import exited_peers, local_address_for
 
 __all__ = [
     "destroy_process_group",
@@ -136,6 +137,7 @@ def init_process_group(
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
     requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
+    requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -145,14 +147,18 @@ def init_process_group(
     restart = os.environ.get("RANKWISE_RESTART_COUNT") or \
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
 
+    # arguments and environment first: their errors are raised before any I/O, and are
+    # not init failures for the doctor to explain by probing ports
+    if store is None:
+        spec = _resolve_store(init_method or "env://", rank, world_size)
+        rank, world_size, master_addr = spec.rank, spec.world_size, spec.host
+    else:
+        _validate_rank_world(rank, world_size)
+        master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     stage = "store"  # what init was doing when it failed: the doctor's hint for the port
     try:
         if store is None:
-            store, rank, world_size, master_addr = _make_store(
-                init_method or "env://", rank, world_size, timeout_s, secret)
-        else:
-            _validate_rank_world(rank, world_size)
-            master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            store = _open_store(spec, timeout_s, secret)
         stage = "rendezvous"
 
         from .store import PrefixStore
@@ -161,18 +167,15 @@ def init_process_group(
         job = _rendezvous(scoped, rank, world_size, timeout_s,
                           hosting=getattr(store, "server", None) is not None)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-        socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
+        transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from .doctor import explain_init_failure
 
-            # rank is still -1 when the store failed before the environment was read:
-            # then the doctor reads rank and launcher from the environment itself
-            explain_init_failure(exc, hosting=None if stage == "store" and rank == -1 else
-                                 stage == "store" and rank == 0 and not _agent(),
+            explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
-    comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
+    comm = Communicator(rank, world_size, transport)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
     world = World(comm, default, store, scoped, backend_name, timeout_s)
@@ -187,10 +190,21 @@ def init_process_group(
     default.engine = choose_engine(default, scoped, timeout_s)
 
 
-def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
-                secret: bytes | None) -> tuple[Any, int, int, str]:
-    from .store import FileStore, TCPStore
+@dataclass(frozen=True)
+class _StoreSpec:
+    """Where the store is and who this rank is, read from ``init_method`` and the
+    environment before any I/O (so a bad argument is an error of its own, not a failed
+    connection the doctor would go probing for)."""
 
+    scheme: str  #: "env"/"tcp" (a TCPStore at host:port) or "file" (a FileStore at path)
+    rank: int
+    world_size: int
+    host: str
+    port: int = 0
+    path: str = ""
+
+
+def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
     url = urlparse(init_method)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if "rank" in query and rank == -1:
@@ -207,22 +221,29 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
                                   "or of the launcher's store), e.g. MASTER_ADDR=127.0.0.1")
         if port is None:
             raise InvalidArgument("init_method='env://' needs MASTER_PORT, e.g. MASTER_PORT=29500")
-        return _tcp_store(TCPStore, addr, port, rank, world_size, timeout_s, secret), rank, \
-            world_size, addr
+        return _StoreSpec("env", rank, world_size, addr, port)
     if url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise InvalidArgument(f"init_method {init_method!r} must look like tcp://host:port")
         _validate_rank_world(rank, world_size)
-        return _tcp_store(TCPStore, url.hostname, url.port, rank, world_size, timeout_s,
-                          secret), rank, world_size, url.hostname
+        return _StoreSpec("tcp", rank, world_size, url.hostname, url.port)
     if url.scheme == "file":
         _validate_rank_world(rank, world_size)
-        path = url.path
-        if not path:
+        if not url.path:
             raise InvalidArgument(f"init_method {init_method!r} must look like file:///path")
-        return FileStore(path, world_size), rank, world_size, "127.0.0.1"
+        return _StoreSpec("file", rank, world_size, "127.0.0.1", path=url.path)
     raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
                           "tcp://host:port or file:///path")
+
+
+def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
+    from .store import FileStore, TCPStore
+
+    if spec.scheme == "file":
+        return FileStore(spec.path, spec.world_size)
+    return TCPStore(spec.host, spec.port, world_size=None,
+                    is_master=(spec.rank == 0 and not _agent()),
+                    timeout=timedelta(seconds=timeout_s), token=secret)
 
 
 def _refuse_torchrun_store() -> None:
@@ -248,12 +269,6 @@ def _agent() -> bool:
     from .launch.env import uses_agent_store
 
     return uses_agent_store(os.environ)
-
-
-def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-               secret: bytes | None) -> Any:
-    return cls(host, port, world_size=None, is_master=(rank == 0 and not _agent()),
-               timeout=timedelta(seconds=timeout_s), token=secret)
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,

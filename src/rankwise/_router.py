@@ -549,6 +549,10 @@ class Router:
         """Poison the router: every waiter and every later post raises ``exc``."""
         with self._lock:
             if self._failed is None:
+                # raised again from every wait of every thread: whatever exception one of
+                # them happened to be handling is not its context (a job-wide DeadlockError
+                # printed under a "PeerFailure ... during handling" header misleads)
+                exc.__suppress_context__ = True
                 self._failed = exc
             self._news.notify_all()
             waiters = list(self._coll_posted.values())

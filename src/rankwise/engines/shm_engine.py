@@ -156,7 +156,9 @@ class ShmEngine:
                    f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
                    + (f"{exc.detail}. " if exc.detail else "")
                    + mismatch_advice(fp.op, fp.root, op, root))
-        return CollectiveMismatch(message + ("\n\n" + report if report else ""))
+        full = message + ("\n\n" + report if report else "")
+        self.comm.tell_mismatch(full)
+        return CollectiveMismatch(full)
 
     # --- Engine ---------------------------------------------------------------------------
 

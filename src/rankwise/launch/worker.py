@@ -10,7 +10,11 @@ because later ones are usually consequences of it)::
 
     {"rank": 2, "exc_type": "ValueError", "message": "...", "traceback": "Traceback ...",
      "timestamp": 1700000000.123, "pid": 4242, "exc_mro": ["ValueError", "Exception", ...],
-     "thread": "MainThread"}
+     "thread": "MainThread", "where": "train.py:41 in step"}
+
+``where`` is the innermost frame of the user's code in the traceback (library frames
+skipped, as call sites are): a rank that raised ``PeerFailure`` while waiting is listed with
+the line it was waiting at, without its whole traceback.
 
 ``exc_mro`` lets the launcher tell secondary failures (``PeerFailure``, ``Terminated``)
 from root causes without importing the user's classes.
@@ -69,6 +73,7 @@ def write_error_file(
         "pid": os.getpid(),
         "exc_mro": [c.__name__ for c in exc_type.__mro__],
         "thread": thread_name or threading.current_thread().name,
+        "where": raised_at(tb),
     }
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -80,11 +85,38 @@ def write_error_file(
     return True
 
 
-def one_line(exc_type: type[BaseException] | str, exc: BaseException | str) -> str:
-    """``ExcType: first line of the message``: how a rank's failure is named in one line."""
+def raised_at(tb: TracebackType | None) -> str:
+    """``train.py:41 in step``: the innermost frame of the user's code in ``tb`` ("" if none)."""
+    from .._callsite import stack_of  # not at import: the launcher itself never needs it
+
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    site, _ = stack_of(tb.tb_frame)
+    return "" if site.first is None else site.short
+
+
+_ONE_LINE_MAX = 240  #: characters of a message shown in one line
+
+
+def one_line(exc_type: type[BaseException] | str, exc: BaseException | str,
+             where: str = "") -> str:
+    """``ExcType: first line of the message [at file:line in fn]``: how a rank's failure is
+    named in one line.  A long first line is cut at a word, marked with "...", never mid-word
+    (a cut "op=SU" reads like a different op)."""
     name = exc_type if isinstance(exc_type, str) else exc_type.__qualname__
     lines = str(exc).strip().splitlines()
-    return f"{name}: {lines[0][:200]}" if lines else name
+    text = f"{name}: {_cut(lines[0])}" if lines else name
+    return f"{text} [raised at {where}]" if where else text
+
+
+def _cut(line: str) -> str:
+    if len(line) <= _ONE_LINE_MAX:
+        return line
+    head = line[:_ONE_LINE_MAX]
+    space = head.rfind(" ")
+    return (head[:space] if space > _ONE_LINE_MAX // 2 else head).rstrip(",;:") + " ..."
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -115,8 +147,8 @@ def install_worker_hooks() -> None:
         # printed here too it appeared once per rank plus once there
         write_error_file(exc_type, exc, tb)
         rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"rank {rank}: {one_line(exc_type, exc)} (traceback: in the "
-                         "launcher's summary)\n")
+        sys.stderr.write(f"rank {rank}: {one_line(exc_type, exc, raised_at(tb))} (traceback: "
+                         "in the launcher's summary)\n")
         sys.stderr.flush()
 
     sys.excepthook = excepthook

@@ -21,7 +21,6 @@ import zlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import torch
 import torch.distributed as tdist
@@ -52,15 +51,9 @@ def _wrap_env_handler(torch_handler: Callable[..., Iterator[Any]]
         if not _launched_by_rankwise():
             yield from torch_handler(url, timeout=timeout, **kwargs)
             return
-        from ..store import TCPStore
-
-        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
-        rank = int(query.get("rank", os.environ["RANK"]))
-        world_size = int(query.get("world_size", os.environ["WORLD_SIZE"]))
-        secret = resolve_token(None)
-        store = _init._tcp_store(TCPStore, os.environ["MASTER_ADDR"],
-                                 int(os.environ["MASTER_PORT"]), rank, world_size,
-                                 timeout.total_seconds(), secret)
+        spec = _init._resolve_store(url, -1, -1)  # ?rank=&world_size= override the env
+        rank, world_size = spec.rank, spec.world_size
+        store = _init._open_store(spec, timeout.total_seconds(), resolve_token(None))
         view = TorchStoreView(store)
         # torch keeps only the C++ half; without a Python reference the overrides vanish
         # ("pure virtual function c10d::Store::add") and the view cannot be found again

@@ -12,7 +12,7 @@ from typing import Protocol
 from .._wire import Frame
 from ..errors import DistError
 
-__all__ = ["FrameHandler", "Transport"]
+__all__ = ["FrameHandler", "NoDriving", "Transport"]
 
 
 class FrameHandler(Protocol):
@@ -70,3 +70,21 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Close every connection; pending sends fail, the I/O thread ends."""
+
+
+class NoDriving:
+    """For transports whose frames are always delivered by their own thread: the caller
+    never reads for itself (``drive_begin`` is always False), so it just waits."""
+
+    def drive_begin(self) -> bool:
+        return False
+
+    def drive_end(self) -> None:
+        return None
+
+    def driving(self) -> bool:
+        return False
+
+    def progress(self, timeout: float) -> None:
+        raise RuntimeError(f"{type(self).__name__} has no driver: drive_begin() is always "
+                           "False")

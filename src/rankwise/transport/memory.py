@@ -17,7 +17,7 @@ from collections import deque
 
 from .._wire import DROP, HEADER, HOLD, WireError, decode_header
 from ..errors import DistError, DistNetworkError
-from .base import FrameHandler
+from .base import FrameHandler, NoDriving
 
 __all__ = ["MemoryHub", "MemoryTransport"]
 
@@ -41,7 +41,7 @@ class MemoryHub:
                 t.peer_lost(rank, reason)
 
 
-class MemoryTransport:
+class MemoryTransport(NoDriving):
     """One rank's end: a queue of arriving frames per sender and a thread that delivers
     them (a held sender's frames wait, in order, until ``resume``)."""
 
@@ -80,18 +80,6 @@ class MemoryTransport:
         with self._cv:
             self._held.discard(rank)
             self._cv.notify()
-
-    def drive_begin(self) -> bool:
-        return False  # frames are always delivered by this transport's own thread
-
-    def drive_end(self) -> None:
-        return None
-
-    def driving(self) -> bool:
-        return False
-
-    def progress(self, timeout: float) -> None:
-        raise RuntimeError("MemoryTransport has no driver: drive_begin() is always False")
 
     def close(self) -> None:
         if self._closed:

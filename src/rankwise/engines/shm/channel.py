@@ -29,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import select
 import time
 from collections.abc import Callable
 
@@ -61,6 +60,7 @@ from .layout import (
     STATE_LIVE,
     Layout,
 )
+from .liveness import PidWatch
 from .segment import Segment
 from .waiting import policy_for
 
@@ -92,7 +92,7 @@ def _describe(rank: int, call: Call | None, site: str) -> str:
 class Channel:
     """This rank's view of the segment's control records; runs rounds."""
 
-    def __init__(self, seg: Segment, rank: int, size: int, *, check: Callable[[], None],
+    def __init__(self, seg: Segment[Layout], rank: int, size: int, *, check: Callable[[], None],
                  names: list[int]) -> None:
         self.seg = seg
         self.rank = rank
@@ -112,7 +112,7 @@ class Channel:
         self._peers = [r for r in range(size) if r != rank]
         self._me_seq = self._seq[rank]
         self.seq = int(self.w[self._me_seq])  # 0 for a fresh segment
-        self._pidfds: dict[int, int] = {}
+        self._live = PidWatch()
         self._site_id = -1
         self._site_text = ""
         self.policy = policy_for(size)
@@ -249,27 +249,7 @@ class Channel:
                                   f"reaching round {s} on shared memory", rank=self.names[r])
 
     def _alive(self, r: int) -> bool:
-        fd = self._pidfds.get(r)
-        if fd is None:
-            pid = int(self.w[self.seg.layout.record_word(r, R_PID)])
-            if pid <= 0:
-                return True  # not attached yet
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                return False
-            except OSError:
-                try:  # no pidfd (old kernel, seccomp): fall back to a signal probe
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    return False
-                except OSError:
-                    pass
-                return True
-            self._pidfds[r] = fd
-        # a pidfd polls readable once the process has exited (zombies included)
-        readable, _, _ = select.select([fd], [], [], 0)
-        return not readable
+        return self._live.alive(r, int(self.w[self.seg.layout.record_word(r, R_PID)]))
 
     # --- fingerprints ----------------------------------------------------------------
 
@@ -346,7 +326,5 @@ class Channel:
     def close(self) -> None:
         if self.broken is None:
             self._set_state(STATE_CLOSED)
-        for fd in self._pidfds.values():
-            os.close(fd)
-        self._pidfds.clear()
+        self._live.close()
         self.w.release()

@@ -1,0 +1,55 @@
+"""Interleaved block timing shared by the same-run benchmarks.
+
+Why blocks: these machines are shared and noisy. Timing each variant in blocks that
+alternate which goes first makes a noise burst hit both alike; per block the slowest rank
+counts (a collective is as fast as its slowest rank), then the median (and the best block,
+the steadier figure on a loaded machine) over blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
+
+
+def time_blocks(ops: dict[str, Callable[[], object]], iters: int, blocks: int,
+                sync: Callable[[], object],
+                before: Callable[[str], object] | None = None) -> dict[str, list[float]]:
+    """Seconds per call of each op, one figure per block; ``sync`` (a barrier) lines the
+    ranks up before each block, ``before(name)`` sets up a variant (a switch to flip)."""
+    times: dict[str, list[float]] = {name: [] for name in ops}
+    for b in range(blocks):
+        for name in (list(ops) if b % 2 == 0 else list(reversed(ops))):
+            if before is not None:
+                before(name)
+            sync()
+            fn = ops[name]
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times[name].append((time.perf_counter() - start) / iters)
+    return times
+
+
+def run_blocks(bench: Callable[..., dict[str, list[float]]], ranks: int,
+               args: Sequence[Any]) -> list[dict[str, list[float]]]:
+    """Run ``bench(rank, world, *args)`` on ``ranks`` processes; each rank's timings."""
+    from rankwise.testing import run_ranks
+
+    results = run_ranks(bench, ranks, args=tuple(args), timeout=600)
+    for res in results:
+        if not res.ok:
+            raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")
+    return [res.value for res in results]
+
+
+def slowest_per_block(per_rank: list[dict[str, list[float]]], name: str) -> list[float]:
+    """Microseconds per call of ``name`` in each block, as the slowest rank saw it."""
+    return [max(b) * 1e6 for b in zip(*(r[name] for r in per_rank))]
