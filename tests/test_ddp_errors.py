@@ -89,4 +89,4 @@ def test_non_cpu_devices_rejected_before_any_communication() -> None:
     from rankwise.nn import DistributedDataParallel
 
     with pytest.raises(InvalidArgument, match="CPU tensors only"):
-        DistributedDataParallel(nn.Linear(2, 2), device_ids=["meta"])
+        DistributedDataParallel(nn.Linear(2, 2, device="meta"))

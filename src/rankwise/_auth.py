@@ -36,6 +36,7 @@ __all__ = ["NotRankwiseEndpoint", "client_handshake", "read_token_file", "recv_e
 
 _MAGIC = b"RWAUTH01"
 _NONCE = 16
+_FIRST_LOOK = 5  #: bytes of a client's hello read before judging it (< len(_MAGIC))
 _MAC = 32
 _OK, _TOKEN_SETTINGS_DIFFER, _PURPOSE_DIFFERS, _BAD_PROOF = 0, 1, 2, 3
 TOKEN_ENV = "RANKWISE_TOKEN"
@@ -145,15 +146,29 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, pee
         raise AuthError(f"{peer} could not prove it holds the shared token; refusing to talk to it")
 
 
+class ForeignClient(AuthError):
+    """The peer's first bytes are not rankwise's handshake; ``head`` holds them, so the
+    server can tell the user what connected (see ``rankwise.store.foreign``)."""
+
+    def __init__(self, message: str, head: bytes) -> None:
+        super().__init__(message)
+        self.head = head
+
+
 def server_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
     """Check the proof of a connecting client; raise ``AuthError`` if it fails.
 
     The failing client is told why (so it raises a clear error of its own) before
     the caller closes the socket.
     """
-    head = recv_exact(sock, len(_MAGIC) + 1, f"handshake from {peer}")
+    # Look at the first bytes alone: another system's client (torch's TCPStore sends
+    # 5 bytes, then may wait for an answer) is named at once, not after a read timeout.
+    head = recv_exact(sock, _FIRST_LOOK, f"handshake from {peer}")
+    if not _MAGIC.startswith(head):
+        raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake bytes)", head)
+    head += recv_exact(sock, len(_MAGIC) + 1 - _FIRST_LOOK, f"handshake from {peer}")
     if head[: len(_MAGIC)] != _MAGIC:
-        raise AuthError(f"{peer} is not a rankwise client (unexpected handshake bytes)")
+        raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake bytes)", head)
     purpose_b = recv_exact(sock, head[len(_MAGIC)], f"handshake purpose from {peer}")
     rest = recv_exact(sock, 1 + _NONCE, f"handshake from {peer}")
     client_has_token = bool(rest[0])

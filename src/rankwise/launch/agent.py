@@ -113,10 +113,11 @@ class AttemptResult:
     outcomes: list[WorkerOutcome]
     interrupted_by: int | None = None
     remote_failure: str = ""
+    aborted: str = ""  #: why the launcher itself ended the attempt (``abort``), if it did
 
     @property
     def failed(self) -> bool:
-        return bool(self.remote_failure) or any(o.failed for o in self.outcomes)
+        return bool(self.remote_failure or self.aborted) or any(o.failed for o in self.outcomes)
 
 
 @dataclass
@@ -150,6 +151,12 @@ class LocalAgent:
         self._events.put(("signal", signum, 0, time.time()))
 
     # -- spawning -------------------------------------------------------------------------
+    def abort(self, text: str) -> None:
+        """End the current attempt as failed for ``text`` (any thread): the workers are
+        torn down as for a failure on another node, and the summary names ``text`` as the
+        root cause. Repeats while the attempt is going down are ignored."""
+        self._events.put(("abort", text, 0, time.time()))
+
     def _open_log(self, attempt: int, local_rank: int, stream: str) -> BinaryIO | None:
         if not self.config.log_dir:
             return None
@@ -283,10 +290,13 @@ class LocalAgent:
                 result.interrupted_by = what
                 self._signal_running(what, teardown=True)
                 start_teardown(what)
-            elif kind == "remote":
+            elif kind in ("remote", "abort"):
                 assert isinstance(what, str)
                 if not going_down:
-                    result.remote_failure = what
+                    if kind == "remote":
+                        result.remote_failure = what
+                    else:
+                        result.aborted = what
                     start_teardown(None)
             elif kind == "stop":
                 assert isinstance(what, int)

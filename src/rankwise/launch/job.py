@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
+from .foreign_alarm import ForeignAlarm
 from .rendezvous import NodeInfo, StorePeers, rendezvous
 from .summary import (
     WorkerOutcome,
@@ -87,11 +88,12 @@ def _client(opts: JobOptions, port: int) -> Any:
                     timeout=timedelta(seconds=opts.timeout), token=opts.token)
 
 
-def _host_store(opts: JobOptions) -> Any | None:
+def _host_store(opts: JobOptions, alarm: ForeignAlarm) -> Any | None:
     """Start the store if this node hosts it; None if another node already does."""
     from ..store import TCPStoreServer
 
-    server = TCPStoreServer(opts.master_addr, opts.master_port, token=opts.token)
+    server = TCPStoreServer(opts.master_addr, opts.master_port, token=opts.token,
+                            on_foreign=alarm)
     try:
         server.start()
     except DistError:
@@ -188,9 +190,10 @@ def run_job(opts: JobOptions) -> int:
              "--token-file); anyone who reaches the store port can read and change this "
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
+    alarm = ForeignAlarm(token, _say)
     try:
         try:
-            server = _host_store(opts) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
+            server = _host_store(opts, alarm) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
@@ -208,6 +211,7 @@ def run_job(opts: JobOptions) -> int:
         base_env = dict(os.environ)
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        alarm.marker = marker
         watchdog = _start_watchdog(marker)
         base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
         if opts.token:
@@ -221,7 +225,9 @@ def run_job(opts: JobOptions) -> int:
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
         )
         notices = _ExitNotices(opts, port)
-        code = _run_attempts(LocalAgent(config, peers, notices), opts, peers)
+        agent = LocalAgent(config, peers, notices)
+        alarm.agent = agent
+        code = _run_attempts(agent, opts, peers)
         if peers is not None:
             peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
         return code
@@ -244,7 +250,7 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None)
                 return 128 + result.interrupted_by
             if not result.failed:
                 return 0
-            if attempt < opts.max_restarts:
+            if attempt < opts.max_restarts and not result.aborted:  # aborts would repeat
                 cause = root_cause(result.outcomes)
                 what = cause_line(cause) if cause else result.remote_failure
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
@@ -261,8 +267,13 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
     if not remote_line and result.remote_failure and local is None:
         remote_line = result.remote_failure
+    # the launcher's own reason, unless a rank failed on its own before it
+    launcher_line = result.aborted if local is None or local.secondary else ""
     restarts = f"{attempt} of {opts.max_restarts} restarts used" if opts.max_restarts else ""
-    _say(format_summary(result.outcomes, restarts=restarts, remote_cause=remote_line))
+    _say(format_summary(result.outcomes, restarts=restarts, remote_cause=remote_line,
+                        launcher_cause=launcher_line))
+    if launcher_line:
+        return 1
     if cause is None or cause.returncode is None:
         return 1
     return shell_exit_code(cause.returncode) or 1

@@ -157,18 +157,23 @@ def format_summary(
     title: str = "rankwise run: job failed",
     restarts: str = "",
     remote_cause: str = "",
+    launcher_cause: str = "",
 ) -> str:
     """The one failure summary the launcher prints.
 
-    ``remote_cause`` is a line about a failure on another node, when that node failed first.
+    ``remote_cause`` is a line about a failure on another node, when that node failed first;
+    ``launcher_cause`` why the launcher itself ended the job (e.g. a torch-only script).
     """
     rule = "=" * 72
     lines = [rule, title + (f" ({restarts})" if restarts else "")]
     cause = root_cause(outcomes)
     if remote_cause:
         lines += ["-" * 72, f"Root cause (on another node): {remote_cause}"]
+    if launcher_cause:
+        lines += ["-" * 72, f"Root cause (the launcher ended the job): {launcher_cause}"]
     if cause is not None:
-        lines += ["-" * 72, "Root cause (first failure):" if not remote_cause else "First failure here:"]
+        first = not (remote_cause or launcher_cause)
+        lines += ["-" * 72, "Root cause (first failure):" if first else "First failure here:"]
         lines.append(f"  rank       : {cause.rank} (local_rank {cause.local_rank}, node {cause.node_rank}"
                      + (f", host {cause.host}" if cause.host else "") + ")")
         lines.append(f"  time       : {_clock(cause.failed_at)}")

@@ -71,7 +71,7 @@ class JoinState:
         """Handshake of a training rank; returns the global rank to take buffers from."""
         active, _ = self._handshake(training=True, will_sync=will_sync)
         if not self._divide_by_initial:
-            self._ddp.reducer.divisor = len(active)
+            self._ddp._live_reducer().divisor = len(active)
         return self._ddp.group_ranks[active[0]]
 
     def shadow_until_all_joined(self) -> None:
@@ -84,8 +84,8 @@ class JoinState:
             if ddp.syncs_buffers():
                 broadcast_tensors(ddp.module_buffers(), ddp.group_ranks[active[0]], self._group)
             if sync:
-                ddp.reducer.shadow_iteration()
+                ddp._live_reducer().shadow_iteration()
         if self._last_active:
             source = ddp.group_ranks[self._last_active[0]]
             broadcast_tensors(ddp.module_states(), source, self._group)
-        ddp.reducer.divisor = self._world
+        ddp._live_reducer().divisor = self._world

@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
+from rankwise._grad_bucket import GradBucket
 from rankwise.nn._buckets import FIRST_BUCKET_BYTES, Bucket, build_buckets
 from rankwise.nn._comm import comm
+from rankwise.nn._comm_hook import CommHook
 from rankwise.nn._errors import DDPError
 from rankwise.nn._graph import reachable_leaves
 
@@ -89,6 +91,7 @@ class Reducer:
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
         self._used_map_work: Any = None
         self._iterations = 0
+        self._comm_hook: CommHook | None = None
         self._backward_start = 0.0
         self._last_backward_s = 0.0
         self._last_wait_s = 0.0
@@ -129,6 +132,17 @@ class Reducer:
         """Let the next backward accumulate locally (``no_sync``, or no forward armed it)."""
         self._armed = False
 
+    def register_comm_hook(self, hook: CommHook) -> None:
+        """Reduce every bucket with ``hook`` instead of pre-dividing and all-reducing."""
+        if self._comm_hook is not None:
+            raise DDPError("register_comm_hook can only be called once per DDP model")
+        if self._iterations or self._in_backward:
+            raise DDPError(
+                "register_comm_hook must be called before the first backward: ranks that "
+                "switch reduction part-way would average different things"
+            )
+        self._comm_hook = hook
+
     def remove_hooks(self) -> None:
         """Detach from the parameters (the DDP wrapper is going away)."""
         for handle in self._handles:
@@ -148,7 +162,7 @@ class Reducer:
         works = []
         for bucket in self.buckets:
             bucket.buffer.zero_()
-            works.append(dist.all_reduce(bucket.buffer, group=self._group, async_op=True))
+            works.append(self._reduce(bucket))
         for work in works:
             work.wait()
 
@@ -203,23 +217,40 @@ class Reducer:
             if grad is None:
                 view.zero_()
             elif self._grad_as_view and grad.data_ptr() == view.data_ptr():
-                view.div_(self.divisor)
+                view.div_(self._pre_divisor())
             else:
-                torch.div(grad, self.divisor, out=view)
+                torch.div(grad, self._pre_divisor(), out=view)
                 if self._grad_as_view:
                     self._params[index].grad = view
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
 
+    def _pre_divisor(self) -> int:
+        """What gradients are divided by on their way into a bucket: a comm hook gets
+        them undivided (it averages itself, as in torch)."""
+        return 1 if self._comm_hook is not None else self.divisor
+
     def _launch_ready_buckets(self) -> None:
-        dist = comm()
         while self._next_bucket < len(self.buckets):
             bucket = self.buckets[self._next_bucket]
             if bucket.pending:
                 return
-            bucket.work = dist.all_reduce(bucket.buffer, group=self._group, async_op=True)
+            bucket.work = self._reduce(bucket)
             self._next_bucket += 1
+
+    def _reduce(self, bucket: Bucket) -> Any:
+        """Start reducing one bucket: the registered comm hook, else an async all_reduce."""
+        if self._comm_hook is None:
+            return comm().all_reduce(bucket.buffer, group=self._group, async_op=True)
+        grad_bucket = GradBucket(
+            bucket.index,
+            bucket.buffer,
+            list(bucket.views),
+            [self._params[i] for i in bucket.params],
+            is_last=bucket.index == len(self.buckets) - 1,
+        )
+        return self._comm_hook.launch(grad_bucket)
 
     def _finalize(self) -> None:
         """End of backward: wait for every bucket and hand the averages to ``.grad``."""

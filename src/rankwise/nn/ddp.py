@@ -10,19 +10,34 @@ construction (rank 0's values) and buffers before each forward.
 Differences from torch's DDP, on purpose or not yet done: CPU tensors only; buckets
 keep reverse registration order (torch re-orders them once after the first iteration
 from the observed gradient order); ``static_graph=True`` means "the set of unused
-parameters never changes" and is computed once; no communication hooks.
+parameters never changes" and is computed once; ``register_comm_hook`` takes hooks that
+return a future (torch's ``allreduce_hook`` included) but not torch's built-in C++ hooks.
+
+Identity with torch's class: it derives from ``torch.nn.parallel.DistributedDataParallel``
+so that ``isinstance`` checks ("unwrap if DDP") in scripts and libraries pass, but it never
+runs torch's ``__init__`` (which would build torch's C++ reducer on a torch process
+group). Every torch method that would reach those missing internals is shadowed by one
+that raises ``NotImplementedError`` (``_refuse_torch_internals``); what remains from
+torch's class is ``nn.Module`` behaviour, ``train`` and the active-module class hooks.
+
+Pickling (``torch.save(ddp)``, ``copy.deepcopy``) keeps the module and settings and drops
+the reducer and process group; the copy evaluates, and refuses to train with an error
+that says to wrap its ``.module`` again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from rankwise.errors import InvalidArgument
+from rankwise.nn._comm_hook import CommHook, check_hook
+from rankwise.nn._errors import DDPError
 from rankwise.nn._join import JoinState
 from rankwise.nn._reducer import Reducer, ReducerStatistics
 from rankwise.nn._sync import agree_on_parameters, broadcast_tensors, signature_of
@@ -32,7 +47,7 @@ __all__ = ["DistributedDataParallel"]
 _MIB = 1024 * 1024
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(_TorchDDP):
     """Data-parallel wrapper with ``torch.nn.parallel.DistributedDataParallel``'s interface.
 
     Construction is collective: every rank of ``process_group`` must construct it, with
@@ -54,8 +69,8 @@ class DistributedDataParallel(nn.Module):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
     ) -> None:
-        super().__init__()
-        _check_cpu_only(module, device_ids, output_device)
+        nn.Module.__init__(self)  # not torch DDP's: see the module docstring
+        _check_cpu_only(module)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise InvalidArgument(
@@ -86,7 +101,8 @@ class DistributedDataParallel(nn.Module):
         self._world = len(self.group_ranks)
         if self._world > 1:
             broadcast_tensors(self.module_states(), self.group_ranks[0], process_group)
-        self.reducer = Reducer(
+        # torch's class declares its C++ reducer here; ours is None on an unpickled copy
+        self.reducer: Reducer | None = Reducer(  # type: ignore[assignment]
             [p for _, p in named],
             [n for n, _ in named],
             process_group,
@@ -95,6 +111,48 @@ class DistributedDataParallel(nn.Module):
             static_graph=static_graph,
             grad_as_view=gradient_as_bucket_view,
         )
+
+    @property  # torch's is read-only over its own attribute; this one is plain state
+    def broadcast_buffers(self) -> bool:
+        return self._broadcast_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self._broadcast_buffers = value
+
+    # -- pickling: torch.save(ddp), copy.deepcopy(ddp) --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the live parts: the reducer (hooks on this process's
+        parameters, in-flight work) and the process group do not survive a pickle."""
+        state = dict(self.__dict__)
+        state.update(reducer=None, process_group=None, _join=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        nn.Module.__setstate__(self, state)  # type: ignore[no-untyped-call]
+
+    def _live_reducer(self) -> Reducer:
+        """The reducer, or a clear error on a copy that came out of a pickle."""
+        if self.reducer is None:
+            raise DDPError(
+                "this DistributedDataParallel is a copy (torch.load / copy.deepcopy): its "
+                "gradient reducer and process group are not saved with it, so it cannot "
+                "train. Wrap the loaded model's .module in a new DistributedDataParallel "
+                "(on every rank) to train it; to evaluate, call .eval() or use torch.no_grad()."
+            )
+        return self.reducer
+
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket)`` (torch's contract).
+
+        ``bucket`` is a :class:`rankwise.GradBucket` holding the bucket's gradients
+        *undivided*; the hook returns a future (``Work.get_future()``, possibly chained
+        with ``then``) whose value is the reduced flat tensor, averaging included.
+        Call it on every rank, before the first backward, once.
+        """
+        check_hook(hook)
+        self._live_reducer().register_comm_hook(CommHook(hook, state))
 
     # -- what gets synchronised ----------------------------------------------------------
 
@@ -118,19 +176,22 @@ class DistributedDataParallel(nn.Module):
     # -- training --------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self.reducer is None and not (self.training and torch.is_grad_enabled()):
+            return self.module(*inputs, **kwargs)  # an unpickled copy, evaluating alone
+        reducer = self._live_reducer()
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         source = self.group_ranks[0]
         if self._join is not None:
             source = self._join.before_forward(will_sync)
         if will_sync:
-            self.reducer.prepare_for_backward()
+            reducer.prepare_for_backward()
         else:
-            self.reducer.disarm()
+            reducer.disarm()
         if self.syncs_buffers():
             broadcast_tensors(self.module_buffers(), source, self.process_group)
         outputs = self.module(*inputs, **kwargs)
         if will_sync:
-            self.reducer.find_unused(outputs)
+            reducer.find_unused(outputs)
         return outputs
 
     @contextmanager
@@ -179,22 +240,55 @@ class DistributedDataParallel(nn.Module):
 
     def statistics(self) -> ReducerStatistics:
         """Bucket layout and how long backward waited for communication."""
-        return self.reducer.statistics()
+        return self._live_reducer().statistics()
 
 
-def _check_cpu_only(
-    module: nn.Module,
-    device_ids: Sequence[int | str | torch.device] | None,
-    output_device: int | str | torch.device | None,
-) -> None:
-    """rankwise moves CPU tensors only; say so before any collective starts."""
-    devices = {torch.device(d).type for d in (device_ids or [])}
-    if output_device is not None:
-        devices.add(torch.device(output_device).type)
-    devices |= {t.device.type for t in module.parameters()}
+def _check_cpu_only(module: nn.Module) -> None:
+    """rankwise moves CPU tensors only; say so before any collective starts.
+
+    ``device_ids``/``output_device`` are not looked at: scripts written for GPUs pass
+    ``device_ids=[local_rank]`` out of habit, and on a CPU module they have no meaning.
+    """
+    devices = {t.device.type for t in module.parameters()}
     devices |= {t.device.type for t in module.buffers()}
     if devices - {"cpu"}:
         raise InvalidArgument(
-            f"rankwise DistributedDataParallel works on CPU tensors only, got devices "
-            f"{sorted(devices)}; keep the module on the CPU and pass device_ids=None."
+            f"rankwise DistributedDataParallel works on CPU tensors only, got a module on "
+            f"{sorted(devices)}; keep the module on the CPU."
         )
+
+
+_TORCH_SAFE = frozenset({"train", "_get_active_ddp_module", "_active_ddp_module"})
+"""torch DDP members that only touch nn.Module state (or a class attribute), kept."""
+
+
+def _refuse_torch_internals() -> None:
+    """Shadow every torch DDP method this class does not define with one that raises.
+
+    They would read torch's C++ reducer, logger and process group, which this class
+    never creates, and fail obscurely (or half-work) somewhere inside torch.
+    """
+    ours = DistributedDataParallel.__dict__
+    for name, member in vars(_TorchDDP).items():
+        if name.startswith("__") or name in ours or name in _TORCH_SAFE:
+            continue
+        if isinstance(member, property):
+            setattr(DistributedDataParallel, name, property(_refusal(name)))
+        elif callable(member) or isinstance(member, (classmethod, staticmethod)):
+            setattr(DistributedDataParallel, name, _refusal(name))
+
+
+def _refusal(name: str) -> Callable[..., Any]:
+    def refuse(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"DistributedDataParallel.{name} belongs to torch's own DDP internals, which "
+            "rankwise.nn.DistributedDataParallel does not run (it only shares torch's "
+            "class for isinstance checks). Use torch's DDP on backend 'rankwise' "
+            "(import rankwise.torch) if you need it."
+        )
+
+    refuse.__name__ = name
+    return refuse
+
+
+_refuse_torch_internals()

@@ -24,12 +24,14 @@ import logging
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .._auth import resolve_token, server_handshake
+from .._auth import ForeignClient, resolve_token, server_handshake
 from ..errors import AuthError, DistError, DistNetworkError, InvalidArgument, StoreError
 from .base import AUTH_FAILURES_KEY
+from .foreign import ForeignKnock, describe_foreign_client
 from .protocol import (
     DEFAULT_LIMITS,
     Limits,
@@ -77,6 +79,8 @@ class TCPStoreServer:
 
     ``TCPStoreServer(host, port)`` does not touch the network until ``start()`` (or
     ``with``); ``port=0`` picks a free port, readable as ``.port`` afterwards.
+    ``on_foreign`` is called (from the connection's thread, before it closes) for every
+    client recognised as another system's, e.g. torch's TCPStore (``store.foreign``).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class TCPStoreServer:
         handshake_timeout: float = 30.0,
         frame_timeout: float = 60.0,
         max_connections: int = 4096,
+        on_foreign: Callable[[ForeignKnock], None] | None = None,
     ) -> None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise InvalidArgument(f"store port must be an int in 0..65535, got {port!r}")
@@ -103,6 +108,7 @@ class TCPStoreServer:
         self._max_connections = max_connections
         self._table = KVTable(limits.max_total_bytes)
         self._auth_failures = 0
+        self._on_foreign = on_foreign
         self._listener: socket.socket | None = None
         self._port: int | None = None
         self._lock = threading.Lock()
@@ -243,6 +249,8 @@ class TCPStoreServer:
                     return
         except AuthError as exc:
             self._note_auth_failure(peer, exc)
+            if isinstance(exc, ForeignClient):
+                self._tell_foreign(exc.head, conn)
         except (DistError, OSError) as exc:
             # Malformed frames and hang-ups end this client only.
             log.debug("store: dropping %s: %s", peer, exc)
@@ -250,6 +258,24 @@ class TCPStoreServer:
             with self._lock:
                 self._conns.pop(conn, None)
             conn.close()
+
+    def _tell_foreign(self, head: bytes, conn: socket.socket) -> None:
+        """A recognised foreign client (torch's TCPStore): tell ``on_foreign`` at every
+        knock, before the connection closes (the listener may look up who holds its
+        other end). Such a client retries for its whole timeout and nothing else says
+        why it cannot join; the listener decides what to print and whether to act."""
+        what = describe_foreign_client(head)
+        if what is None or self._on_foreign is None:
+            return
+        try:
+            host, port = conn.getpeername()[:2]
+            store_port = conn.getsockname()[1]
+        except OSError:
+            return  # already gone: it will knock again
+        try:
+            self._on_foreign(ForeignKnock(what, str(host), int(port), int(store_port)))
+        except Exception:  # a listener's bug must not take the store down
+            log.exception("store: on_foreign listener failed")
 
     def _note_auth_failure(self, peer: str, exc: AuthError) -> None:
         """Remember (bounded) that ``peer`` failed the token check, for the ranks that

@@ -5,16 +5,21 @@ torch.distributed (or resume a torch run) and every rank still sees the same sam
 shuffle with a ``torch.Generator`` seeded ``seed + epoch``, pad by repeating the head of
 the permutation (or drop the tail with ``drop_last``), then take every
 ``num_replicas``-th index starting at ``rank``.
+
+The class derives from ``torch.utils.data.DistributedSampler`` (so ``isinstance`` checks
+in training loops and libraries pass) without running its ``__init__``, which would ask
+``torch.distributed`` for the rank; it sets the same attributes and overrides every
+method torch's class defines (``__iter__``, ``__len__``, ``set_epoch``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from rankwise.errors import InvalidArgument
 from rankwise.nn._comm import comm
@@ -22,7 +27,7 @@ from rankwise.nn._comm import comm
 __all__ = ["DistributedSampler"]
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(_TorchDistributedSampler[int]):
     """Restricts data loading to a subset of the dataset, one disjoint subset per rank.
 
     ``num_replicas`` and ``rank`` default to the default process group's world size and
@@ -51,7 +56,7 @@ class DistributedSampler(Sampler[int]):
             raise InvalidArgument(
                 f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
             )
-        self.dataset = dataset
+        self.dataset = dataset  # type: ignore[assignment]  # torch says Dataset; any Sized works
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
@@ -66,7 +71,7 @@ class DistributedSampler(Sampler[int]):
         self.total_size = self.num_samples * num_replicas
 
     def __iter__(self) -> Iterator[int]:
-        size = len(self.dataset)
+        size = len(cast(Sized, self.dataset))
         if self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
