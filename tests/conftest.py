@@ -13,7 +13,7 @@ import pytest
 
 #: the engines every engine-parametrized suite runs on (``pytestmark =
 #: pytest.mark.usefixtures("engine")`` in a module)
-ENGINES = ("tcp", "shm")
+ENGINES = ("tcp", "shm", "torch-gloo")
 
 
 @pytest.fixture(params=ENGINES)

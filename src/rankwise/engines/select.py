@@ -33,7 +33,7 @@ __all__ = ["ENGINES", "ENGINE_ENV", "choose_engine", "host_identity", "requested
 log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
-ENGINES = ("auto", "tcp", "shm")
+ENGINES = ("auto", "tcp", "shm", "torch-gloo")
 
 
 class EngineUnavailable(DistError):
@@ -91,6 +91,10 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     member). Collective over the group's members: each must call it, in group order."""
     want = requested_engine()
     n, me = group.size(), group.group_rank
+    if want == "torch-gloo":
+        from .torch_engine import TorchEngine
+
+        return TorchEngine.create(group, store, timeout)
     if want == "tcp" or n == 1:
         return group.messages
     prefix = f"engine/{group.id}"
