@@ -10,6 +10,7 @@ rankwise's own world is untouched. First step: the control-plane fingerprint che
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,9 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from .._callsite import site_text
+from .._comm import describe_call, mismatch_advice
+from ..errors import CollectiveMismatch
 from .base import Array, Call
 from .torch_store import TorchStore
 
@@ -103,6 +107,31 @@ class TorchEngine:
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
         return cls(group, pg)
 
+    def _check(self, call: Call) -> None:
+        """Interim check (sync): all ranks all-gather a fixed-size fingerprint on the
+        torch group before the data op, so a mismatched call raises on every rank instead
+        of hanging or mixing data. The control-plane ring check is the planned successor.
+        """
+        if os.environ.get("RANKWISE_CHECK", "").strip().lower() == "off":
+            return
+        fp = call.fp
+        mine = torch.tensor([fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
+                             call.site.id & 0x7FFFFFFFFFFFFFFF], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(call.size)]
+        self._wait(self.pg.allgather([parts], [mine]))
+        for r, p in enumerate(parts):
+            op, dtype, count, reduce, root, site_id = (int(v) for v in p.tolist())
+            same = (op, dtype, reduce, root) == (fp.op, fp.dtype, fp.reduce, fp.root) and (
+                fp.count == -1 or count == -1 or count == fp.count)
+            if same:
+                continue
+            ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site)
+            theirs = describe_call(op, dtype, count, reduce, root, site_text(site_id))
+            raise CollectiveMismatch(
+                f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
+                f"{self.group.comm.rank} called {ours}, but rank {self.group.ranks[r]} "
+                f"called {theirs}. " + mismatch_advice(fp.op, fp.root, op, root))
+
     def _op(self, call: Call) -> Any:
         assert call.op is not None
         return _OPS[call.op.name]
@@ -126,30 +155,37 @@ class TorchEngine:
         back()
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
+        self._check(call)
         self._wait(self.pg.broadcast([_t(data)], _bopts(root)))
 
     def all_reduce(self, call: Call, data: Array) -> None:
+        self._check(call)
         self._all_reduce(call, data)
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
+        self._check(call)
         self._all_reduce(call, data)  # gloo's reduce lacks some types; same result
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
+        self._check(call)
         self._wait(self.pg.allgather([[_t(s) for s in slots]], [_t(slots[call.rank]).clone()]))
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
+        self._check(call)
         o = tdist.GatherOptions()
         o.rootRank = root
         outs = [[_t(s) for s in slots]] if slots is not None else []
         self._wait(self.pg.gather(outs, [_t(mine)], o))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
+        self._check(call)
         o = tdist.ScatterOptions()
         o.rootRank = root
         ins = [[_t(s) for s in slots]] if slots is not None else []
         self._wait(self.pg.scatter([_t(out)], ins, o))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
+        self._check(call)
         # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
         flat = np.concatenate(chunks)
         self._all_reduce(call, flat)
@@ -158,6 +194,7 @@ class TorchEngine:
         mine[...] = flat[start:start + len(mine)]
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        self._check(call)
         src = torch.cat([_t(i) for i in ins]) if ins else torch.empty(0, dtype=torch.uint8)
         dst = torch.empty(sum(o.nbytes for o in outs), dtype=torch.uint8)
         self._wait(self.pg.alltoall_base(dst, src, [o.nbytes for o in outs],
@@ -168,6 +205,7 @@ class TorchEngine:
             at += o.nbytes
 
     def barrier(self, call: Call) -> None:
+        self._check(call)
         self._wait(self.pg.barrier(tdist.BarrierOptions()))
 
     def close(self) -> None:
