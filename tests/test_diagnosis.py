@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from rankwise import _callsite
-from rankwise._comm import RZF_MARK, barrier_name_code, describe_call
 from rankwise._wire import Op
-from rankwise.diagnosis.report import (
+from rankwise.checks.calls import RZF_MARK, barrier_name_code, describe_call
+from rankwise.checks.report import (
     cycle_text,
     find_cycle,
     format_where,

@@ -2,9 +2,9 @@
 dtypes, roots or reduce ops get ``CollectiveMismatch`` on every rank, naming both calls
 (op names and the file:line of both call sites) — never a hang, never wrong data.
 
-A rank whose share of the mismatched call is only sending (e.g. a broadcast root) may
-return from that call before a peer detects the mismatch, as in torch; it then gets the
-``CollectiveMismatch`` at its next call (here: a barrier). One rank (``odd``) makes a different call from the others; each call below carries a
+Rooted calls end with an agreement (``algorithms/agree.py``), so even a rank whose share
+is only sending raises from the mismatched call itself (``test_root_agreement.py``);
+the barrier after each call stays as a net for other ops. One rank (``odd``) makes a different call from the others; each call below carries a
 ``# CALL:<name>`` marker so the test can compute the line numbers the message must name.
 """
 

@@ -78,5 +78,5 @@ def test_worker_environment_like_torchrun(tmp_path: Path) -> None:
         assert {k: e.get(k) for k in expected} == expected
         assert e["RANKWISE_ERROR_FILE"] == e["TORCHELASTIC_ERROR_FILE"]
         assert e["RANKWISE_ERROR_FILE"].endswith(f"rank_{r}/error.json")
-        assert "RANKWISE_TOKEN" not in e
+        assert len(e["RANKWISE_TOKEN"]) >= 32  # a fresh token per job, by default (issue 12)
         assert detect_env(e) == ClusterEnv(r, 2, r, "127.0.0.1", int(e["MASTER_PORT"]), "rankwise")

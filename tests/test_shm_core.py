@@ -187,7 +187,9 @@ def w_bf16(rank: int, size: int, path: str) -> Any:
     from rankwise._buffers import as_buffer
     g = _group(rank, size, path)
     t = torch.arange(50000, dtype=torch.bfloat16) * (rank + 1) / 7
-    want = sum(torch.arange(50000, dtype=torch.float32) * (q + 1) / 7 for q in range(size))
+    want = torch.zeros(50000)
+    for q in range(size):
+        want += torch.arange(50000, dtype=torch.float32) * (q + 1) / 7
     buf = as_buffer(t, "t", writable=True)
     g.all_reduce(_fp(Op.all_reduce, buf.dtype.code, ReduceOp.SUM.code), _callsite.capture(),
                  buf.array, buf.dtype, ReduceOp.SUM, _deadline())
@@ -314,8 +316,17 @@ def test_orphan_file_of_dead_creator_is_swept() -> None:
     os.waitpid(dead, 0)
     name = os.path.join(SHM_DIR, f"rankwise-shm-{dead}-deadbeef")
     open(name, "wb").close()
-    _sweep_orphans()
-    assert not os.path.exists(name)
+    locked = os.path.join(SHM_DIR, f"rankwise-shm-{dead}-feedface")  # creator in another
+    fd = os.open(locked, os.O_RDWR | os.O_CREAT, 0o600)              # PID namespace
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _sweep_orphans()
+        assert not os.path.exists(name)
+        assert os.path.exists(locked)
+    finally:
+        os.close(fd)
+        os.unlink(locked)
 
 
 def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
@@ -324,9 +335,190 @@ def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
     class Tiny:
         f_bavail, f_frsize = 16, 4096
 
-    monkeypatch.setattr(segment.os, "statvfs", lambda p: Tiny())
+    monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
     with pytest.raises(ShmUnavailable, match="--shm-size"):
         segment._fit_slot(4, 4 << 20, "file")
     Half = type("Half", (), {"f_bavail": (64 << 20) // 4096, "f_frsize": 4096})
-    monkeypatch.setattr(segment.os, "statvfs", lambda p: Half())
+    monkeypatch.setattr(os, "statvfs", lambda p: Half())
     assert 65536 <= segment._fit_slot(8, 4 << 20, "file") < 4 << 20
+
+
+def w_check_callback(rank: int, size: int, path: str) -> Any:
+    from rankwise.errors import PeerFailure
+
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) > 3:
+            raise PeerFailure("control plane says rank 0 failed", rank=0)
+
+    g = _group(rank, size, path, check=check)
+    if rank == 0:
+        time.sleep(4)
+        return None
+    g.barrier(_fp(Op.barrier), _callsite.capture(), time.monotonic() + 20)
+
+
+def test_check_callback_aborts_a_wait(tmp_path: Any) -> None:
+    t0 = time.monotonic()
+    res = run_ranks(w_check_callback, 2, args=(str(tmp_path / "s"),), init=False, timeout=60)
+    assert res[1].raised("PeerFailure") and "control plane" in res[1].message
+    assert res[1].elapsed < 3.0 and time.monotonic() - t0 < 30
+
+
+def w_after_error(rank: int, size: int, path: str) -> Any:
+    from rankwise.errors import CollectiveMismatch, DistError
+
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    try:
+        g.barrier(_fp(Op.barrier if rank else Op.all_reduce), site, _deadline())
+    except CollectiveMismatch:
+        pass
+    try:
+        g.barrier(_fp(Op.barrier), site, _deadline())
+    except DistError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_group_is_unusable_after_an_error(tmp_path: Any) -> None:
+    vals = _ok(run_ranks(w_after_error, 2, args=(str(tmp_path / "s"),), init=False,
+                         timeout=60))
+    assert all("unusable after an earlier error" in v for v in vals), vals
+
+
+def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch: Any) -> None:
+    """Ranks as threads on a HashStore; rank 1 is refused /proc/<pid>/fd (as under
+    another user or a hardened ptrace_scope): every rank ends on one /dev/shm file,
+    which is gone once both mapped."""
+    import threading
+
+    from rankwise.engines.shm import segment
+    from rankwise.store import HashStore
+
+    real = segment._attach
+
+    def attach(desc: str, nranks: int) -> Any:
+        if desc.startswith("memfd") and threading.current_thread().name == "r1":
+            raise PermissionError(13, "Permission denied (test)")
+        return real(desc, nranks)
+
+    monkeypatch.setattr(segment, "_attach", attach)
+    before = _shm_names()
+    store = HashStore()
+    got: dict[int, Any] = {}
+
+    def run(r: int) -> None:
+        got[r] = segment.open_segment(store, "t", r, 2, slot_bytes=65536, method="auto",
+                                      timeout=10)
+
+    ts = [threading.Thread(target=run, args=(r,), name=f"r{r}") for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert [got[r].method for r in range(2)] == ["file", "file"]
+    got[0].mm[8192] = 7
+    assert got[1].mm[8192] == 7  # one segment
+    assert _shm_names() <= before
+    for s in got.values():
+        s.mm.close()
+
+
+def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
+    """Back-to-back mixed calls: ranks drift up to one round apart all the time, which is
+    where a wrong ping-pong or fingerprint-parity argument would show."""
+    g = _group(rank, size, path, slot_bytes=65536)
+    site = _callsite.capture()
+    d = _NUMPY_NATIVE[np.dtype(np.int64)]
+    for i in range(iters):
+        n = (i * 7919) % 40000 + 1  # spans small (one round) and chunked sizes
+        kind = i % 3
+        if kind == 0:
+            a = np.full(n, rank + i, np.int64)
+            g.all_reduce(_fp(Op.all_reduce, d.code, 1), site, a, d, ReduceOp.SUM, _deadline())
+            want = sum(r + i for r in range(size))
+            if not (a == want).all():
+                raise AssertionError(f"iteration {i}: all_reduce wrong")
+        elif kind == 1:
+            b = np.full(n, rank * 1000 + i, np.int64)
+            root = i % size
+            g.broadcast(_fp(Op.broadcast, d.code, root=root), site, b, _deadline())
+            if not (b == root * 1000 + i).all():
+                raise AssertionError(f"iteration {i}: broadcast wrong")
+        else:
+            g.barrier(_fp(Op.barrier), site, _deadline())
+    g.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
+    _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
+
+
+def _thread_groups(size: int, **kw: Any) -> list[Any]:
+    """Ranks as threads of this process on a HashStore (setup only; collectives that
+    need several ranks at once run on threads too)."""
+    import threading
+
+    from rankwise.engines.shm import ShmGroup
+    from rankwise.store import HashStore
+
+    store = HashStore()
+    got: dict[int, Any] = {}
+
+    def make(r: int) -> None:
+        got[r] = ShmGroup(store, "t", r, size, timeout=10, slot_bytes=65536, **kw)
+
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    return [got[r] for r in range(size)]
+
+
+def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
+    from rankwise.engines.shm.layout import R_SITE_LEN
+
+    g0, g1 = _thread_groups(2)
+    try:
+        w = g0.ch.w
+        w[g0.seg.layout.record_word(1, R_SITE_LEN)] = 1 << 40  # a hostile length
+        assert g0.ch.peer_site(1) == "<corrupt call-site text>"
+        w[g0.seg.layout.record_word(1, R_SITE_LEN)] = -5
+        assert g0.ch.peer_site(1) == "<corrupt call-site text>"
+    finally:
+        g0.close()
+        g1.close()
+
+
+def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
+    from rankwise.engines.shm import ShmUnavailable, segment
+
+    path = os.path.join(segment.SHM_DIR, f"{segment.FILE_PREFIX}{os.getpid()}-test")
+    with open(path, "wb") as f:
+        f.write(b"\x07" * 8192)
+    try:
+        with pytest.raises(ShmUnavailable, match="foreign header"):
+            segment._attach(f"file {path}", 2)
+        with pytest.raises(ShmUnavailable, match="unusable segment description"):
+            segment._attach("file /etc/passwd", 2)
+    finally:
+        os.unlink(path)
+
+
+def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
+    from rankwise.engines.shm.layout import R_SEQ
+    from rankwise.errors import DistError
+
+    g0, g1 = _thread_groups(2)
+    try:
+        g0.ch.w[g0.seg.layout.record_word(1, R_SEQ)] = 3  # rank 1 "at round 3" while
+        with pytest.raises(DistError, match="corrupt"):       # rank 0 waits for round 1
+            g0.ch._check_peers([], 1, lambda: "barrier", False)
+    finally:
+        g0.close()
+        g1.close()

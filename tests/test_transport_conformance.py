@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _loopback import connected_pair
 
-from rankwise._wire import Frame, Kind, encode_header
+from rankwise._wire import DROP, HOLD, Frame, Kind, encode_header
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
 from rankwise.transport.tcp import TcpTransport
@@ -31,8 +32,17 @@ class Recorder:
         self.frames: list[tuple[Frame, bytes]] = []
         self.lost: list[tuple[int, BaseException | None]] = []
         self.cv = threading.Condition()
+        #: the answer to give a header instead of a buffer (DROP / HOLD), by tag
+        self.answers: dict[int, str] = {}
+        self.offered: list[int] = []  #: tags of every header offered, in order
 
-    def on_header(self, frame: Frame) -> tuple[bytearray, object]:
+    def on_header(self, frame: Frame) -> tuple[bytearray | None, object]:
+        with self.cv:
+            self.offered.append(frame.tag)
+            answer = self.answers.get(frame.tag)
+            self.cv.notify_all()
+        if answer is not None:
+            return None, answer
         buf = bytearray(frame.payload_len)
         return buf, buf
 
@@ -47,6 +57,11 @@ class Recorder:
             self.lost.append((rank, reason))
             self.cv.notify_all()
 
+    def on_fatal(self, exc: BaseException) -> None:
+        with self.cv:
+            self.lost.append((-1, exc))
+            self.cv.notify_all()
+
     def wait_for(self, test: Callable[[], bool]) -> None:
         with self.cv:
             assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
@@ -57,9 +72,7 @@ def _tcp_world(n: int) -> list[Any]:
     socks: list[dict[int, socket.socket]] = [{} for _ in range(n)]
     for a in range(n):
         for b in range(a + 1, n):
-            with socket.create_server(("127.0.0.1", 0)) as server:
-                client = socket.create_connection(server.getsockname())
-                accepted, _ = server.accept()
+            accepted, client = connected_pair()
             socks[a][b], socks[b][a] = client, accepted
     return [TcpTransport(r, n, socks[r]) for r in range(n)]
 
@@ -175,3 +188,34 @@ def test_garbage_bytes_drop_the_connection_not_the_receiver(world: Any) -> None:
     header, payload = _frame(9, b"still fine")
     transports[2].send(0, header, payload, time.monotonic() + WAIT)
     recs[0].wait_for(lambda: any(f.src == 2 for f, _ in recs[0].frames))
+
+
+def test_a_dropped_payload_is_skipped_whole(world: Any) -> None:
+    transports, recs = world(2)
+    recs[1].answers[1] = DROP
+    for tag, n in ((1, 3 << 20), (2, 10), (1, 100), (3, 70_000)):
+        header, payload = _frame(tag, bytes([tag]) * n)
+        transports[0].send(1, header, payload, time.monotonic() + WAIT)
+    recs[1].wait_for(lambda: len(recs[1].frames) == 2)
+    assert [(f.tag, p) for f, p in recs[1].frames] == [(2, b"\x02" * 10),
+                                                       (3, b"\x03" * 70_000)]
+
+
+def test_hold_pauses_one_sender_in_order_until_resume(world: Any) -> None:
+    transports, recs = world(3)
+    rec = recs[0]
+    rec.answers[10] = HOLD
+    for tag in (10, 11, 12):  # from rank 1: the first is held, the rest must wait
+        header, payload = _frame(tag, bytes([tag]) * 5000)
+        transports[1].send(0, header, payload, time.monotonic() + WAIT)
+    rec.wait_for(lambda: 10 in rec.offered)
+    header, payload = _frame(20, b"other sender")
+    transports[2].send(0, header, payload, time.monotonic() + WAIT)
+    rec.wait_for(lambda: any(f.tag == 20 for f, _ in rec.frames))  # not blocked by rank 1
+    assert not any(f.src == 1 for f, _ in rec.frames)
+    with rec.cv:
+        del rec.answers[10]
+    transports[0].resume(1)
+    rec.wait_for(lambda: len(rec.frames) == 4)
+    assert [f.tag for f, _ in rec.frames if f.src == 1] == [10, 11, 12]
+    assert all(p == bytes([f.tag]) * 5000 for f, p in rec.frames if f.src == 1)

@@ -31,19 +31,36 @@ import socket
 
 from .errors import AuthError, DistNetworkError
 
-__all__ = ["client_handshake", "recv_exact", "resolve_token", "server_handshake"]
+__all__ = ["client_handshake", "read_token_file", "recv_exact", "resolve_token",
+           "server_handshake"]
 
 _MAGIC = b"RWAUTH01"
 _NONCE = 16
 _MAC = 32
 _OK, _TOKEN_SETTINGS_DIFFER, _PURPOSE_DIFFERS, _BAD_PROOF = 0, 1, 2, 3
 TOKEN_ENV = "RANKWISE_TOKEN"
+TOKEN_FILE_ENV = "RANKWISE_TOKEN_FILE"
+
+
+def read_token_file(path: str) -> str:
+    """A token kept in a file (surrounding whitespace ignored); ``AuthError`` if unusable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(64 * 1024).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuthError(f"cannot read the token file {path!r} ({TOKEN_FILE_ENV}): {exc}") from exc
+    if not text:
+        raise AuthError(f"the token file {path!r} is empty")
+    return text
 
 
 def resolve_token(token: str | bytes | None) -> bytes | None:
-    """The token to use: the explicit argument, else ``RANKWISE_TOKEN``, else none."""
+    """The token to use: the explicit argument, else ``RANKWISE_TOKEN``, else the file
+    named by ``RANKWISE_TOKEN_FILE``, else none."""
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
+    if token is None and os.environ.get(TOKEN_FILE_ENV):
+        token = read_token_file(os.environ[TOKEN_FILE_ENV])
     if token is None:
         return None
     raw = token.encode() if isinstance(token, str) else bytes(token)

@@ -183,29 +183,49 @@ def _from_numpy(a: npt.NDArray[Any], what: str, writable: bool) -> Buffer:
     return Buffer(a.reshape(-1), d, tuple(a.shape), a)
 
 
+#: torch dtype object -> DType, filled on first sight (hashing the dtype object is
+#: cheaper than formatting its name on every call)
+_TORCH_DTYPES: dict[Any, DType] = {}
+
+
+def _torch_dtype(t: Any, what: str) -> DType:
+    d = _BY_NAME.get(str(t.dtype).removeprefix("torch."))
+    if d is None:
+        raise InvalidArgument(f"{what} has dtype {t.dtype}, which rankwise does not send")
+    _TORCH_DTYPES[t.dtype] = d
+    return d
+
+
 def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
-    if t.device.type != "cpu":
+    # Runs for every tensor of every call: each check is one cheap attribute test, and
+    # the tensor is viewed through numpy without an intermediate torch view unless
+    # autograd requires one (``numpy()`` refuses tensors that require grad).
+    if not t.is_cpu:
         raise InvalidArgument(f"{what} is on {t.device}; the rankwise tcp backend moves CPU "
                               "tensors only (GPU support is not built yet): call .cpu() first")
-    if t.is_sparse or t.layout != torch.strided:
+    if t.is_quantized:
+        raise InvalidArgument(f"{what} is a quantized tensor ({t.dtype}); rankwise does not "
+                              "send quantized tensors (their scale and zero point would be "
+                              "lost): pass tensor.dequantize(), or tensor.int_repr() and "
+                              "send q_scale()/q_zero_point() alongside")
+    if t.layout is not torch.strided:
         raise InvalidArgument(f"{what} has layout {t.layout}; only dense (strided) tensors")
     if not t.is_contiguous():
         raise InvalidArgument(f"{what} is not contiguous (shape {tuple(t.shape)}, strides "
                               f"{t.stride()}); pass tensor.contiguous() and copy the result back")
-    name = str(t.dtype).removeprefix("torch.")
-    d = _BY_NAME.get(name)
-    if d is None:
-        raise InvalidArgument(f"{what} has dtype {t.dtype}, which rankwise does not send")
-    if writable and t.requires_grad and t.is_leaf:
-        raise InvalidArgument(f"{what} is a leaf tensor that requires grad; in-place "
-                              "communication would break autograd: use tensor.detach() or "
-                              "run under torch.no_grad()")
-    flat = t.detach().reshape(-1)
+    d = _TORCH_DTYPES.get(t.dtype) or _torch_dtype(t, what)
+    plain = t
+    if t.requires_grad:
+        if writable and t.is_leaf:
+            raise InvalidArgument(f"{what} is a leaf tensor that requires grad; in-place "
+                                  "communication would break autograd: use tensor.detach() "
+                                  "or run under torch.no_grad()")
+        plain = t.detach()
     if d.kind in ("bfloat16", "opaque"):
         view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[d.storage.itemsize]
-        arr = flat.view(view_as).numpy().view(d.storage)
+        arr = plain.reshape(-1).view(view_as).numpy().view(d.storage)
     else:
-        arr = flat.numpy()
+        arr = plain.numpy().reshape(-1)
     return Buffer(arr, d, tuple(t.shape), t)
 
 

@@ -20,39 +20,29 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._buffers import dtype_name, reduce_op_by_code
 from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
-from ._wire import Frame, Kind, Op, encode_header
+from ._wire import Frame, Kind, encode_header
+from .checks.calls import describe_call, mismatch_advice
+from .checks.report import (
+    build_report,
+    format_where,
+    mismatch_report,
+    rank_list,
+    stalled_mismatch,
+)
+from .checks.where import WhereService
 from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
 from .transport.base import Transport
 
-__all__ = [
-    "RZF_MARK", "Activity", "Communicator", "barrier_name_code", "describe_call",
-    "mismatch_advice",
-]
+__all__ = ["Activity", "Communicator"]
 
 log = logging.getLogger("rankwise")
 _COLL = int(Kind.COLL)
-
-#: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
-#: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
-RZF_MARK = 0x525A
-#: names of named barriers seen by this process, by their fingerprint code
-BARRIER_NAMES: dict[int, str] = {}
-
-
-def barrier_name_code(name: str) -> int:
-    """The fingerprint ``count`` of ``barrier(name=...)``: never 0 (unnamed) or -1."""
-    code = (zlib.crc32(name.encode("utf-8", "replace")) | (1 << 32))
-    BARRIER_NAMES.setdefault(code, name)
-    return code
-
 
 def _env_seconds(name: str, default: float) -> float:
     try:
@@ -60,47 +50,6 @@ def _env_seconds(name: str, default: float) -> float:
     except ValueError:
         return default
     return value if value > 0 else default
-
-
-def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
-                  site: CallSite | None) -> str:
-    """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``."""
-    name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
-    args = []
-    if op == Op.barrier and count > 0:
-        label = BARRIER_NAMES.get(count)
-        if root == RZF_MARK:
-            name = "rank_zero_first"
-            args.append("the barrier of a rank-0-first block" if label is None
-                        else f"block at {label.partition('@')[2] or label}")
-        else:
-            args.append(f"name={label!r}" if label is not None else f"name=#{count & 0xFFFFFFFF:08x}")
-    if dtype:
-        args.append(f"{dtype_name(dtype)} x {count}" if count >= 0 else dtype_name(dtype))
-    rop = reduce_op_by_code(reduce)
-    if rop is not None:
-        args.append(f"op={rop.name}")
-    if op in (Op.broadcast, Op.scatter, Op.reduce, Op.gather, Op.broadcast_object_list,
-              Op.gather_object, Op.scatter_object_list):
-        args.append(f"root={root}")
-    where = f" at {site.short}" if site is not None and site.frames else ""
-    return f"{name}({', '.join(args)}){where}"
-
-
-def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
-    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
-    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
-    advice = ("Every rank of a group must make the same collective calls in the same order, "
-              "with the same op, dtype, element count, root and reduce op.")
-    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
-        advice += (
-            "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
-            "was entered by some ranks only (for example from an `if rank == 0:` branch "
-            "that builds a validation loader with a helper that uses it inside), so its "
-            "barrier met a different collective on the other ranks. Fix: enter the block "
-            "on every rank of the group, or do not use it on the rank-0-only path "
-            "(the seed's fix: pass rank=-1 there).")
-    return advice
 
 
 @dataclass(slots=True)
@@ -115,7 +64,7 @@ class Activity:
     waiting_for: int = -1  #: global rank this rank blocks on, -1 when none (or any)
     kind: str = "collective"  #: "collective" or "recv" (a blocking point-to-point wait)
     tag: int = 0
-    patient: bool = False  #: waiting without timeout on purpose (rank_zero_first)
+    patient: bool = False  #: waiting on purpose (rank_zero_first's followers): no warning
     call: str = ""  #: the call's description, when known without formatting on the hot path
 
 
@@ -126,7 +75,8 @@ class Communicator:
         self.rank = rank
         self.world_size = world_size
         self.transport = transport
-        self.router = Router(self._on_mismatch)
+        self.router = Router(self._on_mismatch, self._on_protocol_error)
+        self.router.resume = transport.resume
         self._sites_sent: dict[int, set[int]] = {r: set() for r in range(world_size)}
         self.peer_sites: dict[int, dict[int, CallSite]] = {r: {} for r in range(world_size)}
         self._bye: dict[int, str] = {}
@@ -142,8 +92,6 @@ class Communicator:
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
         self.report_provider: Callable[[], dict[str, Any]] = self._report
-        from .diagnosis.where import WhereService  # diagnosis imports the API: load late
-
         self.where = WhereService(self)
         self.site_lookup: Callable[[int, int], CallSite | None] | None = None
         self.closed = False
@@ -187,7 +135,7 @@ class Communicator:
 
     # --- FrameHandler ----------------------------------------------------------------------
 
-    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray | None, object]:
         if frame.kind == _COLL:
             self._last_seen[frame.src] = frame
             return self.router.coll_header(frame)
@@ -204,6 +152,23 @@ class Communicator:
         else:  # control frames: the token is the bytearray we returned in on_header
             assert isinstance(token, bytearray)
             self.on_control(frame, bytes(token))
+
+    def on_fatal(self, exc: DistError) -> None:
+        """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and
+        tell the peers, which would otherwise wait for this rank until their timeout."""
+        self._fail_loudly(exc)
+
+    def _on_protocol_error(self, src: int, message: str) -> None:
+        self._fail_loudly(DistNetworkError(message))
+
+    def _fail_loudly(self, exc: DistError) -> None:
+        if self.closed:
+            return
+        first = self.router.failure is None
+        self.router.fail_all(exc)
+        if first:
+            self.broadcast_abort({"kind": "exception", "rank": self.rank,
+                                  "message": f"{type(exc).__name__}: {exc}"}, background=True)
 
     def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
         if self.closed:
@@ -360,7 +325,8 @@ class Communicator:
         """Wait for ``pending`` in two phases: until the warning threshold, then (after
         logging a who-is-where table) until ``deadline``; a timeout carries the table.
 
-        ``patient``: no deadline at all (the wait ends when the peer answers or fails).
+        ``patient``: waiting on purpose (rank_zero_first's followers): no slow-wait
+        warning, still bounded by ``deadline``.
         ``quiet``: no table, a bare ``DistTimeout`` (the caller reports by itself).
         """
         try:
@@ -377,7 +343,7 @@ class Communicator:
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
-            raise DistTimeout(what(), report=table) from None
+            raise DistTimeout(what() + self._held_note(), report=table) from None
         except PeerFailure as exc:
             now = self._as_of_now(exc)
             if now is exc:
@@ -390,6 +356,20 @@ class Communicator:
     def as_of_now(self, failure: BaseException) -> BaseException:
         """``failure`` worded for what this rank is doing now (see ``_as_of_now``)."""
         return self._as_of_now(failure)
+
+    def _held_note(self) -> str:
+        """Why a timeout may have happened on our side: peers we stopped reading because
+        what they sent, nobody here received (see the parking caps in ``_router``)."""
+        stats = self.router.parked()
+        held = stats["held"]
+        if not held:
+            return ""
+        per_peer = stats["per_peer"]
+        assert isinstance(held, list) and isinstance(per_peer, dict)
+        return (f"; rank {self.rank} stopped reading rank(s) {held}: messages from them that "
+                f"no receive here asked for fill its room ({per_peer} bytes parked; caps "
+                f"{stats['per_peer_cap']} per peer, {stats['total_cap']} in all: "
+                "RANKWISE_PARKED_PER_PEER / RANKWISE_PARKED_TOTAL) — post the matching recv")
 
     def _as_of_now(self, failure: BaseException) -> BaseException:
         """A peer's goodbye, re-phrased to say what *this* rank is in now, not what it
@@ -411,13 +391,7 @@ class Communicator:
             if pending.completed:
                 return pending.wait(deadline, what)  # an error: ``wait`` stops driving
             self.transport.drive_end()  # past the warning threshold: the I/O thread reads
-        if patient:
-            while True:
-                try:
-                    return pending.wait(time.monotonic() + 3600.0, what)
-                except DistTimeout:
-                    continue
-        if not quiet:
+        if not quiet and not patient:
             warn_at = time.monotonic() + self.warn_after
             if warn_at < deadline:
                 try:
@@ -462,8 +436,6 @@ class Communicator:
     def _check_where(self, headline: str) -> str:
         """Gather the table; if it shows ranks blocked in the same collective with
         different calls (a mismatch no frame revealed), fail every rank with it now."""
-        from .diagnosis.report import format_where, mismatch_report, stalled_mismatch
-
         reports = self.where_is_everyone(2.0)
         table = format_where(reports, headline)
         found = stalled_mismatch(reports)
@@ -493,8 +465,6 @@ class Communicator:
 
     def where_table(self, headline: str, timeout: float = 2.0) -> str:
         """Ask every rank where it is and format one table (the slow path)."""
-        from .diagnosis.report import format_where
-
         return format_where(self.where_is_everyone(timeout), headline)
 
     # --- failures ---------------------------------------------------------------------------
@@ -537,8 +507,6 @@ class Communicator:
         assert self._diag_done is not None
         report = ""
         try:
-            from .diagnosis.report import mismatch_report
-
             report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
                                      self.rank, frame.src)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
@@ -633,8 +601,6 @@ class Communicator:
     # --- who is where -----------------------------------------------------------------------
 
     def _report(self) -> dict[str, Any]:
-        from .diagnosis.report import build_report
-
         return build_report(self)
 
     @property
@@ -644,13 +610,11 @@ class Communicator:
         return self._bye
 
     def where_is_everyone(self, timeout: float = 2.0) -> dict[int, dict[str, Any]]:
-        """Every rank's state report (see ``diagnosis.where``)."""
+        """Every rank's state report (see ``checks.where``)."""
         return self.where.ask_everyone(timeout)
 
 
 def _ranks(ranks: list[int]) -> str:
-    from .diagnosis.report import rank_list
-
     return rank_list(ranks)
 
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ._callsite import CallSite
-from ._comm import Communicator, describe_call
+from ._comm import Communicator
 from ._router import Fingerprint
 from ._work import Work
+from .checks.calls import describe_call
 from .engines.base import Engine
 from .engines.message import MessageEngine
 from .errors import InvalidArgument

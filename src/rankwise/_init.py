@@ -32,7 +32,7 @@ from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
 from .engines.select import choose_engine, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, local_address_for
+from .transport.mesh import Mesh, exited_peers, local_address_for
 from .transport.tcp import TcpTransport
 
 __all__ = [
@@ -272,9 +272,15 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
             raise failed_elsewhere()
         remaining = deadline - time.monotonic()
         try:
-            store.wait(keys, timedelta(seconds=max(0.05, min(1.0, remaining))))
+            store.wait(keys, timedelta(seconds=max(0.05, min(0.5, remaining))))
             break
         except DistTimeout:
+            gone = exited_peers(store, [r for r in range(world_size) if r != rank])
+            if gone:
+                peer, how = min(gone.items())
+                raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
+                           "(it never finished init_process_group); the job cannot go on "
+                           "without it") from None
             note = _auth_note(store)
             if note and not auth_note:
                 sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
@@ -317,16 +323,26 @@ def destroy_process_group(group: Any = None) -> None:
             gone.engine.close()
         return
     site = capture()
-    _leave(world, f"called destroy_process_group at {site.short}")
+    _leave(world, f"called destroy_process_group at {site.short}", linger=True)
 
 
-def _leave(world: World, where: str) -> None:
+#: how long the process hosting the store waits, when leaving, for the others to leave
+LEAVE_LINGER = 10.0
+
+
+def _leave(world: World, where: str, linger: bool = False) -> None:
+    """Say goodbye and release everything. ``linger``: an explicit, healthy
+    destroy_process_group, after which the store's host waits for the others to leave
+    (at exit after an exception nobody waits: the others may be stuck or dead)."""
     from ._work import stop_worker
 
+    clean = linger and world.comm.router.failure is None
     world.comm.goodbye(where)
     stop_worker()
     for group in list(world.groups.values()):
         group.engine.close()
+    if clean:
+        _let_the_others_leave(world)
     close = getattr(world.store, "close", None)
     if callable(close):
         try:
@@ -334,6 +350,20 @@ def _leave(world: World, where: str) -> None:
         except Exception:  # noqa: BLE001, S110 - leaving must not fail on a dead store
             pass
     set_world(None)
+
+
+def _let_the_others_leave(world: World) -> None:
+    """Count this rank out; the process hosting the store then waits (bounded) until
+    every rank has counted out, so no rank still reading the store (an engine agreement
+    of a group it is finishing, its own leaving) finds it gone: "the store went away" on
+    a peer of a job that ended well. Skipped after a failure: the others may be dead."""
+    try:
+        if int(world.rendezvous.add("left", 1)) >= world.comm.world_size:
+            world.rendezvous.set("all-left", "1")
+        if getattr(world.store, "server", None) is not None:
+            world.rendezvous.wait(["all-left"], timedelta(seconds=LEAVE_LINGER))
+    except DistError:
+        pass  # a peer that never leaves, or a store already gone: leave anyway
 
 
 def is_initialized() -> bool:
@@ -418,9 +448,12 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
 
 
 def _at_exit() -> None:
+    from ._work import stop_worker
+
     world = maybe_current()
     if world is not None and not world.comm.closed:
         _leave(world, "exited without calling destroy_process_group")
+    stop_worker()  # never leave the async thread running into interpreter shutdown
 
 
 def _install_hooks() -> None:

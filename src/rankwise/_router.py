@@ -11,33 +11,47 @@ Three namespaces never mix:
 - user point-to-point, matched by (src or any, tag) in arrival order, as MPI does;
 - library-internal object messages (``Kind.OBJ``), matched like p2p but separately, so
   that ``recv(src=None)`` can never swallow a library message.
+
+What is parked (arrived, nobody asked for it yet) is bounded per peer and in total
+(``RANKWISE_PARKED_PER_PEER``, default 64 MiB; ``RANKWISE_PARKED_TOTAL``, default
+256 MiB): a frame that would pass a cap is answered ``HOLD``, the transport stops
+reading that peer, and TCP flow control makes its sender wait (bounded by the sender's
+deadline) until a receive is posted for it or parked messages are taken. Nothing a
+header claims is allocated before it is known to fit: a collective frame larger than
+the call it belongs to can hold is a protocol error naming its sender.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from ._wire import Frame, Kind
+from ._buffers import dtype_by_code
+from ._wire import DROP, HOLD, Frame, Kind, Op, WireError
 from .errors import DistError, DistTimeout
 
 __all__ = ["Fingerprint", "Pending", "Router"]
 
 
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
-    """What must agree across ranks for one collective call."""
+class Fingerprint(NamedTuple):
+    """What must agree across ranks for one collective call.
+
+    A named tuple, not a frozen dataclass: one is built per call, and the tuple is made
+    in C (~0.3 us) where the dataclass's ``__init__`` set each field through
+    ``object.__setattr__`` (~1 us)."""
 
     op: int
     dtype: int
     reduce: int
     root: int
-    count: int  #: -1 where counts legitimately differ between ranks
+    count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
 
     def differs(self, f: Frame) -> bool:
         if (f.op, f.dtype, f.reduce, f.root) != (self.op, self.dtype, self.reduce, self.root):
@@ -98,10 +112,37 @@ class _Arrival:
     data: memoryview
     complete: bool = False
     waiter: Pending | None = None
+    parked: int = 0  #: bytes charged to the parking caps until it is taken
 
 
-#: token for the payload of a frame that is read off the wire and dropped
-_DISCARD = _Arrival(Frame(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), memoryview(b""))
+#: what parking a frame costs beyond its payload (bookkeeping), so that a flood of empty
+#: frames is bounded too
+_OVERHEAD = 256
+
+
+def _env_bytes(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+#: defaults of the parking caps (read from the environment when a Router is made)
+PARKED_PER_PEER = 64 << 20
+PARKED_TOTAL = 256 << 20
+
+
+def call_bytes(fp: Fingerprint) -> int | None:
+    """The most payload bytes one frame of the call ``fp`` can carry (None: unknown)."""
+    if fp.count < 0:
+        return None
+    if fp.dtype == 0:  # a barrier's count is a name code, its frames are empty
+        return 0 if fp.op == Op.barrier else None
+    d = dtype_by_code(fp.dtype)
+    return None if d is None else fp.count * d.storage.itemsize
+
+
 
 
 @dataclass(slots=True)
@@ -115,15 +156,28 @@ class _GroupState:
 
 #: called as (frame, our fingerprint or None, extra detail) when a frame contradicts our call
 MismatchHandler = Callable[[Frame, "Fingerprint | None", str], None]
+#: called as (sender's global rank, message) when a peer breaks the protocol
+ProtocolErrorHandler = Callable[[int, str], None]
 
 
 class Router:
     """Thread-safe mailboxes shared by the I/O thread (producer) and callers (consumers)."""
 
-    def __init__(self, on_mismatch: MismatchHandler) -> None:
+    def __init__(self, on_mismatch: MismatchHandler,
+                 on_protocol_error: ProtocolErrorHandler | None = None,
+                 per_peer: int | None = None, total: int | None = None) -> None:
         self._lock = threading.Lock()
         self._news = threading.Condition(self._lock)  #: a failure or a departure was noted
         self._on_mismatch = on_mismatch
+        self._on_protocol_error = on_protocol_error
+        self.per_peer_cap = per_peer or _env_bytes("RANKWISE_PARKED_PER_PEER", PARKED_PER_PEER)
+        self.total_cap = total or _env_bytes("RANKWISE_PARKED_TOTAL", PARKED_TOTAL)
+        self._parked: dict[int, int] = {}  #: bytes parked per source rank
+        self._parked_total = 0
+        #: peers whose transport stopped reading because a frame did not fit (see HOLD)
+        self._held: set[int] = set()
+        #: the transport's "read from this peer again" (set by whoever owns both)
+        self.resume: Callable[[int], None] | None = None
         self._coll_posted: dict[tuple[int, int, int, int], Pending] = {}
         self._coll_arrived: dict[tuple[int, int, int, int], _Arrival] = {}
         self._p2p_posted: dict[int, list[Pending]] = {Kind.P2P: [], Kind.OBJ: []}
@@ -161,9 +215,13 @@ class Router:
             state.wire.pop(seq - keep, None)
             bad = [f for f in state.early.pop(seq, ()) if fp.differs(f)]
             for f in bad:  # parked before we made the call: never deliver it
-                self._coll_arrived.pop((f.group, f.seq, f.src, f.step), None)
+                gone = self._coll_arrived.pop((f.group, f.seq, f.src, f.step), None)
+                if gone is not None:
+                    self._unpark_locked(gone)
+            held = self._take_held()
         for frame in bad:
             self._on_mismatch(frame, fp, "")
+        self._resume_all(held)  # a held frame of this call can now be judged against it
 
     def check_alive(self, peers: list[int] | range | None = None) -> None:
         """Raise the failure that makes communication pointless, if there is one."""
@@ -186,18 +244,19 @@ class Router:
                 return pending
             gone = self._gone.get(key[2])
             arrival = self._coll_arrived.pop(key, None)
+            held = self._take_held()
             if arrival is None:
                 if gone is not None:
                     pending.finish(None, gone)
-                    return pending
-                self._coll_posted[key] = pending
-                return pending
-            if arrival.complete:
+                else:
+                    self._coll_posted[key] = pending
+            elif arrival.complete:
                 copy_from = arrival
             else:
                 arrival.waiter = pending
         if copy_from is not None:
             self._deliver_copy(copy_from, pending)
+        self._resume_all(held)
         return pending
 
     def post_p2p(self, kind: int, group: int, src: int, tag: int,
@@ -206,27 +265,34 @@ class Router:
         each group is its own namespace, as each torch process group is."""
         pending = Pending(buffer, src, tag, group)
         with self._lock:
-            if self._failed is not None:
-                pending.finish(None, self._failed)
-                return pending
-            queue = self._p2p_arrived[kind]
-            for arrival in queue:
-                f = arrival.frame
-                if (src == -1 or f.src == src) and f.tag == tag and f.group == group \
-                        and arrival.waiter is None:
-                    queue.remove(arrival)
-                    if not arrival.complete:
-                        arrival.waiter = pending
-                        return pending
-                    break
-            else:
-                if src != -1 and src in self._gone:
-                    pending.finish(None, self._gone[src])
-                    return pending
-                self._p2p_posted[kind].append(pending)
-                return pending
-        self._deliver_copy(arrival, pending)
+            held = self._take_held()
+            copy_from = self._match_p2p_locked(kind, pending)
+        if copy_from is not None:
+            self._deliver_copy(copy_from, pending)
+        self._resume_all(held)  # a held frame may be the one this receive waits for
         return pending
+
+    def _match_p2p_locked(self, kind: int, pending: Pending) -> _Arrival | None:
+        """Post ``pending`` (lock held); the complete arrival to copy from, if one matched."""
+        if self._failed is not None:
+            pending.finish(None, self._failed)
+            return None
+        src, tag, group = pending.src, pending.tag, pending.group
+        queue = self._p2p_arrived[kind]
+        for arrival in queue:
+            f = arrival.frame
+            if (src == -1 or f.src == src) and f.tag == tag and f.group == group \
+                    and arrival.waiter is None:
+                queue.remove(arrival)
+                if not arrival.complete:
+                    arrival.waiter = pending
+                    return None
+                return arrival
+        if src != -1 and src in self._gone:
+            pending.finish(None, self._gone[src])
+            return None
+        self._p2p_posted[kind].append(pending)
+        return None
 
     def cancel(self, pending: Pending) -> None:
         """Forget a receive whose waiter gave up (timeout), so nothing lands in it later."""
@@ -240,14 +306,14 @@ class Router:
 
     # --- arrivals (I/O thread) -------------------------------------------------------
 
-    def on_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
+    def on_header(self, frame: Frame) -> tuple[memoryview | None, object]:
         """Decide where the payload of ``frame`` goes: a writable buffer and a token
         that the transport passes to ``on_payload`` once the buffer is filled."""
         if frame.kind == Kind.COLL:
             return self.coll_header(frame)
         return self._p2p_header(frame)
 
-    def coll_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
+    def coll_header(self, frame: Frame) -> tuple[memoryview | None, object]:
         """``on_header`` for a collective frame.
 
         The common case first: the frame matches our call and its receive is posted
@@ -265,73 +331,163 @@ class Router:
         return self._coll_header(frame, key)
 
     def _coll_header(self, frame: Frame, key: tuple[int, int, int, int]
-                     ) -> tuple[memoryview, Pending | _Arrival]:
+                     ) -> tuple[memoryview | None, object]:
+        n = frame.payload_len
+        pending: Pending | None = None
         arrival: _Arrival | None = None
-        first = True
-        while True:
-            with self._lock:
-                if first:
-                    state = self._groups.setdefault(frame.group, _GroupState())
-                    fp = state.calls.get(frame.seq)
-                    if fp is None:
-                        state.early.setdefault(frame.seq, []).append(frame)
-                    bad = fp is not None and fp.differs(frame)
-                    first = False
+        wrong_size = False
+        with self._lock:
+            state = self._groups.setdefault(frame.group, _GroupState())
+            fp = state.calls.get(frame.seq)
+            bad = fp is not None and fp.differs(frame)
+            limit = call_bytes(fp) if fp is not None and not bad else None
+            if limit is not None and n > limit:
+                too_big = limit
+            else:
+                too_big = -1
                 pending = self._coll_posted.get(key)
-                if pending is not None and not bad and pending.nbytes == frame.payload_len:
+                if pending is not None and not bad and pending.nbytes == n:
                     del self._coll_posted[key]
                     assert pending.buffer is not None
                     return pending.buffer, pending
-                wrong_size = pending is not None and pending.nbytes != frame.payload_len
-                if bad or wrong_size:
-                    break  # never deliver a frame that contradicts our call
-                if arrival is not None:
-                    # re-checked under the lock: a receive posted while we allocated would
-                    # otherwise never meet this arrival
+                wrong_size = pending is not None and pending.nbytes != n
+                if not (bad or wrong_size):
+                    # park it, if it fits: nobody has asked for it yet
+                    if not self._fits_locked(frame.src, n):
+                        self._held.add(frame.src)
+                        return None, HOLD
+                    if fp is None:
+                        state.early.setdefault(frame.seq, []).append(frame)
+                    arrival = _Arrival(frame, memoryview(b""))
+                    self._park_locked(arrival)
+                    # a receive posted while we allocate (unlocked) finds it incomplete
+                    # and waits for on_payload
                     self._coll_arrived[key] = arrival
-                    break
-            arrival = _Arrival(frame, _uninitialized(frame.payload_len))  # allocate unlocked
+        if too_big >= 0:
+            self._protocol_error(frame, (
+                f"rank {frame.src} sent a frame of {n} bytes for collective #{frame.seq} of "
+                f"group {frame.group}, whose call holds at most {too_big} bytes per frame: "
+                f"the peer is corrupt, hostile, or runs a different rankwise"))
         if bad or wrong_size:
-            detail = "" if bad or pending is None else (f"rank {frame.src} sent {frame.payload_len} bytes where "
-                                     f"{pending.nbytes} were expected (uneven split sizes?)")
+            detail = "" if bad or pending is None else (
+                f"rank {frame.src} sent {n} bytes where {pending.nbytes} were expected "
+                "(uneven split sizes?)")
             self._on_mismatch(frame, fp, detail)
-            return _uninitialized(frame.payload_len), _DISCARD  # read and dropped
+            return None, DROP  # read off the wire and dropped, never allocated
         assert arrival is not None
+        arrival.data = self._allocate(frame)
         return arrival.data, arrival
 
-    def _p2p_header(self, frame: Frame) -> tuple[memoryview, Pending | _Arrival]:
+    def _protocol_error(self, frame: Frame, message: str) -> None:
+        """A peer broke the protocol: fail everything, and drop its connection."""
+        if self._on_protocol_error is not None:
+            self._on_protocol_error(frame.src, message)
+        else:
+            self.fail_all(DistError(message))
+        raise WireError(message)
+
+    @staticmethod
+    def _allocate(frame: Frame) -> memoryview:
+        try:
+            return _uninitialized(frame.payload_len)
+        except MemoryError:
+            raise MemoryError(f"out of memory taking a frame of {frame.payload_len} bytes "
+                              f"from rank {frame.src}") from None
+
+    def _p2p_header(self, frame: Frame) -> tuple[memoryview | None, object]:
+        n = frame.payload_len
+        size_error: DistError | None = None
+        failed: Pending | None = None
+        arrival: _Arrival | None = None
         with self._lock:
             posted = self._p2p_posted[frame.kind]
             for i, pending in enumerate(posted):
                 if (pending.src == -1 or pending.src == frame.src) and pending.tag == frame.tag \
                         and pending.group == frame.group:
-                    if pending.nbytes == frame.payload_len:
+                    if pending.nbytes == n:
                         del posted[i]
                         assert pending.buffer is not None
                         return pending.buffer, pending
                     if pending.buffer is None:  # "whatever arrives" (object messages)
                         del posted[i]
-                        arrival = _Arrival(frame, _uninitialized(frame.payload_len), waiter=pending)
+                        arrival = _Arrival(frame, memoryview(b""), waiter=pending)
                         self._p2p_arrived[frame.kind].append(arrival)
-                        return arrival.data, arrival
+                        break
                     size_error = DistError(
                         f"recv from rank {frame.src} (tag {frame.tag}) expected "
-                        f"{pending.nbytes} bytes but rank {frame.src} sent {frame.payload_len}: "
+                        f"{pending.nbytes} bytes but rank {frame.src} sent {n}: "
                         "the tensors passed to send and recv differ in size or dtype"
                     )
                     del posted[i]
-                    pending.finish(frame, size_error)
+                    failed = pending
                     break
-            arrival = _Arrival(frame, _uninitialized(frame.payload_len))
-            self._p2p_arrived[frame.kind].append(arrival)
+            if arrival is None:  # nobody asked for it (or asked with the wrong size): park
+                if not self._fits_locked(frame.src, n):
+                    self._held.add(frame.src)
+                    arrival = None
+                else:
+                    arrival = _Arrival(frame, memoryview(b""))
+                    self._park_locked(arrival)
+                    self._p2p_arrived[frame.kind].append(arrival)
+        if failed is not None:
+            failed.finish(frame, size_error)
+        if arrival is None:
+            return None, HOLD
+        arrival.data = self._allocate(frame)
         return arrival.data, arrival
+
+    # --- parking caps (lock held unless said otherwise) ---------------------------------
+
+    def _fits_locked(self, src: int, n: int) -> bool:
+        cost = n + _OVERHEAD
+        return (self._parked.get(src, 0) + cost <= self.per_peer_cap
+                and self._parked_total + cost <= self.total_cap)
+
+    def _park_locked(self, arrival: _Arrival) -> None:
+        cost = arrival.frame.payload_len + _OVERHEAD
+        arrival.parked = cost
+        src = arrival.frame.src
+        self._parked[src] = self._parked.get(src, 0) + cost
+        self._parked_total += cost
+
+    def _unpark_locked(self, arrival: _Arrival) -> None:
+        cost = arrival.parked
+        if cost:  # (clamped: a failure may have reset the counts meanwhile)
+            arrival.parked = 0
+            src = arrival.frame.src
+            left = self._parked.get(src, 0) - cost
+            if left > 0:
+                self._parked[src] = left
+            else:
+                self._parked.pop(src, None)
+            self._parked_total = max(0, self._parked_total - cost)
+
+    def _take_held(self) -> list[int]:
+        """Peers held back, to resume once the lock is released (lock held)."""
+        if not self._held:
+            return []
+        held = list(self._held)
+        self._held.clear()
+        return held
+
+    def _resume_all(self, held: list[int]) -> None:
+        """Let the transport try the held peers' next frames again (lock not held)."""
+        resume = self.resume
+        if resume is not None:
+            for rank in held:
+                resume(rank)
+
+    def parked(self) -> dict[str, object]:
+        """Statistics: bytes parked per peer and in total, peers held back."""
+        with self._lock:
+            return {"per_peer": {r: b for r, b in self._parked.items() if b},
+                    "total": self._parked_total, "held": sorted(self._held),
+                    "per_peer_cap": self.per_peer_cap, "total_cap": self.total_cap}
 
     def on_payload(self, frame: Frame, token: Pending | _Arrival) -> None:
         """The payload of ``frame`` is now entirely in the buffer ``on_header`` gave."""
         if isinstance(token, Pending):  # it went straight into a posted buffer
             token.finish(frame)
-            return
-        if token is _DISCARD:
             return
         arrival = token
         with self._lock:
@@ -348,6 +504,16 @@ class Router:
             self._deliver_copy(arrival, waiter)
 
     def _deliver_copy(self, arrival: _Arrival, pending: Pending) -> None:
+        """Hand a parked arrival to its receive, then free its room under the caps."""
+        try:
+            self._deliver(arrival, pending)
+        finally:
+            with self._lock:
+                self._unpark_locked(arrival)
+                held = self._take_held()
+            self._resume_all(held)
+
+    def _deliver(self, arrival: _Arrival, pending: Pending) -> None:
         frame = arrival.frame
         if pending.buffer is None:
             pending.buffer = arrival.data
@@ -393,8 +559,23 @@ class Router:
             for arrival in self._coll_arrived.values():
                 if arrival.waiter is not None:
                     waiters.append(arrival.waiter)
+            # nothing parked will be delivered now: free it, and read the held peers
+            # again (their aborts and goodbyes explain the failure)
+            for arrival in self._coll_arrived.values():
+                arrival.parked = 0
+            self._coll_arrived.clear()
+            for queue in self._p2p_arrived.values():
+                for arrival in queue:
+                    arrival.parked = 0
+                    if arrival.waiter is not None:
+                        waiters.append(arrival.waiter)
+                queue.clear()
+            self._parked.clear()
+            self._parked_total = 0
+            held = self._take_held()
         for p in waiters:
             p.finish(None, self._failed)
+        self._resume_all(held)
 
     def fail_peer(self, rank: int, exc: BaseException) -> None:
         """``rank`` is gone: fail the receives that can only be satisfied by it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import struct
 import sys
 from typing import Any
@@ -26,6 +27,13 @@ _MAX_DEPTH = 200
 _PICKLE_ENV = "RANKWISE_ALLOW_PICKLE"
 _U32 = struct.Struct("<I")
 _F64 = struct.Struct("<d")
+#: decimal ints ("i"): what ``int()`` takes without the str-conversion digit limit
+_DECIMAL = re.compile(rb"-?[0-9]{1,4300}")
+#: torch dtypes an object message may carry: those rankwise sends (no quantized types)
+_TORCH_OK = frozenset((
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"))
 
 
 def pickle_allowed(flag: bool | None) -> bool:
@@ -98,7 +106,11 @@ def _enc(obj: Any, out: bytearray, depth: int) -> None:
     elif t is bool:
         out += b"T" if obj else b"F"
     elif t is int:
-        _put_bytes(out, b"i", str(obj).encode())
+        if -_DECIMAL_MAX < obj < _DECIMAL_MAX:
+            _put_bytes(out, b"i", str(obj).encode())
+        else:  # past int()'s digit limit: two's-complement bytes
+            _put_bytes(out, b"I", obj.to_bytes(obj.bit_length() // 8 + 1, "little",
+                                               signed=True))
     elif t is float:
         out += b"f" + _F64.pack(obj)
     elif t is complex:
@@ -122,6 +134,11 @@ def _enc(obj: Any, out: bytearray, depth: int) -> None:
     elif isinstance(obj, np.ndarray):
         _enc_array(out, b"a", obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())
     elif _is_torch_tensor(obj):
+        if obj.is_quantized:
+            raise InvalidArgument(
+                f"cannot send a quantized tensor ({obj.dtype}) in an object message: its "
+                "scale and zero point would be lost; send tensor.dequantize(), or "
+                "tensor.int_repr() with q_scale()/q_zero_point()")
         t_cpu = obj.detach().cpu().contiguous()
         name = str(t_cpu.dtype).removeprefix("torch.")
         raw = t_cpu.reshape(-1).view(__import__("torch").uint8).numpy().tobytes() \
@@ -142,6 +159,9 @@ def _enc_array(out: bytearray, tag: bytes, dtype: str, shape: tuple[int, ...],
         out += struct.pack("<q", d)
     out += struct.pack("<Q", len(raw))
     out += raw
+
+
+_DECIMAL_MAX = 10 ** 4000
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -186,9 +206,11 @@ class _Decoder:
             return tag == b"T"
         if tag == b"i":
             text = self.blob()
-            if len(text) > 10000 or not text.lstrip(b"-").isdigit():
+            if not _DECIMAL.fullmatch(text):
                 raise self._bad("bad integer")
             return int(text)
+        if tag == b"I":
+            return int.from_bytes(self.blob(), "little", signed=True)
         if tag == b"f":
             return float(_F64.unpack(self.take(8))[0])
         if tag == b"c":
@@ -255,9 +277,10 @@ class _Decoder:
         except ImportError:
             raise self._bad("it contains a torch tensor but torch is not installed here") \
                 from None
-        tdtype = getattr(torch, dtype, None)
+        tdtype = getattr(torch, dtype, None) if dtype in _TORCH_OK else None
         if not isinstance(tdtype, torch.dtype):
-            raise self._bad(f"torch dtype {dtype!r} unknown")
+            raise self._bad(f"torch dtype {dtype!r} not allowed (quantized and unknown "
+                            "dtypes are refused)")
         if numel * tdtype.itemsize != len(raw):
             raise self._bad("tensor size does not match its shape")
         if not raw:

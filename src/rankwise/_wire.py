@@ -17,7 +17,9 @@ import struct
 from typing import NamedTuple
 
 __all__ = [
+    "DROP",
     "HEADER",
+    "HOLD",
     "MAX_CONTROL_PAYLOAD",
     "MAX_PAYLOAD",
     "Frame",
@@ -37,6 +39,14 @@ assert HEADER.size == 56
 MAX_PAYLOAD = 1 << 40
 #: Control frames (errors, reports, call-site names) are small by construction.
 MAX_CONTROL_PAYLOAD = 16 << 20
+
+
+#: ``FrameHandler.on_header`` answers with ``(None, DROP)``: read the payload and drop it
+#: (a frame that contradicts our call: never allocate what it claims)
+DROP = "drop"
+#: ... or with ``(None, HOLD)``: no room for this frame now; stop reading this peer until
+#: ``Transport.resume(rank)`` (its sender then waits, by TCP flow control)
+HOLD = "hold"
 
 
 class WireError(ValueError):

@@ -75,7 +75,13 @@ def completed_work(description: str, result: Any = None) -> Work:
 
 
 class _Worker:
-    """One daemon thread running queued operations in order."""
+    """One daemon thread running queued operations in order.
+
+    Each job's closure (and its ``Work``) is dropped as soon as the job ends, and
+    ``stop`` joins the thread (bounded): a daemon thread still releasing the last job's
+    arrays (numpy views of torch tensors) while the interpreter shuts down can abort
+    the process ("terminate called without an active exception").
+    """
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Work, Callable[[], None]] | None] = \
@@ -89,18 +95,27 @@ class _Worker:
             if item is None:
                 return
             work, fn = item
+            del item
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
                 work._finish(exc)
+                del exc
             else:
                 work._finish()
+            # drop the finished job now, not when the next one arrives (see the class doc)
+            del work, fn
 
     def submit(self, work: Work, fn: Callable[[], None]) -> None:
         self._queue.put((work, fn))
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop after the queued jobs; wait up to ``timeout`` s. True if the thread ended."""
         self._queue.put(None)
+        if self._thread is threading.current_thread():
+            return False  # stopping from a job of our own: it ends after this job
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
 
 _worker: _Worker | None = None
@@ -117,9 +132,10 @@ def run_async(description: str, fn: Callable[[], None]) -> Work:
     return work
 
 
-def stop_worker() -> None:
+def stop_worker(timeout: float = 5.0) -> None:
+    """Stop the async worker and join it (bounded by ``timeout`` seconds)."""
     global _worker
     with _worker_lock:
-        if _worker is not None:
-            _worker.stop()
-            _worker = None
+        worker, _worker = _worker, None
+    if worker is not None:
+        worker.stop(timeout)

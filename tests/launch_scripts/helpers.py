@@ -100,3 +100,20 @@ def assert_no_leftovers(out: Path) -> None:
     assert pids, "the job recorded no pids"
     left = [p for p in pids if not wait_dead(p, 5.0)]
     assert not left, f"processes of the job still alive: {left}"
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``FAULT_MARKER=<marker>``: what a
+    job under test started, grandchildren included (they inherit the environment)."""
+    needle = f"FAULT_MARKER={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found

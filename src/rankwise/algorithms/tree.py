@@ -10,6 +10,7 @@ through a ring reduce-scatter plus a gather to the root (see ``reduce``).
 from __future__ import annotations
 
 from . import ring
+from .agree import Agreement, others
 from .link import Array, Link, recv
 
 __all__ = ["broadcast", "reduce"]
@@ -46,10 +47,13 @@ def broadcast(link: Link, data: Array, root: int) -> None:
     parent, children = _parent_children(v, n)
     segs = ring.segments(data, PIPELINE_BYTES)
     real = [(c + root) % n for c in children]
+    fed_by_root = [(c + root) % n for c in _parent_children(0, n)[1]]
+    agreement = Agreement(link, root, others(n, root, fed_by_root), others(n, root))
     if parent < 0:
         for k, seg in enumerate(segs):
             for child in real:
                 link.send(child, seg, k)
+        agreement.finish()
         return
     src = (parent + root) % n
     handles = [link.post(src, seg, k) for k, seg in enumerate(segs)]
@@ -57,6 +61,7 @@ def broadcast(link: Link, data: Array, root: int) -> None:
         link.wait(h)
         for child in real:
             link.send(child, seg, k)
+    agreement.finish()
 
 
 #: reduces of at least this many bytes use reduce-scatter + gather (bandwidth-optimal)
@@ -67,8 +72,12 @@ def reduce(link: Link, data: Array, root: int) -> None:
     """Reduce into ``data`` on the root; other ranks' ``data`` is left unchanged."""
     n, v = link.size, (link.rank - root) % link.size
     if n > 2 and data.nbytes >= LARGE_REDUCE and data.size >= n:
+        agreement = Agreement(link, root, others(n, root), ())  # all send to the root
         _reduce_large(link, data, root)
+        agreement.finish()
         return
+    feeds_root = [(m + root) % n for m in _powers_below(n)]
+    agreement = Agreement(link, root, others(n, root), others(n, root, feeds_root))
     acc = data if v == 0 else None
     room = ring.scratch(2 * data.nbytes)  # reused across calls: no page faults
     tmp = room[:data.nbytes].view(data.dtype)
@@ -86,6 +95,16 @@ def reduce(link: Link, data: Array, root: int) -> None:
         mask <<= 1
     if v == 0:
         link.finish_avg(data)
+    agreement.finish()
+
+
+def _powers_below(n: int) -> list[int]:
+    """1, 2, 4, ... below ``n``: the virtual ranks that send straight to the root."""
+    out, m = [], 1
+    while m < n:
+        out.append(m)
+        m <<= 1
+    return out
 
 
 _GATHER_STEP = 1 << 20

@@ -6,9 +6,11 @@ barriers pair with *any* barrier, so a call from a rank-0-only branch is release
 an unrelated barrier later and the job runs on out of step. Here the block's barrier
 carries its own fingerprint (a marked root and the name of the ``with`` line), so it
 only pairs with the same block on the other ranks; anything else is a
-``CollectiveMismatch`` naming the trap and the fix. The other ranks wait *without* the
-collective timeout (rank 0 may download for an hour) but not blindly: if rank 0 dies,
-raises or leaves, they get ``PeerFailure`` at once.
+``CollectiveMismatch`` naming the trap and the fix. The other ranks wait for rank 0's
+block at most the group's timeout (``timeout=`` raises it for a long download): if rank 0
+dies, raises or leaves they get ``PeerFailure`` at once; if it hangs (deadlock, SIGSTOP)
+they get ``DistTimeout`` with the who-is-where report when the timeout passes. An
+unbounded wait here once left a job hanging forever behind a frozen rank 0.
 
 ``monitored_barrier`` is torch's debugging barrier: rank 0 collects an
 acknowledgement from every rank within ``timeout`` and names the ranks that did not
@@ -29,13 +31,13 @@ import numpy as np
 
 from .._callsite import capture
 from .._collectives import launch
-from .._comm import RZF_MARK, barrier_name_code
 from .._group import seconds
 from .._wire import Op
 from .._world import resolve_group
+from ..checks.calls import RZF_MARK, barrier_name_code
+from ..checks.report import rank_list
 from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
-from .report import rank_list
 
 __all__ = ["main_process_first", "monitored_barrier", "rank_zero_first"]
 
@@ -49,19 +51,25 @@ def _is_leader(group_rank: int, local: bool) -> bool:
 
 
 @contextmanager
-def rank_zero_first(group: Any = None, local: bool = False) -> Iterator[None]:
+def rank_zero_first(group: Any = None, local: bool = False,
+                    timeout: timedelta | float | None = None) -> Iterator[None]:
     """Rank 0 of ``group`` runs the block first; the other ranks run it once rank 0 is
     done (to read the cache it built). ``local=True``: the first rank of each node
     (``LOCAL_RANK == 0``) leads instead.
 
-    Every rank of the group must enter the block. Waiting ranks wait without timeout
-    while rank 0 is alive; if rank 0 raises inside, they get ``PeerFailure`` with its
-    traceback; if only some ranks enter, every rank gets an error naming the trap.
+    Every rank of the group must enter the block. Waiting ranks wait up to ``timeout``
+    (default: the group's timeout) for rank 0 to finish it, then raise ``DistTimeout``
+    with the who-is-where report; if rank 0 raises inside they get ``PeerFailure`` with
+    its traceback at once; if only some ranks enter, every rank gets an error naming
+    the trap.
     """
     g = resolve_group(group)
     if g is None or g.size() == 1:
         yield
         return
+    limit = seconds(timeout, g.timeout)
+    if limit <= 0:
+        raise DistError(f"rank_zero_first timeout must be positive, got {timeout!r}")
     site = capture()  # the user's `with` line: the block's identity on every rank
     label = (f"rank_zero_first@{os.path.basename(site.frames[0][0])}:{site.frames[0][1]}"
              if site.frames else "rank_zero_first")
@@ -72,9 +80,18 @@ def rank_zero_first(group: Any = None, local: bool = False) -> Iterator[None]:
         except BaseException as exc:
             _leader_failed(g, exc, label)
             raise
-        _block_barrier(g, code, patient=False)
+        _block_barrier(g, code, None)
     else:
-        _block_barrier(g, code, patient=True)
+        try:
+            _block_barrier(g, code, limit)
+        except DistTimeout as exc:
+            where = label.partition("@")[2] or "?"
+            leader = "the first rank of this node" if local else f"rank {g.ranks[0]}"
+            raise DistTimeout(
+                f"rank {g.comm.rank} waited {limit:g}s in rank_zero_first at {where} for "
+                f"{leader} to finish the block, and it did not (hung, stopped or deadlocked "
+                "inside it: see the report). If the block legitimately takes longer, pass "
+                "rank_zero_first(timeout=...)", report=exc.report) from None
         yield
 
 
@@ -82,9 +99,13 @@ def rank_zero_first(group: Any = None, local: bool = False) -> Iterator[None]:
 main_process_first = rank_zero_first
 
 
-def _block_barrier(g: Any, code: int, patient: bool) -> None:
+def _block_barrier(g: Any, code: int, limit: float | None) -> None:
+    """The block's barrier; ``limit``: the followers' bound on the wait for the leader,
+    who works on purpose meanwhile (so no slow-wait warning before that bound)."""
     def body(engine: Engine, call: Call) -> None:
-        call.patient = patient
+        if limit is not None:
+            call.deadline = time.monotonic() + limit
+            call.patient = True
         engine.barrier(call)
 
     launch(g, Op.barrier, None, code, None, RZF_MARK, body, False)

@@ -51,8 +51,8 @@ class Tracer:
 
     def collective(self, group: Any, record: Any) -> None:
         from .._buffers import dtype_by_code
-        from .._comm import describe_call
         from .._wire import Op
+        from ..checks.calls import describe_call
 
         fp = record.fp
         d = dtype_by_code(fp.dtype) if fp.dtype else None

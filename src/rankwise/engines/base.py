@@ -31,9 +31,10 @@ Array = npt.NDArray[Any]
 class Call:
     """One collective call as the API registered it: what every engine runs.
 
-    ``patient``: the caller waits without the group timeout on purpose (none today but
-    kept for engines to honour); ``quiet``: on timeout raise a bare ``DistTimeout``
-    because the caller builds its own report (``monitored_barrier``).
+    ``patient``: the caller waits on purpose (rank_zero_first's followers wait for rank
+    0's block): no slow-wait warning, but still bounded by ``deadline``; ``quiet``: on
+    timeout raise a bare ``DistTimeout`` because the caller builds its own report
+    (``monitored_barrier``).
     """
 
     group: ProcessGroup

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._callsite import CallSite
-from .._comm import describe_call, mismatch_advice
+from ..checks.calls import describe_call, mismatch_advice
+from ..checks.report import mismatch_report
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from .base import Array, Call
 from .select import EngineUnavailable
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from .._group import ProcessGroup
 
 __all__ = ["ShmEngine"]
-
-#: how long a "patient" wait may last (rank_zero_first followers): practically unbounded,
-#: yet still a deadline, and the control plane still ends it on any failure
-_PATIENT = 365 * 24 * 3600.0
 
 
 class ShmEngine:
@@ -97,8 +94,9 @@ class ShmEngine:
     def _run(self, call: Call, body: Callable[[float], None]) -> None:
         """Run ``body(deadline)`` alone on the segment; turn the core's exceptions into
         the group's."""
-        deadline = time.monotonic() + _PATIENT if call.patient else call.deadline
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        deadline = call.deadline
+        if not self._lock.acquire(blocking=False) and \
+                not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise DistTimeout(f"rank {self.comm.rank}: {call.record.describe()} waited "
                               f"{self.group.timeout:.0f}s for another thread's call on "
                               f"{self.group.name} to finish")
@@ -148,8 +146,6 @@ class ShmEngine:
                    + (f"{exc.detail}. " if exc.detail else "")
                    + mismatch_advice(fp.op, fp.root, op, root))
         try:
-            from ..diagnosis.report import mismatch_report
-
             report = mismatch_report(self.comm.where_is_everyone(2.0), self.group.id,
                                      call.seq, self.comm.rank, peer)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch

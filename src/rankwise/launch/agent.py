@@ -133,9 +133,14 @@ _Event = tuple[str, int, int, float]
 class LocalAgent:
     """Runs ``config.nproc`` workers of one node, attempt by attempt."""
 
-    def __init__(self, config: AgentConfig, peers: RoundPeers | None = None) -> None:
+    def __init__(self, config: AgentConfig, peers: RoundPeers | None = None,
+                 on_exit: Callable[[int, WorkerOutcome], None] | None = None) -> None:
         self.config = config
         self.peers = peers
+        #: told ``(attempt, outcome)`` as each worker ends, so the ranks still in
+        #: ``init_process_group`` learn of a rank that will never join (not a timeout later)
+        self.on_exit = on_exit
+        self._attempt = 0
         self._events: queue.SimpleQueue[_Event | tuple[str, str, int, float]] = queue.SimpleQueue()
         self._workers: list[_Worker] = []
 
@@ -228,6 +233,7 @@ class LocalAgent:
         """Spawn all workers, wait for them, tear down on the first failure; never leaves one."""
         cfg = self.config
         self._workers = []
+        self._attempt = attempt
         result = AttemptResult(outcomes=[])
         try:
             for local_rank in range(cfg.nproc):
@@ -290,6 +296,8 @@ class LocalAgent:
                 w = self._workers[what]
                 self._record_exit(w, status, when)
                 running.discard(what)
+                if self.on_exit is not None and not going_down:
+                    self.on_exit(self._attempt, w.outcome)
                 if w.outcome.failed and not going_down:
                     if self.peers is not None and not result.remote_failure:
                         self.peers.announce_failure(w.outcome)

@@ -82,7 +82,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--grace", type=float, default=5.0,
          help="seconds survivors get after a failure before SIGTERM, and again before SIGKILL")
     _add(p, "--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
-    _add(p, "--token", default=None, help="shared secret for the store (default $RANKWISE_TOKEN)")
+    _add(p, "--token-file", default=None,
+         help="file holding the job's shared secret (default: $RANKWISE_TOKEN_FILE, "
+              "$RANKWISE_TOKEN, else a random one per job on one node)")
+    _add(p, "--token", default=None,
+         help="shared secret on the command line: visible to every user in `ps`; prefer "
+              "--token-file or $RANKWISE_TOKEN")
     _add(p, "--no-python", action="store_true", help="run the script as an executable")
     _add(p, "-m", "--module", action="store_true", help="run the script as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
@@ -126,8 +131,27 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         node_rank=ns.node_rank, master_addr=addr, master_port=port, rdzv_id=ns.rdzv_id,
         max_restarts=ns.max_restarts, log_dir=ns.log_dir, tee=ns.tee is not None,
         prefix=sys.stdout.isatty() if ns.prefix is None else ns.prefix, grace=ns.grace,
-        timeout=ns.timeout, token=ns.token or os.environ.get("RANKWISE_TOKEN") or None,
+        timeout=ns.timeout, token=_token(parser, ns),
     )
+
+
+def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | None:
+    """``--token-file``, else ``--token``, ``$RANKWISE_TOKEN``, ``$RANKWISE_TOKEN_FILE``."""
+    from .._auth import read_token_file
+    from ..errors import AuthError
+
+    path = ns.token_file or (None if ns.token or os.environ.get("RANKWISE_TOKEN")
+                             else os.environ.get("RANKWISE_TOKEN_FILE"))
+    if path:
+        try:
+            return read_token_file(path)
+        except AuthError as exc:
+            parser.error(str(exc))
+    if ns.token:
+        print("rankwise run: warning: --token is visible to every user of this machine "
+              "(ps, /proc/<pid>/cmdline); use --token-file or RANKWISE_TOKEN instead",
+              file=sys.stderr)
+    return ns.token or os.environ.get("RANKWISE_TOKEN") or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

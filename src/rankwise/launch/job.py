@@ -12,11 +12,12 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -24,7 +25,15 @@ from typing import Any
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .rendezvous import NodeInfo, StorePeers, rendezvous
-from .summary import cause_line, format_summary, root_cause, shell_exit_code
+from .summary import (
+    WorkerOutcome,
+    cause_line,
+    exit_status_text,
+    format_summary,
+    root_cause,
+    shell_exit_code,
+)
+from .watchdog import MARKER_ENV
 
 __all__ = ["JobOptions", "run_job"]
 
@@ -92,11 +101,93 @@ def _host_store(opts: JobOptions) -> Any | None:
     return server
 
 
+class _ExitNotices:
+    """Tells the job's store when a worker ends (``rankwise/<attempt>/exited/<rank>``), so
+    ranks still forming the group raise at once naming it, instead of waiting out the
+    rendezvous timeout for a rank that is gone. Best effort: a store problem here must
+    not take the launcher down."""
+
+    def __init__(self, opts: JobOptions, port: int) -> None:
+        self._opts = opts
+        self._port = port
+        self._store: Any | None = None
+        self._told: set[int] = set()
+
+    def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
+        # only the first ending of an attempt: it is the cause; later ones are mostly ranks
+        # that raised because of it, and naming those would blame the wrong rank
+        if attempt in self._told:
+            return
+        self._told.add(attempt)
+        how = (f"ended ({exit_status_text(outcome.returncode)}, pid {outcome.pid} on "
+               f"{outcome.host})")
+        try:
+            if self._store is None:  # short: a lost notice must not delay the teardown
+                self._store = _client(replace(self._opts, timeout=min(5.0, self._opts.timeout)),
+                                      self._port)
+            prefix = f"rankwise/{attempt}/exited"
+            self._store.set(f"{prefix}/{outcome.rank}", how)
+            self._store.add(f"{prefix}/count", 1)
+        except DistError:
+            pass
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def resolve_job_token(opts: JobOptions) -> tuple[str | None, str]:
+    """The job's token and where it came from: ``--token-file``, ``RANKWISE_TOKEN_FILE``,
+    ``RANKWISE_TOKEN`` or ``--token``; else, for a one-node job, a fresh random one (a
+    job of several nodes cannot invent one: every node must hold the same)."""
+    if opts.token:
+        return opts.token, "given"
+    if opts.max_nodes == 1:
+        return secrets.token_hex(32), "generated"
+    return None, "none"
+
+
+def _start_watchdog(marker: str) -> subprocess.Popen[bytes] | None:
+    """The process that kills whatever of the job outlives the launcher (``watchdog.py``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
+    try:
+        return subprocess.Popen([sys.executable, "-I", script, marker], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        _say(f"rankwise run: warning: could not start the watchdog ({exc}); processes the "
+             "workers start may outlive a killed launcher")
+        return None
+
+
+def _stop_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
+    """Close its pipe (it then kills anything of the job still running) and wait for it."""
+    if watchdog is None:
+        return
+    assert watchdog.stdin is not None
+    watchdog.stdin.close()
+    try:
+        watchdog.wait(15.0)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
     run_dir = tempfile.mkdtemp(prefix="rankwise-run-")
     server: Any | None = None
     peers: StorePeers | None = None
+    notices: _ExitNotices | None = None
+    watchdog: subprocess.Popen[bytes] | None = None
+    token, origin = resolve_job_token(opts)
+    if origin == "none":
+        _say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
+             "--token-file); anyone who reaches the store port can read and change this "
+             "job's rendezvous. Give every node the same token.")
+    opts = replace(opts, token=token)
     try:
         try:
             server = _host_store(opts) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
@@ -115,7 +206,13 @@ def run_job(opts: JobOptions) -> int:
             _say(f"rankwise run: {exc}")
             return 1
         base_env = dict(os.environ)
+        marker = secrets.token_hex(12)
+        base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        watchdog = _start_watchdog(marker)
+        base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
         if opts.token:
+            # the environment, never the command line: /proc/<pid>/environ is readable by
+            # this user (and root) only, while `ps` shows every process's arguments
             base_env["RANKWISE_TOKEN"] = opts.token
         config = AgentConfig(
             cmd=opts.cmd, nproc=opts.nproc, master_addr=opts.master_addr, master_port=port,
@@ -123,11 +220,15 @@ def run_job(opts: JobOptions) -> int:
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
         )
-        code = _run_attempts(LocalAgent(config, peers), opts, peers)
+        notices = _ExitNotices(opts, port)
+        code = _run_attempts(LocalAgent(config, peers, notices), opts, peers)
         if peers is not None:
             peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
         return code
     finally:
+        _stop_watchdog(watchdog)
+        if notices is not None:
+            notices.close()
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -103,9 +103,11 @@ class Limits:
     max_key_bytes: int = 4 * 1024
     max_value_bytes: int = 64 * 1024 * 1024
     max_keys: int = 4096
+    #: the server's bound on all keys and values held together (four largest values)
+    max_total_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_key_bytes", "max_value_bytes", "max_keys"):
+        for name in ("max_key_bytes", "max_value_bytes", "max_keys", "max_total_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgument(f"Limits.{name} must be a positive int, got {value!r}")

@@ -62,10 +62,26 @@ def compare_set_value(current: bytes | None, expected: bytes, desired: bytes) ->
 class KVTable:
     """A thread-safe dict of bytes with blocking waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
+        #: bound on the keys and values held together (None: unbounded); a store that
+        #: anyone may write to must not be able to grow without limit
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        """Store ``value`` under ``key`` (lock held), within the total-size bound."""
+        old = self._data.get(key)
+        size = self._bytes + len(value) - (len(old) if old is not None else -len(key))
+        if self._max_bytes is not None and size > self._max_bytes and size > self._bytes:
+            raise StoreError(
+                f"setting key {key[:80].decode('utf-8', 'replace')!r} ({len(value)} bytes) "
+                f"would make the store hold {size} bytes, over its total limit of "
+                f"{self._max_bytes} (Limits.max_total_bytes); delete keys no longer needed")
+        self._data[key] = value
+        self._bytes = size
 
     def _wait_until(self, ready: Callable[[], _T | None], timeout_s: float) -> _T | None:
         """Wait (holding the lock) until ``ready()`` is not None or time runs out."""
@@ -88,7 +104,7 @@ class KVTable:
     def set(self, key: bytes, value: bytes) -> None:
         with self._cond:
             self._check_open()
-            self._data[key] = value
+            self._put(key, value)
             self._cond.notify_all()
 
     def get(self, key: bytes, timeout_s: float) -> bytes | None:
@@ -99,7 +115,7 @@ class KVTable:
         with self._cond:
             self._check_open()
             stored, result = add_to_value(self._data.get(key), key, amount)
-            self._data[key] = stored
+            self._put(key, stored)
             self._cond.notify_all()
             return result
 
@@ -110,7 +126,7 @@ class KVTable:
             new = compare_set_value(current, expected, desired)
             if new is None:
                 return expected if current is None else current
-            self._data[key] = new
+            self._put(key, new)
             self._cond.notify_all()
             return new
 
@@ -133,7 +149,11 @@ class KVTable:
     def delete(self, key: bytes) -> bool:
         with self._cond:
             self._check_open()
-            return self._data.pop(key, None) is not None
+            old = self._data.pop(key, None)
+            if old is None:
+                return False
+            self._bytes -= len(key) + len(old)
+            return True
 
     def num_keys(self) -> int:
         with self._cond:

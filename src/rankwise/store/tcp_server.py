@@ -101,7 +101,7 @@ class TCPStoreServer:
         self._handshake_timeout = handshake_timeout
         self._frame_timeout = frame_timeout
         self._max_connections = max_connections
-        self._table = KVTable()
+        self._table = KVTable(limits.max_total_bytes)
         self._auth_failures = 0
         self._listener: socket.socket | None = None
         self._port: int | None = None
@@ -261,7 +261,7 @@ class TCPStoreServer:
         note = f"{count} connection(s) failed the token check; the last, from {peer}: {exc}"
         try:
             self._table.set(AUTH_FAILURES_KEY, note[:1000].encode())
-        except TableClosed:
+        except StoreError:  # closed, or full: the note is a courtesy
             pass
         log.debug("store: %s", note)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .._wire import Frame
+from ..errors import DistError
 
 __all__ = ["FrameHandler", "Transport"]
 
@@ -17,15 +18,21 @@ __all__ = ["FrameHandler", "Transport"]
 class FrameHandler(Protocol):
     """What a transport calls as frames arrive (from its own I/O thread)."""
 
-    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray, object]:
+    def on_header(self, frame: Frame) -> tuple[memoryview | bytearray | None, object]:
         """Return where to put the payload (exactly ``frame.payload_len`` bytes) and a
-        token handed back to ``on_payload``."""
+        token handed back to ``on_payload``; or ``(None, DROP)``: read the payload and
+        drop it; or ``(None, HOLD)``: no room now, stop reading this peer until
+        ``Transport.resume(frame.src)``, then offer the same frame again."""
 
     def on_payload(self, frame: Frame, token: object) -> None:
         """The payload announced by ``frame`` is complete."""
 
     def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
         """The connection to ``rank`` ended: ``reason`` is None for a clean close."""
+
+    def on_fatal(self, exc: DistError) -> None:
+        """The transport's reader failed unexpectedly (``exc`` says how): nothing more
+        will be delivered reliably."""
 
 
 class Transport(Protocol):
@@ -44,6 +51,9 @@ class Transport(Protocol):
 
     def start(self, handler: FrameHandler) -> None:
         """Begin delivering arriving frames to ``handler``."""
+
+    def resume(self, rank: int) -> None:
+        """Read ``rank`` again after the handler answered one of its frames ``HOLD``."""
 
     def drive_begin(self) -> bool:
         """Let the calling thread read arriving frames itself (``progress``) instead of

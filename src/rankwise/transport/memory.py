@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from .._wire import HEADER, WireError, decode_header
-from ..errors import DistNetworkError
+from .._wire import DROP, HEADER, HOLD, WireError, decode_header
+from ..errors import DistError, DistNetworkError
 from .base import FrameHandler
 
 __all__ = ["MemoryHub", "MemoryTransport"]
@@ -42,13 +42,16 @@ class MemoryHub:
 
 
 class MemoryTransport:
-    """One rank's end: a queue of arriving frames and a thread that delivers them."""
+    """One rank's end: a queue of arriving frames per sender and a thread that delivers
+    them (a held sender's frames wait, in order, until ``resume``)."""
 
     def __init__(self, hub: MemoryHub, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
         self._hub = hub
-        self._queue: deque[_Item | tuple[int, None, BaseException | None]] = deque()
+        #: per sender, in arrival order: frames, then a loss marker (header None)
+        self._queues: dict[int, deque[_Item | tuple[int, None, BaseException | None]]] = {}
+        self._held: set[int] = set()  #: senders whose head frame the handler held
         self._cv = threading.Condition()
         self._handler: FrameHandler | None = None
         self._thread: threading.Thread | None = None
@@ -72,6 +75,11 @@ class MemoryTransport:
         self._thread = threading.Thread(target=self._run, name=f"rankwise-mem-{self.rank}",
                                         daemon=True)
         self._thread.start()
+
+    def resume(self, rank: int) -> None:
+        with self._cv:
+            self._held.discard(rank)
+            self._cv.notify()
 
     def drive_begin(self) -> bool:
         return False  # frames are always delivered by this transport's own thread
@@ -110,43 +118,69 @@ class MemoryTransport:
 
     def enqueue(self, item: _Item) -> None:
         with self._cv:
-            self._queue.append(item)
+            self._queues.setdefault(item[0], deque()).append(item)
             self._cv.notify()
 
     def peer_lost(self, rank: int, reason: BaseException | None) -> None:
-        with self._cv:
-            self._queue.append((rank, None, reason))  # after the frames it sent before
+        with self._cv:  # after the frames it sent before
+            self._queues.setdefault(rank, deque()).append((rank, None, reason))
             self._cv.notify()
+
+    def _next(self) -> tuple[int, bytes | None, bytes | BaseException | None] | None:
+        """The head item of a sender that is not held (None once closed)."""
+        with self._cv:
+            while not self._closed:
+                for src, q in self._queues.items():
+                    if q and src not in self._held:
+                        return q[0]
+                self._cv.wait()
+            return None
+
+    def _pop(self, src: int) -> None:
+        with self._cv:
+            self._queues[src].popleft()
 
     def _run(self) -> None:
         handler = self._handler
         assert handler is not None
-        while True:
+        try:
+            while (item := self._next()) is not None:
+                self._deliver(handler, *item)
+        except Exception as exc:  # noqa: BLE001 - the reader must never die silently
+            handler.on_fatal(DistError(f"rank {self.rank}'s in-memory reader failed: {exc!r}"))
+
+    def _deliver(self, handler: FrameHandler, src: int, header: bytes | None,
+                 rest: bytes | BaseException | None) -> None:
+        if header is None:
+            self._pop(src)
+            self._gone.add(src)
+            handler.on_peer_lost(src, rest if isinstance(rest, BaseException) else None)
+            return
+        assert isinstance(rest, bytes)
+        if src in self._gone:
+            self._pop(src)
+            return  # its connection was dropped: nothing more is read from it
+        try:
+            frame = decode_header(header, 0, src)
+            if frame.payload_len != len(rest):
+                raise WireError(f"a frame claiming {frame.payload_len} payload bytes came "
+                                f"with {len(rest)}")
+        except WireError as exc:  # as TCP does: drop that peer, keep serving the rest
+            self._pop(src)
+            self._gone.add(src)
+            handler.on_peer_lost(src, DistNetworkError(
+                f"rank {src} sent bytes that are not a valid rankwise frame ({exc}); "
+                "connection dropped"))
+            return
+        target, token = handler.on_header(frame)
+        if token is HOLD:  # no room now: this sender waits, others go on
             with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                src, header, rest = self._queue.popleft()
-            if header is None:
-                self._gone.add(src)
-                handler.on_peer_lost(src, rest if isinstance(rest, BaseException) else None)
-                continue
-            assert isinstance(rest, bytes)
-            if src in self._gone:
-                continue  # its connection was dropped: nothing more is read from it
-            try:
-                frame = decode_header(header, 0, src)
-                if frame.payload_len != len(rest):
-                    raise WireError(f"a frame claiming {frame.payload_len} payload bytes "
-                                    f"came with {len(rest)}")
-            except WireError as exc:  # as TCP does: drop that peer, keep serving the rest
-                self._gone.add(src)
-                handler.on_peer_lost(src, DistNetworkError(
-                    f"rank {src} sent bytes that are not a valid rankwise frame ({exc}); "
-                    "connection dropped"))
-                continue
-            target, token = handler.on_header(frame)
-            if frame.payload_len:
-                memoryview(target).cast("B")[:frame.payload_len] = rest
-            handler.on_payload(frame, token)
+                self._held.add(src)
+            return
+        self._pop(src)
+        if token is DROP:
+            return
+        assert target is not None
+        if frame.payload_len:
+            memoryview(target).cast("B")[:frame.payload_len] = rest
+        handler.on_payload(frame, token)

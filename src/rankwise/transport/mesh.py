@@ -10,6 +10,7 @@ ports) is refused instead of silently joining.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -17,9 +18,9 @@ import time
 from typing import Protocol
 
 from .._auth import client_handshake, recv_exact, server_handshake
-from ..errors import AuthError, DistNetworkError, DistTimeout, RendezvousError
+from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
 
-__all__ = ["Mesh", "local_address_for"]
+__all__ = ["HANDSHAKE_TIMEOUT", "Mesh", "exited_peers", "local_address_for"]
 
 _HELLO = struct.Struct("<16sii")  # job digest, rank, world size
 
@@ -27,6 +28,28 @@ _HELLO = struct.Struct("<16sii")  # job digest, rank, world size
 class _KV(Protocol):
     def set(self, key: str, value: bytes | str) -> None: ...
     def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def add(self, key: str, amount: int) -> int: ...
+
+
+#: how long one incoming connection may take to prove itself (token and hello); a
+#: connection that says nothing is dropped after this, never holding up the others
+HANDSHAKE_TIMEOUT = float(os.environ.get("RANKWISE_HANDSHAKE_TIMEOUT", "10"))
+_CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
+
+
+def exited_peers(store: _KV, ranks: list[int]) -> dict[int, str]:
+    """Which of ``ranks`` the launcher reported as ended (``exited/<rank>``), and how.
+
+    The launcher counts every worker that ends under ``exited/count``; only when that
+    count moved are the ranks' keys read."""
+    try:
+        if not ranks or int(store.add("exited/count", 0)) == 0:
+            return {}
+        return {r: store.get(f"exited/{r}").decode("utf-8", "replace")
+                for r in ranks if store.check([f"exited/{r}"])}
+    except (DistError, ValueError):
+        return {}
 
 
 def local_address_for(master_addr: str) -> str:
@@ -63,7 +86,10 @@ class Mesh:
         self._timeout = timeout
         self._socks: dict[int, socket.socket] = {}
         self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  #: a socket or an error arrived
+        self._pending: set[socket.socket] = set()  #: accepted, still proving themselves
+        self._stop = threading.Event()
 
     def connect(self) -> dict[int, socket.socket]:
         if self.world_size == 1:
@@ -78,18 +104,48 @@ class Mesh:
             acceptor.start()
             for peer in range(self.rank):
                 self._connect_to(peer, deadline)
-            acceptor.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            self._await_higher(deadline)
         finally:
+            self._stop.set()
             listener.close()
+            for sock in list(self._pending):
+                sock.close()  # handshakes still running (strangers): cut them short
         if self._errors:
             raise self._errors[0]
-        missing = sorted(set(range(self.world_size)) - {self.rank} - set(self._socks))
+        missing = self._missing()
         if missing:
             raise DistTimeout(
                 f"rank {self.rank}: ranks {missing} did not open their data connections "
                 f"within {self._timeout:.0f}s after rendezvous"
             )
         return dict(self._socks)
+
+    def _missing(self) -> list[int]:
+        with self._lock:
+            return sorted(set(range(self.world_size)) - {self.rank} - set(self._socks))
+
+    def _raise_if_exited(self, peers: list[int]) -> None:
+        """A peer the launcher saw end will never connect: say so now, naming it."""
+        gone = exited_peers(self._store, peers)
+        if gone:
+            peer, how = min(gone.items())
+            raise RendezvousError(
+                f"rank {self.rank}: rank {peer} {how} before it opened its data connections "
+                f"(during init_process_group); the job cannot be formed without it")
+
+    def _await_higher(self, deadline: float) -> None:
+        """Wait until every higher rank has connected, an error, an ended peer, or the
+        deadline."""
+        with self._changed:
+            while True:
+                if self._errors or not self._missing():
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(min(left, _CHECK_EVERY))
+                if not self._pending:  # no handshake in flight could still be one of them
+                    self._raise_if_exited(self._missing())
 
     def _listen(self) -> socket.socket:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -105,14 +161,25 @@ class Mesh:
         return listener
 
     def _connect_to(self, peer: int, deadline: float) -> None:
-        addr = self._store.get(f"mesh/addr/{peer}").decode()
+        key = f"mesh/addr/{peer}"
+        while not self._store.check([key]):
+            self._raise_if_exited([peer])
+            if time.monotonic() >= deadline:
+                raise DistTimeout(f"rank {self.rank}: rank {peer} did not publish its data "
+                                  f"address within {self._timeout:.0f}s after rendezvous")
+            self._stop.wait(_CHECK_EVERY / 5)
+        addr = self._store.get(key).decode()
         host, _, port_s = addr.rpartition(":")
+        checked = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
             try:
                 sock = socket.create_connection((host, int(port_s)), timeout=max(remaining, 0.1))
                 break
             except OSError as exc:
+                if time.monotonic() - checked > _CHECK_EVERY:
+                    self._raise_if_exited([peer])
+                    checked = time.monotonic()
                 if remaining <= 0:
                     raise DistNetworkError(
                         f"rank {self.rank} could not connect to rank {peer} at {addr}: {exc}"
@@ -126,47 +193,73 @@ class Mesh:
         except BaseException:
             sock.close()
             raise
-        with self._lock:
+        with self._changed:
             self._socks[peer] = sock
+            self._changed.notify_all()
 
     def _accept_all(self, listener: socket.socket, deadline: float) -> None:
+        """Accept until every higher rank is connected; each connection proves itself on
+        a thread of its own, within ``HANDSHAKE_TIMEOUT``, so one that stays silent (a
+        port scanner, a stuck stranger) never delays the honest ones."""
         expected = set(range(self.rank + 1, self.world_size))
         try:
-            while expected - set(self._socks):
+            while not self._stop.is_set() and expected - set(self._socks):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                listener.settimeout(remaining)
+                listener.settimeout(min(remaining, _CHECK_EVERY))
                 try:
                     sock, addr = listener.accept()
                 except TimeoutError:
-                    return
-                try:
-                    self._accept_one(sock, f"{addr[0]}:{addr[1]}", deadline, expected)
-                except AuthError:
-                    sock.close()  # a stranger: refuse it and keep waiting for our peers
-                except DistNetworkError:
-                    sock.close()
+                    continue
+                except OSError:
+                    return  # the listener was closed: connect() is done
+                limit = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
+                with self._changed:
+                    self._pending.add(sock)
+                threading.Thread(target=self._handshake, name="rankwise-mesh-handshake",
+                                 args=(sock, f"{addr[0]}:{addr[1]}", limit, expected),
+                                 daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - surfaced in connect()
-            self._errors.append(exc)
+            with self._changed:
+                self._errors.append(exc)
+                self._changed.notify_all()
 
-    def _accept_one(self, sock: socket.socket, addr: str, deadline: float,
+    def _handshake(self, sock: socket.socket, addr: str, limit: float,
+                   expected: set[int]) -> None:
+        try:
+            self._accept_one(sock, addr, limit, expected)
+        except (AuthError, DistNetworkError, OSError):
+            sock.close()  # a stranger, or too slow: refuse it and keep waiting for peers
+        except BaseException as exc:  # noqa: BLE001 - surfaced in connect()
+            sock.close()
+            with self._changed:
+                self._errors.append(exc)
+        finally:
+            with self._changed:
+                self._pending.discard(sock)
+                self._changed.notify_all()
+
+    def _accept_one(self, sock: socket.socket, addr: str, limit: float,
                     expected: set[int]) -> None:
-        sock.settimeout(max(deadline - time.monotonic(), 1.0))
+        sock.settimeout(max(limit - time.monotonic(), 0.1))
         server_handshake(sock, self._token, self._purpose, f"connection from {addr}")
         job, peer, world = _HELLO.unpack(recv_exact(sock, _HELLO.size, f"hello from {addr}"))
         if job != self._job or peer not in expected or world != self.world_size:
             sock.sendall(_HELLO.pack(b"\0" * 16, -1, -1))
             raise AuthError(f"refused {addr}: it belongs to another job or claims rank {peer}")
-        if peer in self._socks:
-            self._errors.append(RendezvousError(
-                f"two processes claim rank {peer} (second one from {addr}); every process "
-                "needs a distinct RANK"))
-            sock.close()
-            return
+        with self._changed:
+            if peer in self._socks:
+                self._errors.append(RendezvousError(
+                    f"two processes claim rank {peer} (second one from {addr}); every process "
+                    "needs a distinct RANK"))
+                sock.close()
+                return
         sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
-        with self._lock:
+        sock.settimeout(None)
+        with self._changed:
             self._socks[peer] = sock
+            self._changed.notify_all()
 
     def _check_hello(self, data: bytes, peer: int) -> None:
         job, rank, world = _HELLO.unpack(data)

@@ -17,20 +17,28 @@ cores each frame's hand-off between two threads (a wake-up and a GIL exchange) c
 more than the Python that reads it. The driver reads every connection, not just its
 own, whenever it waits — for a frame, for room to send, or for a send lock — so the
 guarantee "every receiver always drains" still holds.
+
+The one bound on draining: the handler may answer a header with ``HOLD`` (no room to
+park a frame nobody has asked for, see ``_router``). Reading that peer then stops, its
+sender waits by TCP flow control, and ``resume(rank)`` tries the frame again. The I/O
+thread never dies silently: any exception in it fails every waiter (``on_fatal``).
 """
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import select
 import selectors
 import socket
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .._wire import HEADER, Frame, WireError, decode_header
-from ..errors import DistNetworkError, DistTimeout
+from .._wire import DROP, HEADER, HOLD, Frame, WireError, decode_header
+from ..errors import DistError, DistNetworkError, DistTimeout
 from .base import FrameHandler
 
 __all__ = ["TcpTransport"]
@@ -45,6 +53,10 @@ _READ_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
 #: bytes read from one connection before the I/O thread looks at the others again: a peer
 #: streaming a large message must not delay noticing that another peer died
 _READ_BUDGET = 8 << 20
+_SKIP_CHUNK = 1 << 20  #: dropped payloads are read through a scratch buffer this big
+#: seconds between checks that the peer of a held connection is still there
+_HELD_CHECK = 0.5
+_HUNG_UP = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 @dataclass(slots=True)
@@ -65,6 +77,9 @@ class _Conn:
     large: bool = False
     closed: bool = False
     broken: BaseException | None = None
+    held: bool = False  #: the handler had no room for the next frame: not read for now
+    wake: bool = False  #: ``resume`` was called: try the held frame again
+    skip: int = 0  #: bytes of a dropped payload still to read after the current target
 
 
 class TcpTransport:
@@ -96,6 +111,11 @@ class TcpTransport:
         self._io_busy = False
         self._poller: select.poll | None = None
         self._polled: dict[int, _Conn] = {}
+        self._scratch: memoryview | None = None
+        #: per reader (0: the I/O thread, 1: a driver): a connection was held, resumed or
+        #: ended since that reader last looked, so the hot path skips the scan otherwise
+        self._attention = [False, False]
+        self._held_any = False
 
     # --- sending (caller threads) ------------------------------------------------------
 
@@ -155,6 +175,7 @@ class TcpTransport:
                 continue
             except OSError as exc:
                 conn.broken = exc
+                self._attend()
                 raise DistNetworkError(
                     f"sending from rank {self.rank} to rank {conn.rank} failed: {exc}"
                 ) from exc
@@ -172,7 +193,10 @@ class TcpTransport:
         if remaining <= 0:
             raise DistTimeout(
                 f"rank {self.rank} could not send to rank {conn.rank} before the timeout: "
-                f"rank {conn.rank} is not reading (hung or stopped?)"
+                f"rank {conn.rank} is not reading (hung or stopped?), or it does not receive "
+                f"what rank {self.rank} sends and its room for unreceived messages is full "
+                "(RANKWISE_PARKED_PER_PEER / RANKWISE_PARKED_TOTAL): post the matching "
+                f"recv on rank {conn.rank}"
             )
         if self._driver == threading.get_ident():
             self._progress(min(remaining, _SEND_SLICE), conn)
@@ -224,9 +248,19 @@ class TcpTransport:
         if poller is None:
             poller = self._poller = select.poll()
             for conn in self._conns.values():
-                if conn.broken is None and not conn.closed:
+                if conn.broken is None and not conn.closed and not conn.held:
                     poller.register(conn.sock, select.POLLIN)
                     polled[conn.sock.fileno()] = conn
+        if self._resumed(1):
+            for conn in self._conns.values():
+                fd = conn.sock.fileno() if not conn.closed else -1
+                want = conn.broken is None and not conn.closed and not conn.held
+                if want and fd not in polled:
+                    poller.register(fd, select.POLLIN)
+                    polled[fd] = conn
+                elif not want and fd in polled:
+                    poller.unregister(fd)
+                    del polled[fd]
         out = writable.sock if writable is not None and \
             writable.sock.fileno() in polled else None
         if out is not None:
@@ -240,9 +274,71 @@ class TcpTransport:
             ready = polled.get(fd)
             if ready is None or not ev & _READ_EVENTS:
                 continue
-            if ready.broken is not None or ready.closed or not self._read(ready):
+            if ready.broken is not None or ready.closed or not self._read(ready) \
+                    or ready.held:
                 poller.unregister(fd)
                 del polled[fd]
+
+    def resume(self, rank: int) -> None:
+        """The handler has room again (or a receive for the held frame): read ``rank``'s
+        connection again, starting with the frame it held. Any thread."""
+        conn = self._conns.get(rank)
+        if conn is None:
+            return
+        conn.wake = True
+        self._attend()
+        try:
+            os.write(self._wake_w, b"r")
+        except OSError:
+            pass
+
+    def _attend(self) -> None:
+        self._attention[0] = self._attention[1] = True
+
+    def _resumed(self, reader: int) -> bool:
+        """Reader only: retry the held frames of resumed connections; True when the set
+        of connections to read may have changed."""
+        if not self._attention[reader]:
+            return False
+        self._attention[reader] = False  # first: a resume racing with the scan sets it again
+        changed = False
+        for conn in self._conns.values():
+            if conn.wake:
+                conn.wake = False
+                if conn.held and conn.broken is None and not conn.closed:
+                    conn.held = False
+                    self._read(conn, reparse=True)
+                    changed = True
+            elif conn.held or conn.broken is not None:
+                changed = True
+                if conn.held and conn.broken is None and not conn.closed:
+                    self._check_held(conn)
+        self._held_any = any(c.held for c in self._conns.values())
+        if self._held_any:
+            self._attention[reader] = True  # keep checking that held peers are there
+        return changed
+
+    def _check_held(self, conn: _Conn) -> None:
+        """A held connection is not read, so its end would go unnoticed: if the peer
+        hung up before sending all of the held frame, the frame can never complete and
+        the peer is lost (a frame that is all there waits for its receive)."""
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLRDHUP)
+        if not any(ev & _HUNG_UP for _, ev in poller.poll(0)):
+            return
+        size: int | str = "?"
+        try:
+            size = decode_header(conn.stage, conn.start, conn.rank).payload_len
+            queued = array.array("i", [0])
+            fcntl.ioctl(conn.sock.fileno(), termios.FIONREAD, queued)
+            missing = HEADER.size + size - (conn.end - conn.start) - queued[0]
+        except (OSError, WireError):
+            missing = 1
+        if missing > 0:
+            conn.held = False
+            self._lost(conn, ConnectionResetError(
+                f"rank {conn.rank} hung up before the end of a frame of {size} bytes that "
+                "was waiting for room or for its receive"))
 
     # --- receiving (the I/O thread) ----------------------------------------------------
 
@@ -264,22 +360,47 @@ class TcpTransport:
                         self._cv.wait()
                     self._io_busy = True
                 try:
-                    for conn in self._conns.values():  # a driver may have seen it end
-                        if conn.broken is not None and conn.sock in sel.get_map():
-                            sel.unregister(conn.sock)
-                    for key, _ in sel.select():
+                    if self._resumed(0):  # (or a driver saw one end, or one is held)
+                        registered = sel.get_map()
+                        for conn in self._conns.values():
+                            want = conn.broken is None and not conn.closed and not conn.held
+                            if want and conn.sock not in registered:
+                                sel.register(conn.sock, selectors.EVENT_READ, conn)
+                            elif not want and conn.sock in registered:
+                                sel.unregister(conn.sock)
+                    for key, _ in sel.select(_HELD_CHECK if self._held_any else None):
                         conn = key.data
                         if conn is None:
                             self._drain_wake()
                             continue
-                        if not self._read(conn):
+                        if not self._read(conn) or conn.held:
                             sel.unregister(conn.sock)
                 finally:
                     with self._cv:
                         self._io_busy = False
                         self._cv.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - never die silently
+            self._fatal(None, exc)
         finally:
             sel.close()
+
+    def _fatal(self, conn: _Conn | None, exc: BaseException) -> bool:
+        """An unexpected exception while reading: fail every waiter with a DistError
+        that says what happened, and stop reading ``conn`` (its framing is lost)."""
+        where = f" while reading from rank {conn.rank}" if conn is not None else ""
+        err = DistError(f"the I/O thread of rank {self.rank} failed{where}: "
+                        f"{type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        if conn is not None:
+            conn.broken = err
+            self._attend()
+        handler = self._handler
+        if handler is not None and not self._closing:
+            try:
+                handler.on_fatal(err)
+            except Exception:  # noqa: BLE001, S110 - nothing better left to do
+                pass
+        return False
 
     def _drain_wake(self) -> None:
         try:
@@ -288,8 +409,9 @@ class TcpTransport:
         except BlockingIOError:
             pass
 
-    def _read(self, conn: _Conn) -> bool:
+    def _read(self, conn: _Conn, reparse: bool = False) -> bool:
         """Read what is available on ``conn``; False once the connection has ended.
+        ``reparse``: first hand over what the stage holds (a held frame, resumed).
 
         Runs for every frame received, so the loop keeps its state in locals and calls
         out only to hand over a header or a finished payload.
@@ -298,7 +420,9 @@ class TcpTransport:
         recv_into = conn.sock.recv_into
         budget = _READ_BUDGET  # then let select() serve the other connections too
         try:
-            while budget > 0:
+            if reparse:
+                self._parse(conn)
+            while budget > 0 and not conn.held:
                 target = conn.target
                 if target is not None:
                     n = recv_into(target[conn.got:])
@@ -307,9 +431,12 @@ class TcpTransport:
                     got = conn.got = conn.got + n
                     budget -= n
                     remaining = len(target) - got
-                    self._set_lowat(conn, remaining)
+                    self._set_lowat(conn, remaining + conn.skip)
                     if not remaining:
-                        self._payload_done(conn)
+                        if conn.skip:
+                            self._skip_more(conn)
+                        else:
+                            self._payload_done(conn)
                     continue
                 end = conn.end
                 if end == _STAGE:
@@ -331,6 +458,16 @@ class TcpTransport:
                 "connection dropped"))
         except OSError as exc:
             return self._lost(conn, exc)
+        except Exception as exc:  # noqa: BLE001 - never die silently
+            return self._fatal(conn, exc)
+
+    def _skip_more(self, conn: _Conn) -> None:
+        """Point ``conn`` at the next piece of a payload that is read and dropped."""
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(_SKIP_CHUNK))
+        piece = min(conn.skip, _SKIP_CHUNK)
+        conn.target, conn.got = self._scratch[:piece], 0
+        conn.skip -= piece
 
     @staticmethod
     def _set_lowat(conn: _Conn, remaining: int) -> None:
@@ -373,11 +510,23 @@ class TcpTransport:
                 if start:
                     self._compact(conn)
                 return  # small frame still arriving: wait for it in the stage
+            header_at = start
             start += hsize
             take = min(n, available)
             conn.start = start + take
             conn.large = n >= _DIRECT_MIN
             target, token = handler.on_header(frame)
+            if target is None:
+                if token is HOLD:  # no room for it now: read this peer again on resume
+                    conn.start = header_at
+                    conn.held = True
+                    self._attend()
+                    return
+                assert token is DROP
+                if take < n:  # the rest of the payload is read and dropped
+                    conn.frame, conn.token, conn.skip = frame, DROP, n - take
+                    self._skip_more(conn)
+                continue
             view = memoryview(target).cast("B")
             if take:
                 view[:take] = memoryview(stage)[start:start + take]
@@ -393,10 +542,12 @@ class TcpTransport:
         assert self._handler is not None and conn.frame is not None
         frame, token = conn.frame, conn.token
         conn.frame, conn.target, conn.token, conn.got = None, None, None, 0
-        self._handler.on_payload(frame, token)
+        if token is not DROP:
+            self._handler.on_payload(frame, token)
 
     def _lost(self, conn: _Conn, reason: BaseException | None) -> bool:
         conn.broken = reason or ConnectionResetError("closed by peer")
+        self._attend()
         if not self._closing and self._handler is not None:
             self._handler.on_peer_lost(conn.rank, reason)
         return False

@@ -224,6 +224,11 @@ class Channel:
     def _check_peers(self, missing: list[int], s: int, what: Callable[[], str],
                      liveness: bool) -> None:
         w = self.w
+        for r in self._peers:
+            if w[self._seq[r]] > s + 1:  # impossible under the protocol: corrupt or foreign
+                raise DistError(f"{what()}: rank {self.names[r]} is at shared-memory round "
+                                f"{w[self._seq[r]]} while this rank waits for round {s}; the "
+                                "segment is corrupt or shared with a foreign group")
         for r in missing:
             state = w[self._state[r]]
             if state == STATE_FAILED or state == STATE_CLOSED:

@@ -18,6 +18,8 @@ Integration contract (every method):
   naming the missing ranks, ``PeerFailure`` when a rank we wait for died (pidfd), failed
   or closed, or whatever ``check()`` raises (called every <= 20 ms while sleeping).
   After any exception this group is unusable (peers waiting on us get PeerFailure).
+- Not thread-safe: one call at a time per group, in the same order on every rank
+  (the caller serializes, as collectives on one group are ordered anyway).
 
 Results of reductions are bit-identical on every rank: each element is reduced by one
 rank in rank order (``reduce_into``), everyone copies that result.
@@ -40,13 +42,22 @@ from ...errors import DistError, InvalidArgument
 from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
+from .reduce import reduce_rows
 from .segment import StoreLike, open_segment
+from .waiting import usable_cpus
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
 
 Array = npt.NDArray[Any]
 
-DEFAULT_SLOT_BYTES = 4 << 20
+#: measured on 2 cores (benchmarks/shm_core.py, quiet Xeon pinned to 2 CPUs), 64 MiB
+#: float32 all_reduce, 2 ranks: 1 MiB 16.3 ms, 2 MiB 18.2 ms, 4 MiB 18.7 ms (4 ranks:
+#: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
+DEFAULT_SLOT_BYTES = 1 << 20
+#: when ranks outnumber CPUs every round costs a pass of the scheduler over all ranks,
+#: so fewer, larger rounds win (4 ranks on 2 CPUs: 2 MiB 40 ms, 1 MiB 44 ms quiet, and
+#: the gap grows with outside load: ~4 ms per round once CPUs are contended)
+OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
 _ALIGN = 64  #: region boundaries inside a slot, in bytes
@@ -61,7 +72,8 @@ class ShmGroup:
     """One process group's shared-memory collective engine (see the module docstring).
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
-    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES`` or 4 MiB) is the
+    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB, 2 MiB
+    when ranks outnumber CPUs) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
     bounds the setup. ``global_ranks[r]`` names group rank r in messages.
@@ -77,7 +89,8 @@ class ShmGroup:
                                  "(TSO) and Linux futexes; this machine is not x86_64 Linux")
         if not 0 <= rank < size:
             raise InvalidArgument(f"rank {rank} is not in a group of {size}")
-        slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or DEFAULT_SLOT_BYTES
+        slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or (
+            OVERSUBSCRIBED_SLOT_BYTES if size > usable_cpus() else DEFAULT_SLOT_BYTES)
         slot = max(65536, slot // 65536 * 65536)
         how = method or os.environ.get("RANKWISE_SHM_METHOD", "auto")
         self.rank = rank
@@ -87,14 +100,15 @@ class ShmGroup:
         self.slot_bytes = self.seg.layout.slot_bytes
         names = list(global_ranks) if global_ranks is not None else list(range(size))
         self.ch = Channel(self.seg, rank, size, check=check, names=names)
-        u8 = np.frombuffer(self.seg.mm, np.uint8)
         lay = self.seg.layout
-        self._slots: list[list[Array]] = [
-            [u8[lay.slot(r, p):lay.slot(r, p) + lay.slot_bytes] for p in (0, 1)]
-            for r in range(size)]
-        del u8
+        #: (rank, parity, byte) view of all data slots; slots sit at a fixed stride
+        self._grid: Array = np.ndarray((size, 2, lay.slot_bytes), np.uint8, self.seg.mm,
+                                       lay.slot(0, 0), (2 * lay.slot_bytes, lay.slot_bytes, 1))
+        self._slots: list[list[Array]] = [[self._grid[r, p] for p in (0, 1)]
+                                          for r in range(size)]
         self._region = self.slot_bytes // size // _ALIGN * _ALIGN
         self._closed = False
+        self._current: Call = (0, 0, 0, 0, -1, 0)  #: the call in progress
 
     @property
     def closed(self) -> bool:
@@ -115,16 +129,18 @@ class ShmGroup:
                             f"{self.ch.broken}") from self.ch.broken
         if site.id != self.ch._site_id:
             self.ch.set_site(site.id, site.encode())
-        return (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+        call = (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+        self._current = call
+        return call
 
-    def _what(self, call: Call) -> Callable[[], str]:
-        def describe() -> str:
-            try:
-                name = Op(call[0]).name
-            except ValueError:
-                name = f"op#{call[0]}"
-            return f"{name} on rank {self.ch.names[self.rank]}"
-        return describe
+    def _describe(self) -> str:
+        """The call in progress, for error messages (built only when one is raised)."""
+        call = self._current
+        try:
+            name = Op(call[0]).name
+        except ValueError:
+            name = f"op#{call[0]}"
+        return f"{name} on rank {self.ch.names[self.rank]}"
 
     def _round(self, call: Call, first: bool, deadline: float,
                vary_count: bool = False) -> int:
@@ -132,7 +148,7 @@ class ShmGroup:
         Returns the slot parity the round's data is in."""
         ch = self.ch
         s = ch.publish(call if first else None)
-        ch.wait(s, deadline, self._what(call))
+        ch.wait(s, deadline, self._describe)
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
@@ -140,6 +156,11 @@ class ShmGroup:
     def _parity(self) -> int:
         """Parity of the next round: where to write before publishing it."""
         return (self.ch.seq + 1) & 1
+
+    def _rows(self, parity: int, offset: int, count: int, st: np.dtype[Any]) -> Array:
+        """Every rank's slot of ``parity``, from byte ``offset``, ``count`` elements of
+        ``st``, as one strided (ranks, count) view (see ``reduce.py``)."""
+        return self._grid[:, parity, offset:offset + count * st.itemsize].view(st)
 
     def _root(self, fp: Fingerprint) -> int:
         if not 0 <= fp.root < self.size:
@@ -211,40 +232,66 @@ class ShmGroup:
             self._slots[me][p][:a.nbytes] = a.view(np.uint8)
             self._round(call, True, deadline)
             if root is None or root == me:
-                np.copyto(a, self._slots[0][p][:a.nbytes].view(st))
-                for r in range(1, n):
-                    reduce_into(a, self._slots[r][p][:a.nbytes].view(st), dtype, op)
+                reduce_rows(self._rows(p, 0, a.size, st), a, dtype, op)
                 if avg:
                     divide_in_place(a, dtype, n)
             return
-        # pipelined: per chunk, copy in; rank j reduces part j of the chunk out of every
-        # slot into its slot of the next parity; everyone gathers the parts
+        self._pipelined(call, a, dtype, op, deadline, root)
+
+    def _pipelined(self, call: Call, a: Array, dtype: DType, op: ReduceOp, deadline: float,
+                   root: int | None) -> None:
+        """Large (all_)reduce: one round per chunk, plus one.
+
+        A slot holds an input area (the chunk's parts that the peers reduce) and, after
+        it, a result area (the part this rank reduced from the previous chunk). Round t
+        publishes chunk t's input and chunk t-1's reduced part; after it, rank j reduces
+        part j of chunk t (its own contribution straight from its buffer, in rank order:
+        the same bits everywhere) into the result area of its slot of the *next* parity
+        (read after round t+1, see channel.py), and everyone gathers chunk t-1's parts.
+        """
+        st = dtype.storage
+        n, me, S = self.size, self.rank, self.slot_bytes
         item = st.itemsize
-        per_chunk = self.slot_bytes // item
         part_quant = max(1, _ALIGN // item)
-        first = True
-        for c0 in range(0, a.size, per_chunk):
+        per_chunk = (S * n // (n + 1)) // item
+        per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
+        res = per_chunk * item  # byte offset of the result area (64-aligned)
+        starts = list(range(0, a.size, per_chunk))
+        spans: list[list[tuple[int, int]]] = []
+        for c0 in starts:
             m = min(per_chunk, a.size - c0)
-            q = -(-m // n)
-            q = -(-q // part_quant) * part_quant
-            bounds = [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
+            q = -(-m // n)  # ceil(m / n) ...
+            q = -(-q // part_quant) * part_quant  # ... aligned: still <= per_chunk / n
+            spans.append([(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)])
+        gather = root is None or root == me
+        for t in range(len(starts) + 1):
             p = self._parity()
-            self._slots[me][p][:m * item] = a[c0:c0 + m].view(np.uint8)
-            self._round(call, first, deadline)
-            first = False
-            lo, hi = bounds[me]
-            acc = self._slots[me][1 - p][lo * item:hi * item].view(st)
-            np.copyto(acc, self._slots[0][p][lo * item:hi * item].view(st))
-            for r in range(1, n):
-                reduce_into(acc, self._slots[r][p][lo * item:hi * item].view(st), dtype, op)
-            if avg:
-                divide_in_place(acc, dtype, n)
-            # the parts are read after the next round: they live in parity 1 - p
-            self._round(call, False, deadline)
-            if root is None or root == me:
-                for j in range(n):
-                    lo, hi = bounds[j]
-                    a[c0 + lo:c0 + hi] = self._slots[j][1 - p][lo * item:hi * item].view(st)
+            if t < len(starts):
+                c0 = starts[t]
+                lo, hi = spans[t][me]
+                m = spans[t][-1][1]
+                src = a[c0:c0 + m].view(np.uint8)
+                own = self._slots[me][p]
+                own[:lo * item] = src[:lo * item]
+                own[hi * item:m * item] = src[hi * item:]
+            self._round(call, t == 0, deadline)
+            if t < len(starts):
+                c0 = starts[t]
+                lo, hi = spans[t][me]
+                mine = a[c0 + lo:c0 + hi]
+                acc = self._slots[me][1 - p][res:res + (hi - lo) * item].view(st)
+                for r in range(n):
+                    x = mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
+                    if r == 0:
+                        np.copyto(acc, x)
+                    else:
+                        reduce_into(acc, x, dtype, op)
+                if op.name == "AVG":
+                    divide_in_place(acc, dtype, n)
+            if t >= 1 and gather:
+                c0 = starts[t - 1]
+                for j, (lo, hi) in enumerate(spans[t - 1]):
+                    a[c0 + lo:c0 + hi] = self._slots[j][p][res:res + (hi - lo) * item].view(st)
 
     def all_gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
                    outs: Sequence[Array], deadline: float) -> None:
@@ -335,10 +382,7 @@ class ShmGroup:
                     slot[j * R * item:(j * R + hi - lo) * item] = src[j][lo:hi].view(np.uint8)
                 self._round(call, i == 0, deadline)
                 acc = o[lo:hi]
-                part = slice(me * R * item, (me * R + hi - lo) * item)
-                np.copyto(acc, self._slots[0][p][part].view(st))
-                for r in range(1, n):
-                    reduce_into(acc, self._slots[r][p][part].view(st), dtype, op)
+                reduce_rows(self._rows(p, me * R * item, hi - lo, st), acc, dtype, op)
                 if op.name == "AVG":
                     divide_in_place(acc, dtype, n)
         self._guard(run)
@@ -404,6 +448,7 @@ class ShmGroup:
         self._closed = True
         self.ch.close()
         self._slots = []
+        del self._grid
         try:
             self.seg.mm.close()
         except BufferError:

@@ -21,6 +21,7 @@ peers still use.
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import secrets
@@ -62,7 +63,12 @@ def _words(mm: mmap.mmap) -> memoryview:
 
 
 def _sweep_orphans() -> None:
-    """Unlink fallback files whose creator process no longer exists."""
+    """Unlink fallback files whose creator is gone.
+
+    Two signs must agree: the pid in the name is not a live process here, and nobody
+    holds the shared ``flock`` the creator keeps until it unlinks (locks die with their
+    process, and unlike pids they are seen across PID namespaces that share /dev/shm).
+    """
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
@@ -75,13 +81,23 @@ def _sweep_orphans() -> None:
             continue
         try:
             os.kill(int(pid_text), 0)
+            continue  # alive
         except ProcessLookupError:
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except OSError:
-                pass
+            pass
         except OSError:
-            pass  # alive under another user (EPERM): not ours to judge
+            continue  # alive under another user (EPERM): not ours to judge
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _unlink(path)
+        except OSError:
+            pass  # still locked: its creator lives (in another PID namespace)
+        finally:
+            os.close(fd)
 
 
 def _fit_slot(nranks: int, slot_bytes: int, method: str) -> int:
@@ -115,6 +131,7 @@ def _create_fd(method: str, nranks: int, slot_bytes: int) -> tuple[int, str, Lay
         _sweep_orphans()
         path = os.path.join(SHM_DIR, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # "creator alive" for _sweep_orphans, until unlink
     try:
         os.posix_fallocate(fd, 0, layout.total)
     except OSError as exc:

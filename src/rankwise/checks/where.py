@@ -58,9 +58,10 @@ class WhereService:
                     self._answering.discard(thread)
 
         thread = threading.Thread(target=run, name="rankwise-here", daemon=True)
+        # started under the lock: ``settle`` must never see (and join) an unstarted thread
         with self._lock:
             self._answering.add(thread)
-        thread.start()
+            thread.start()
 
     def settle(self, timeout: float) -> None:
         """Let answers still being sent go out (bounded) before this rank leaves: a peer

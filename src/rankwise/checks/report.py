@@ -24,6 +24,8 @@ import socket
 import time
 from typing import Any
 
+from .calls import describe_call
+
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
            "stalled_mismatch"]
 
@@ -115,7 +117,6 @@ def build_report(comm: Any) -> dict[str, Any]:
 
 
 def _describe(fp: Any) -> str:
-    from .._comm import describe_call
 
     return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
 

@@ -1,0 +1,72 @@
+"""Call identity: how a collective call is named, compared and explained to the user.
+
+Why its own module at the bottom: the communicator, both engines and the diagnosis
+reports all describe calls the same way ("all_reduce(float32 x 4, op=SUM) at
+train.py:42"), and none of them may import the API to do it.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from .._buffers import dtype_name, reduce_op_by_code
+from .._callsite import CallSite
+from .._wire import Op
+
+__all__ = ["BARRIER_NAMES", "RZF_MARK", "barrier_name_code", "describe_call", "mismatch_advice"]
+
+#: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
+#: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
+RZF_MARK = 0x525A
+#: names of named barriers seen by this process, by their fingerprint code
+BARRIER_NAMES: dict[int, str] = {}
+
+
+def barrier_name_code(name: str) -> int:
+    """The fingerprint ``count`` of ``barrier(name=...)``: never 0 (unnamed) or -1."""
+    code = (zlib.crc32(name.encode("utf-8", "replace")) | (1 << 32))
+    BARRIER_NAMES.setdefault(code, name)
+    return code
+
+
+
+
+def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
+                  site: CallSite | None) -> str:
+    """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``."""
+    name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
+    args = []
+    if op == Op.barrier and count > 0:
+        label = BARRIER_NAMES.get(count)
+        if root == RZF_MARK:
+            name = "rank_zero_first"
+            args.append("the barrier of a rank-0-first block" if label is None
+                        else f"block at {label.partition('@')[2] or label}")
+        else:
+            args.append(f"name={label!r}" if label is not None else f"name=#{count & 0xFFFFFFFF:08x}")
+    if dtype:
+        args.append(f"{dtype_name(dtype)} x {count}" if count >= 0 else dtype_name(dtype))
+    rop = reduce_op_by_code(reduce)
+    if rop is not None:
+        args.append(f"op={rop.name}")
+    if op in (Op.broadcast, Op.scatter, Op.reduce, Op.gather, Op.broadcast_object_list,
+              Op.gather_object, Op.scatter_object_list):
+        args.append(f"root={root}")
+    where = f" at {site.short}" if site is not None and site.frames else ""
+    return f"{name}({', '.join(args)}){where}"
+
+
+def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
+    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
+    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
+    advice = ("Every rank of a group must make the same collective calls in the same order, "
+              "with the same op, dtype, element count, root and reduce op.")
+    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
+        advice += (
+            "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
+            "was entered by some ranks only (for example from an `if rank == 0:` branch "
+            "that builds a validation loader with a helper that uses it inside), so its "
+            "barrier met a different collective on the other ranks. Fix: enter the block "
+            "on every rank of the group, or do not use it on the rank-0-only path "
+            "(the seed's fix: pass rank=-1 there).")
+    return advice
