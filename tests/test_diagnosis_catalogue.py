@@ -71,6 +71,29 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+#: torch engines: each rank imports torch before the clock starts and reports its own
+#: elapsed time at exit, so a bound measures rankwise, not importing torch (tens of
+#: seconds when several ranks import it at once on a loaded machine)
+_TORCH_FIRST = (
+    "import atexit, runpy, sys, time, torch\n"
+    "t0 = time.monotonic()\n"
+    "atexit.register(lambda: sys.stderr.write(f'\\n[rank-elapsed {time.monotonic() - t0:.3f}]\\n'))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+_ELAPSED = re.compile(r"^\[rank-elapsed ([0-9.]+)\]$", re.MULTILINE)
+
+
+def _command(script: str, args: tuple[str, ...]) -> list[str]:
+    if os.environ.get("RANKWISE_ENGINE", "").startswith("torch"):
+        return [sys.executable, "-c", _TORCH_FIRST, script, *args]
+    return [sys.executable, script, *args]
+
+
+def _elapsed(err: str, wall: float) -> float:
+    found = _ELAPSED.search(err)
+    return float(found.group(1)) if found else wall
+
+
 def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float = 30.0,
         env: dict[str, str] | None = None, bound: float = 40.0) -> list[Rank]:
     """Start ``n`` ranks of ``script`` and wait (hard bound ``bound`` s) for all of them."""
@@ -86,7 +109,7 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                   "PYTHONUNBUFFERED": "1"})
         e.update(env or {})
         starts.append(time.monotonic())
-        procs.append(subprocess.Popen([sys.executable, script, *args], env=e, text=True,
+        procs.append(subprocess.Popen(_command(script, args), env=e, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     deadline = time.monotonic() + bound
     results = []
@@ -98,7 +121,10 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                 for q in procs:
                     q.kill()
                 pytest.fail(f"rank {r} of {script} {args} still running after {bound}s")
-            results.append(Rank(r, p.returncode, out, err, time.monotonic() - starts[r]))
+            elapsed = _elapsed(err, time.monotonic() - starts[r])
+            results.append(Rank(r, p.returncode, out, _ELAPSED.sub("", err).rstrip("\n")
+                                + ("\n" if err.endswith("\n") and err.strip() else ""),
+                                elapsed))
     finally:
         for p in procs:
             if p.poll() is None:

@@ -3,14 +3,15 @@
 Why: multi-node CPU jobs can use torch's gloo while the API layer above the seam keeps
 rankwise's argument checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``) over the rankwise store, never through torch's global init, so
-rankwise's own world is untouched. First step: the control-plane fingerprint checks
-(ring neighbour) are not wired yet.
+rankwise's own world is untouched. The checks ride beside the data on rankwise's
+control plane (``ring_check``); waits are released by it (``torch_wait``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
-import os
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -19,11 +20,12 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from .._callsite import site_text
-from .._comm import describe_call, mismatch_advice
 from ..errors import CollectiveMismatch
 from .base import Array, Call
+from .ring_check import RingCheck, check_mode
+from .torch_splits import check_splits
 from .torch_store import TorchStore
+from .torch_wait import WorkWaiter
 
 if TYPE_CHECKING:
     from .._group import ProcessGroup
@@ -85,59 +87,62 @@ def _reduce_in(a: Array, call: Call) -> tuple[torch.Tensor, Callable[[], None]]:
     return _r(a, call), lambda: None
 
 
+#: a torch op may outlive rankwise's deadline by this much before torch's own timeout:
+#: rankwise's (with its who-is-where table) must come first
+_TORCH_GRACE = 30.0
+
+
 class TorchEngine:
-    """A group's collectives on a torch gloo process group."""
+    """A group's collectives on a torch gloo process group, checked on the control plane."""
 
     name = "torch-gloo"
     serial = True
-    framed = False
+    #: the ring check's frames are collective frames: the router must know each call
+    framed = True
 
-    def __init__(self, group: ProcessGroup, pg: Any) -> None:
+    def __init__(self, group: ProcessGroup, pg: Any, check: str) -> None:
         self.group = group
         self.pg = pg
+        self.check = RingCheck(group, check)
+        self.waiter = WorkWaiter(group.comm, self.name)
+        group.comm.router.on_failure.append(self._abort)
 
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float) -> TorchEngine:
         from ..store.prefix import PrefixStore
 
+        check = check_mode()  # before any I/O: a typo must not cost a rendezvous
         tstore = TorchStore(PrefixStore(f"engine/{group.id}/torch/", store))
         opts = tdist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        opts._timeout = timedelta(seconds=timeout)
+        opts._timeout = timedelta(seconds=timeout + _TORCH_GRACE)
         opts._devices = [tdist.ProcessGroupGloo.create_default_device()]
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
-        return cls(group, pg)
+        return cls(group, pg, check)
 
-    def _check(self, call: Call) -> None:
-        """Interim check (sync): all ranks all-gather a fixed-size fingerprint on the
-        torch group before the data op, so a mismatched call raises on every rank instead
-        of hanging or mixing data. The control-plane ring check is the planned successor.
-        """
-        if os.environ.get("RANKWISE_CHECK", "").strip().lower() == "off":
-            return
-        fp = call.fp
-        mine = torch.tensor([fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
-                             call.site.id & 0x7FFFFFFFFFFFFFFF], dtype=torch.int64)
-        parts = [torch.empty_like(mine) for _ in range(call.size)]
-        self._wait(self.pg.allgather([parts], [mine]))
-        for r, p in enumerate(parts):
-            op, dtype, count, reduce, root, site_id = (int(v) for v in p.tolist())
-            same = (op, dtype, reduce, root) == (fp.op, fp.dtype, fp.reduce, fp.root) and (
-                fp.count == -1 or count == -1 or count == fp.count)
-            if same:
-                continue
-            ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site)
-            theirs = describe_call(op, dtype, count, reduce, root, site_text(site_id))
-            raise CollectiveMismatch(
-                f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
-                f"{self.group.comm.rank} called {ours}, but rank {self.group.ranks[r]} "
-                f"called {theirs}. " + mismatch_advice(fp.op, fp.root, op, root))
+    def _abort(self, failure: BaseException) -> None:
+        """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
+        thread (a backend's abort may block). Waiters are released by ``torch_wait``."""
+        threading.Thread(target=self._abort_pg, name="rankwise-torch-abort",
+                         daemon=True).start()
+
+    def _abort_pg(self) -> None:
+        try:
+            self.pg.abort()
+        except Exception as exc:  # noqa: BLE001 - aborting a failed group must not raise
+            log.debug("rankwise: aborting the torch group: %r", exc)
+
+    def _run(self, call: Call, body: Callable[[], None]) -> None:
+        """Check the call on the control plane, move the data, check again."""
+        self.check.before(call)
+        body()
+        self.check.after()
+
+    def _wait(self, call: Call, work: Any) -> None:
+        self.waiter.wait(call, work)
 
     def _op(self, call: Call) -> Any:
         assert call.op is not None
         return _OPS[call.op.name]
-
-    def _wait(self, work: Any) -> None:
-        work.wait()
 
     def _all_reduce(self, call: Call, a: Array) -> None:
         """``a`` becomes the reduction over ranks (complex products via a gather:
@@ -147,76 +152,105 @@ class TorchEngine:
         if a.dtype.kind == "c" and call.op is not None and call.op.name not in ("SUM", "AVG"):
             parts = [np.empty_like(a) for _ in range(call.size)]
             parts[call.rank][...] = a
-            self._wait(self.pg.allgather([[_t(p) for p in parts]], [_t(a).clone()]))
+            self._wait(call, self.pg.allgather([[_t(p) for p in parts]], [_t(a).clone()]))
             a[...] = np.prod(np.stack(parts), axis=0)
             return
         t, back = _reduce_in(a, call)
-        self._wait(self.pg.allreduce([t], o))
+        self._wait(call, self.pg.allreduce([t], o))
         back()
 
+    # --- Engine -------------------------------------------------------------------------
+
     def broadcast(self, call: Call, data: Array, root: int) -> None:
-        self._check(call)
-        self._wait(self.pg.broadcast([_t(data)], _bopts(root)))
+        self._run(call, lambda: self._wait(call, self.pg.broadcast([_t(data)], _bopts(root))))
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        self._check(call)
-        self._all_reduce(call, data)
+        self._run(call, lambda: self._all_reduce(call, data))
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
-        self._check(call)
-        self._all_reduce(call, data)  # gloo's reduce lacks some types; same result
+        # gloo's reduce lacks some types; all_reduce gives the root the same result
+        self._run(call, lambda: self._all_reduce(call, data))
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
-        self._check(call)
-        self._wait(self.pg.allgather([[_t(s) for s in slots]], [_t(slots[call.rank]).clone()]))
+        mine = _t(slots[call.rank]).clone()
+        self._run(call, lambda: self._wait(
+            call, self.pg.allgather([[_t(s) for s in slots]], [mine])))
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
-        self._check(call)
         o = tdist.GatherOptions()
         o.rootRank = root
         outs = [[_t(s) for s in slots]] if slots is not None else []
-        self._wait(self.pg.gather(outs, [_t(mine)], o))
+        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [_t(mine)], o)))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
-        self._check(call)
         o = tdist.ScatterOptions()
         o.rootRank = root
         ins = [[_t(s) for s in slots]] if slots is not None else []
-        self._wait(self.pg.scatter([_t(out)], ins, o))
+        self._run(call, lambda: self._wait(call, self.pg.scatter([_t(out)], ins, o)))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
-        self._check(call)
-        # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
-        flat = np.concatenate(chunks)
-        self._all_reduce(call, flat)
-        start = sum(len(c) for c in chunks[:call.rank])
-        mine = chunks[call.rank]
-        mine[...] = flat[start:start + len(mine)]
+        def body() -> None:
+            # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
+            flat = np.concatenate(chunks)
+            self._all_reduce(call, flat)
+            start = sum(len(c) for c in chunks[:call.rank])
+            mine = chunks[call.rank]
+            mine[...] = flat[start:start + len(mine)]
+        self._run(call, body)
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
-        self._check(call)
-        src = torch.cat([_t(i) for i in ins]) if ins else torch.empty(0, dtype=torch.uint8)
-        dst = torch.empty(sum(o.nbytes for o in outs), dtype=torch.uint8)
-        self._wait(self.pg.alltoall_base(dst, src, [o.nbytes for o in outs],
-                                         [i.nbytes for i in ins], tdist.AllToAllOptions()))
-        at = 0
-        for o in outs:
-            _t(o).copy_(dst[at:at + o.nbytes])
-            at += o.nbytes
+        def body() -> None:
+            if call.fp.count == -1 and self.check.mode != "off":
+                self._agree_splits(call, outs, ins)
+            src = torch.cat([_t(i) for i in ins]) if ins else torch.empty(0, dtype=torch.uint8)
+            dst = torch.empty(sum(o.nbytes for o in outs), dtype=torch.uint8)
+            self._wait(call, self.pg.alltoall_base(
+                dst, src, [o.nbytes for o in outs], [i.nbytes for i in ins],
+                tdist.AllToAllOptions()))
+            at = 0
+            for o in outs:
+                _t(o).copy_(dst[at:at + o.nbytes])
+                at += o.nbytes
+        self._run(call, body)
+
+    def _agree_splits(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        """Uneven sizes must never reach gloo (see ``torch_splits``)."""
+        def gather(row: Array, rows: list[Array]) -> None:
+            self._wait(call, self.pg.allgather([[_t(r) for r in rows]], [_t(row)]))
+        try:
+            check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
+        except CollectiveMismatch as exc:
+            self.group.comm.router.fail_all(exc)  # every later call raises it too
+            raise
 
     def barrier(self, call: Call) -> None:
-        self._check(call)
-        self._wait(self.pg.barrier(tdist.BarrierOptions()))
+        self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions())))
 
     def close(self) -> None:
-        for name in ("abort", "shutdown"):
-            fn = getattr(self.pg, name, None)
-            if fn is not None:
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - closing must not raise
-                    log.debug("rankwise: closing the torch group: %r", exc)
-                return
+        """Shut the torch group down; one with an op abandoned in flight is kept alive
+        (see ``_keep``)."""
+        listeners = self.group.comm.router.on_failure
+        if self._abort in listeners:
+            listeners.remove(self._abort)
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+        if self.waiter.stuck:
+            _keep(pg)
+            return
+        try:
+            pg.shutdown()
+        except Exception as exc:  # noqa: BLE001 - closing must not raise
+            log.debug("rankwise: closing the torch group: %r", exc)
+
+
+def _keep(pg: Any) -> None:
+    """Never destroy ``pg``: destroying a torch group joins its worker threads, and one
+    of them stays blocked in the abandoned op until every peer's connection closes --
+    while each peer, destroying its own group, waits the same way for ours (a deadlock
+    until torch's timeout). One extra reference makes the group outlive interpreter
+    shutdown; the process's exit closes its sockets and releases the peers."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 def _bopts(root: int) -> Any:
