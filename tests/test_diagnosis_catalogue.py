@@ -272,7 +272,8 @@ def test_rank_stuck_in_a_long_computation() -> None:
     assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
     check(ranks, "DistTimeout", "timed out after 3s in barrier()",
           f"at {P}:{line_of('stuck-barrier')}", "waiting for rank 1", "who is where",
-          "rank 1: running user code since", f"last call: barrier() at {P}:", only=[0],
+          f"rank 1: running user code at {P}:", f" in _busy <- {P}:{line_of('busy')} in stuck",
+          f"last call: barrier() at {P}:", only=[0],
           within=12.0)
     # rank 1 comes back from its computation and learns why rank 0 is gone
     check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
@@ -306,18 +307,28 @@ def test_large_all_reduce_waiting_for_a_stuck_peer() -> None:
     zero = ranks[0]
     assert "slow wait on rank 0" in zero.err and "who is where" in zero.err, zero.err
     check(ranks, "DistTimeout", f"timed out after 3s in all_reduce(float32 x {LARGE}, op=SUM)",
-          f"at {P}:{line_of('stuck-large')}", "who is where", "rank 1: running user code since",
+          f"at {P}:{line_of('stuck-large')}", "who is where", f"rank 1: running user code at {P}:",
+          " in _busy <- ",
           only=[0], within=12.0)
 
 
 def test_p2p_cycle_is_named() -> None:
-    ranks = case("p2p_cycle", timeout=3.0, warn=1.0)
+    # with deadlock detection off, as before it: the warning table names the cycle
+    ranks = case("p2p_cycle", timeout=3.0, warn=1.0, env={"RANKWISE_DEADLOCK": "0"})
     recv_line = f"{P}:{line_of('cycle-recv')}"
     for res in ranks:
         # named in the table logged at the warning threshold, while both still wait
         assert (f"DEADLOCK: rank 0 waits for rank 1 (recv at {recv_line} in p2p_cycle), "
                 f"which waits for rank 0 (recv at {recv_line}") in res.err, res.err
     check(ranks, "DistTimeout", "in recv from rank", "who is where", within=12.0)
+
+
+def test_p2p_cycle_ends_in_a_deadlock_error() -> None:
+    # detection on (the default): no timeout needed, no warning timer (test_deadlock.py)
+    ranks = case("p2p_cycle", timeout=60.0, bound=60.0)
+    recv_line = f"{P}:{line_of('cycle-recv')}"
+    check(ranks, "DeadlockError", f"rank 0: recv from rank 1 at {recv_line}",
+          f"rank 1: recv from rank 0 at {recv_line}", "Wait-for cycle", within=15.0)
 
 
 def test_monitored_barrier_names_the_missing_rank() -> None:

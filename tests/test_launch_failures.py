@@ -107,3 +107,20 @@ def test_restarts_exhausted_reports_failure(tmp_path: Path) -> None:
                        "--out", str(tmp_path), "--fail-rank", "0", "--mode", "exit3", timeout=40)
     assert res.returncode == 3, res.stderr
     assert "1 of 1 restarts used" in res.stderr
+
+
+def test_failure_report_is_printed_once(tmp_path: Path) -> None:
+    """Issue 14 item 6: the traceback appears once (the summary), each rank says one line."""
+    res = run_launcher("-n", "2", "--grace", "0.5", "--no-prefix", JOB, "--out", str(tmp_path),
+                       "--fail-rank", "1", "--mode", "raise", "--wait", "60", timeout=40)
+    assert res.returncode == 1, res.stderr
+    output = res.stdout + res.stderr
+    assert output.count("Traceback (most recent call last)") == 1, output
+    assert output.count("rankwise run: job failed") == 1, output
+    rank_lines = [ln for ln in output.splitlines() if "(traceback: in the launcher's summary)" in ln]
+    # the failing rank, and rank 0 only if the failure reached it as an exception
+    assert 1 <= len(rank_lines) <= 2, output
+    assert rank_lines[0].startswith("rank 1: ValueError: boom from rank 1"), rank_lines
+    report = output[output.index("=" * 72):]
+    assert len(report.splitlines()) <= 25, report  # was ~170 lines for 2 ranks
+    assert "ValueError: boom from rank 1" in report

@@ -14,6 +14,7 @@ import pytest
 from launch_scripts.helpers import SCRIPTS, env, run_launcher
 
 from rankwise.launch.summary import WorkerOutcome, format_summary, root_cause
+from rankwise.launch.worker import one_line
 
 HOOKED = "from rankwise.launch.worker import install_worker_hooks as h; h(); h()\n"
 
@@ -31,6 +32,16 @@ def test_uncaught_exception_is_written_once_and_still_printed(tmp_path: Path) ->
     rec = json.loads((tmp_path / "e.json").read_text())
     assert rec["rank"] == 5 and rec["exc_type"] == "KeyError" and rec["message"] == "'k'"
     assert "in f" in rec["traceback"] and rec["pid"] > 0 and rec["timestamp"] >= before
+    assert rec["where"] == "<string>:3 in f"  # the user's innermost line, for one-line reports
+
+
+def test_one_line_cuts_a_long_message_at_a_word_and_says_where() -> None:
+    long = "rank 0 called all_reduce(float32 x 5, op=SUM) at t.py:3 in f, " * 8
+    text = one_line("CollectiveMismatch", long + "\nsecond line", "t.py:3 in f")
+    assert text.startswith("CollectiveMismatch: rank 0 called") and "second line" not in text
+    assert text.endswith(" ... [raised at t.py:3 in f]"), text
+    assert "op=SU ..." not in text and len(text) < 320
+    assert one_line(KeyError, KeyError("k")) == "KeyError: 'k'"
 
 
 def test_thread_exception_is_recorded(tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ def test_torch_distributed_core_names_are_there() -> None:
 
 
 def test_errors_form_one_tree() -> None:
-    for name in ("DistTimeout", "PeerFailure", "CollectiveMismatch", "DistNetworkError",
+    for name in ("DistTimeout", "PeerFailure", "CollectiveMismatch", "DeadlockError",
+                 "DistNetworkError",
                  "RendezvousError", "StoreError", "AuthError", "InvalidArgument"):
         assert issubclass(getattr(rankwise, name), rankwise.DistError), name
     assert issubclass(rankwise.InvalidArgument, ValueError)

@@ -21,6 +21,7 @@ from rankwise import _callsite
 from rankwise._buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
 from rankwise._router import Fingerprint
 from rankwise._wire import Op
+from rankwise.engines.shm.layout import Layout
 from rankwise.testing import run_ranks
 
 SLOT = 65536  #: small slots, so modest sizes exercise chunking
@@ -337,10 +338,10 @@ def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
     with pytest.raises(ShmUnavailable, match="--shm-size"):
-        segment._fit_slot(4, 4 << 20, "file")
+        segment._fit_slot(4, 4 << 20, "file", Layout)
     Half = type("Half", (), {"f_bavail": (64 << 20) // 4096, "f_frsize": 4096})
     monkeypatch.setattr(os, "statvfs", lambda p: Half())
-    assert 65536 <= segment._fit_slot(8, 4 << 20, "file") < 4 << 20
+    assert 65536 <= segment._fit_slot(8, 4 << 20, "file", Layout) < 4 << 20
 
 
 def w_check_callback(rank: int, size: int, path: str) -> Any:
@@ -400,10 +401,10 @@ def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch
 
     real = segment._attach
 
-    def attach(desc: str, nranks: int) -> Any:
+    def attach(desc: str, nranks: int, kind: Any) -> Any:
         if desc.startswith("memfd") and threading.current_thread().name == "r1":
             raise PermissionError(13, "Permission denied (test)")
-        return real(desc, nranks)
+        return real(desc, nranks, kind)
 
     monkeypatch.setattr(segment, "_attach", attach)
     before = _shm_names()
@@ -412,7 +413,7 @@ def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch
 
     def run(r: int) -> None:
         got[r] = segment.open_segment(store, "t", r, 2, slot_bytes=65536, method="auto",
-                                      timeout=10)
+                                      timeout=10, kind=Layout)
 
     ts = [threading.Thread(target=run, args=(r,), name=f"r{r}") for r in range(2)]
     for t in ts:
@@ -503,9 +504,9 @@ def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
         f.write(b"\x07" * 8192)
     try:
         with pytest.raises(ShmUnavailable, match="foreign header"):
-            segment._attach(f"file {path}", 2)
+            segment._attach(f"file {path}", 2, Layout)
         with pytest.raises(ShmUnavailable, match="unusable segment description"):
-            segment._attach("file /etc/passwd", 2)
+            segment._attach("file /etc/passwd", 2, Layout)
     finally:
         os.unlink(path)
 

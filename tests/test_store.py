@@ -24,7 +24,7 @@ from rankwise.store import (
 
 pytestmark = pytest.mark.timeout(60)
 
-KINDS = ["hash", "file", "tcp", "prefix"]
+KINDS = ["hash", "file", "tcp", "prefix", "torch"]
 Pair = tuple[Store, Store]
 
 
@@ -37,6 +37,13 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
     if kind == "hash":
         h = HashStore(timeout)
         stores = [h, h]
+    elif kind == "torch":  # rankwise's view of a torch store (rankwise.torch under torchrun)
+        tdist = pytest.importorskip("torch.distributed")
+        from rankwise.store.torch_views import RankwiseStoreView
+
+        master_t = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+        client_t = tdist.TCPStore("127.0.0.1", master_t.port, timeout=timeout)
+        stores = [RankwiseStoreView(master_t, timeout), RankwiseStoreView(client_t, timeout)]
     elif kind == "file":
         path = str(tmp_path / "store")
         stores = [FileStore(path, timeout=timeout), FileStore(path, timeout=timeout)]

@@ -1,4 +1,4 @@
-"""The ``Transport`` contract, checked against every transport (tcp and memory).
+"""The ``Transport`` contract, checked against every transport (tcp, shm and memory).
 
 Why one suite: the layers above a transport (router, checks, algorithms) assume exactly
 these properties — whole frames, per-sender order, correct source, loss reported once,
@@ -16,55 +16,12 @@ from typing import Any
 
 import pytest
 from _loopback import connected_pair
+from _transports import WAIT, Recorder, shm_world
 
-from rankwise._wire import DROP, HOLD, Frame, Kind, encode_header
+from rankwise._wire import DROP, HOLD, Kind, encode_header
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
 from rankwise.transport.tcp import TcpTransport
-
-WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
-
-
-class Recorder:
-    """A ``FrameHandler`` that keeps what arrives, for assertions."""
-
-    def __init__(self) -> None:
-        self.frames: list[tuple[Frame, bytes]] = []
-        self.lost: list[tuple[int, BaseException | None]] = []
-        self.cv = threading.Condition()
-        #: the answer to give a header instead of a buffer (DROP / HOLD), by tag
-        self.answers: dict[int, str] = {}
-        self.offered: list[int] = []  #: tags of every header offered, in order
-
-    def on_header(self, frame: Frame) -> tuple[bytearray | None, object]:
-        with self.cv:
-            self.offered.append(frame.tag)
-            answer = self.answers.get(frame.tag)
-            self.cv.notify_all()
-        if answer is not None:
-            return None, answer
-        buf = bytearray(frame.payload_len)
-        return buf, buf
-
-    def on_payload(self, frame: Frame, token: object) -> None:
-        assert isinstance(token, bytearray)
-        with self.cv:
-            self.frames.append((frame, bytes(token)))
-            self.cv.notify_all()
-
-    def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
-        with self.cv:
-            self.lost.append((rank, reason))
-            self.cv.notify_all()
-
-    def on_fatal(self, exc: BaseException) -> None:
-        with self.cv:
-            self.lost.append((-1, exc))
-            self.cv.notify_all()
-
-    def wait_for(self, test: Callable[[], bool]) -> None:
-        with self.cv:
-            assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
 
 
 def _tcp_world(n: int) -> list[Any]:
@@ -81,7 +38,7 @@ def _memory_world(n: int) -> list[Any]:
     return list(MemoryHub(n).transports)
 
 
-WORLDS = {"tcp": _tcp_world, "memory": _memory_world}
+WORLDS = {"tcp": _tcp_world, "memory": _memory_world, "shm": shm_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))

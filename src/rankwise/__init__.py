@@ -11,7 +11,6 @@ from __future__ import annotations
 import os as _os
 from typing import Any as _Any
 
-from ._buffers import ReduceOp
 from ._collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -26,6 +25,23 @@ from ._collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from ._compat import (
+    default_pg_timeout,
+    get_backend_config,
+    get_default_backend_for_device,
+    get_node_local_rank,
+    get_pg_count,
+    is_backend_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    is_xccl_available,
+    reduce_op,
+    supports_complex,
+)
+from ._grad_bucket import GradBucket
 from ._group import ProcessGroup
 from ._init import (
     destroy_process_group,
@@ -46,12 +62,17 @@ from ._objects import (
     send_object_list,
 )
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from ._reduce_op import ReduceOp
+from ._reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
+from ._subgroups import new_subgroups, new_subgroups_by_enumeration
+from ._unsupported import unsupported_error as _unsupported_error
 from ._work import Work
 from ._world import GroupMember
 from .diagnosis import main_process_first, monitored_barrier, rank_zero_first, who_is_where
 from .errors import (
     AuthError,
     CollectiveMismatch,
+    DeadlockError,
     DistError,
     DistNetworkError,
     DistTimeout,
@@ -64,6 +85,9 @@ from .errors import (
 __version__ = "0.1.0"
 
 group = GroupMember  # torch spells the default-group handle dist.group.WORLD
+# torch's names for two branches of the tree: `except dist.DistStoreError` keeps working
+DistStoreError = StoreError
+DistBackendError = DistError
 
 
 class Backend:
@@ -106,6 +130,13 @@ def __getattr__(name: str) -> _Any:
         from . import store
 
         return getattr(store, name)
+    if name == "utils":  # rankwise.utils.data needs torch: imported only when asked for
+        import importlib
+
+        return importlib.import_module(".utils", __name__)
+    error = _unsupported_error(name)
+    if error is not None:
+        raise error
     raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
 
 
@@ -118,16 +149,20 @@ if _os.environ.get("RANKWISE_LAUNCHED") == "1":
         pass
 
 __all__ = [
-    "AuthError", "Backend", "CollectiveMismatch", "DistError", "DistNetworkError",
-    "DistTimeout", "FileStore", "GroupMember", "HashStore", "InvalidArgument", "P2POp",
-    "PeerFailure", "PrefixStore", "ProcessGroup", "ReduceOp", "RendezvousError", "Store",
-    "StoreError", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",
-    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
-    "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group",
-    "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
-    "irecv", "is_available", "is_initialized", "isend", "main_process_first",
-    "monitored_barrier", "new_group", "rank_zero_first", "recv", "recv_object_list",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "send", "send_object_list", "spawn", "who_is_where",
+    "AuthError", "Backend", "CollectiveMismatch", "DeadlockError", "DistBackendError",
+    "DistError", "DistNetworkError", "DistStoreError", "DistTimeout", "FileStore",
+    "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "P2POp", "PeerFailure", "PrefixStore",
+    "ProcessGroup", "ReduceOp", "RendezvousError", "Store", "StoreError", "TCPStore", "Work",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
+    "get_backend_config", "get_default_backend_for_device", "get_global_rank",
+    "get_group_rank", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
+    "get_rank", "get_world_size", "group", "init_process_group", "irecv", "is_available",
+    "is_backend_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
+    "isend", "main_process_first", "monitored_barrier", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "rank_zero_first", "recv", "recv_object_list", "reduce",
+    "reduce_op", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "send", "send_object_list", "spawn", "supports_complex", "who_is_where",
 ]

@@ -31,7 +31,7 @@ import socket
 
 from .errors import AuthError, DistNetworkError
 
-__all__ = ["client_handshake", "read_token_file", "recv_exact", "resolve_token",
+__all__ = ["NotRankwiseEndpoint", "client_handshake", "read_token_file", "recv_exact", "resolve_token",
            "server_handshake"]
 
 _MAGIC = b"RWAUTH01"
@@ -40,6 +40,11 @@ _MAC = 32
 _OK, _TOKEN_SETTINGS_DIFFER, _PURPOSE_DIFFERS, _BAD_PROOF = 0, 1, 2, 3
 TOKEN_ENV = "RANKWISE_TOKEN"
 TOKEN_FILE_ENV = "RANKWISE_TOKEN_FILE"
+
+
+class NotRankwiseEndpoint(AuthError):
+    """The peer answered, but not with rankwise's handshake: another program holds the
+    port (``rankwise doctor`` tells this apart from a store that refuses our token)."""
 
 
 def read_token_file(path: str) -> str:
@@ -111,7 +116,8 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, pee
     )
     reply = recv_exact(sock, len(_MAGIC) + 1 + _NONCE, f"handshake reply from {peer}")
     if reply[: len(_MAGIC)] != _MAGIC:
-        raise AuthError(f"{peer} is not a rankwise endpoint (unexpected handshake bytes)")
+        raise NotRankwiseEndpoint(f"{peer} is not a rankwise endpoint (unexpected handshake "
+                                  "bytes)")
     status = reply[len(_MAGIC)]
     server_nonce = reply[len(_MAGIC) + 1 :]
     if status == _TOKEN_SETTINGS_DIFFER:

@@ -18,64 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _hugepages as hugepages
+from ._reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
 from .errors import InvalidArgument
 
-__all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "dtype_by_code", "reduce_into"]
-
-
-class ReduceOp:
-    """Reduction operators, with torch.distributed's names (``ReduceOp.SUM`` ...)."""
-
-    SUM: ReduceOp
-    AVG: ReduceOp
-    PRODUCT: ReduceOp
-    MIN: ReduceOp
-    MAX: ReduceOp
-    BAND: ReduceOp
-    BOR: ReduceOp
-    BXOR: ReduceOp
-
-    __slots__ = ("code", "name")
-
-    def __init__(self, code: int, name: str) -> None:
-        self.code = code
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"ReduceOp.{self.name}"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ReduceOp) and other.code == self.code
-
-    def __hash__(self) -> int:
-        return self.code
-
-
-for _code, _name in enumerate(("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"), 1):
-    setattr(ReduceOp, _name, ReduceOp(_code, _name))
-_OPS_BY_CODE: dict[int, ReduceOp] = {
-    op.code: op for op in (getattr(ReduceOp, n) for n in
-                           ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"))
-}
-
-
-def reduce_op_by_code(code: int) -> ReduceOp | None:
-    return _OPS_BY_CODE.get(code)
-
-
-def coerce_reduce_op(op: Any) -> ReduceOp:
-    """Accept our ReduceOp, torch's ``ReduceOp.X`` / ``RedOpType.X``, or a name string."""
-    if isinstance(op, ReduceOp):
-        return op
-    name = getattr(op, "name", None) or (op if isinstance(op, str) else None)
-    if name is None:
-        text = str(op)  # torch: "RedOpType.SUM" or "ReduceOp.SUM"
-        name = text.rsplit(".", 1)[-1]
-    found = getattr(ReduceOp, str(name).upper(), None)
-    if not isinstance(found, ReduceOp):
-        raise InvalidArgument(f"unsupported reduce op {op!r}; use rankwise.ReduceOp.SUM/AVG/"
-                              "PRODUCT/MIN/MAX/BAND/BOR/BXOR")
-    return found
+__all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "coerce_reduce_op", "dtype_by_code",
+           "premultiply", "reduce_into", "reduce_op_by_code"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +181,7 @@ def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
 _UFUNCS: dict[str, dict[str, Callable[..., Any]]] = {
     "SUM": {"num": np.add, "bool": np.logical_or},
     "AVG": {"num": np.add},
+    "PREMUL_SUM": {"num": np.add},  # the factor is applied before (``premultiply``)
     "PRODUCT": {"num": np.multiply, "bool": np.logical_and},
     "MIN": {"num": np.minimum, "bool": np.logical_and},
     "MAX": {"num": np.maximum, "bool": np.logical_or},
@@ -251,9 +199,9 @@ def check_reducible(d: DType, op: ReduceOp, what: str) -> None:
     if op.name in ("BAND", "BOR", "BXOR") and d.kind not in ("int", "uint", "bool"):
         raise InvalidArgument(f"{what}: ReduceOp.{op.name} needs an integer or bool tensor, "
                               f"got {d.name}")
-    if op.name == "AVG" and d.kind not in ("float", "bfloat16", "complex"):
-        raise InvalidArgument(f"{what}: ReduceOp.AVG needs a floating-point tensor, got "
-                              f"{d.name}; use SUM and divide yourself")
+    if op.name in ("AVG", "PREMUL_SUM") and d.kind not in ("float", "bfloat16", "complex"):
+        raise InvalidArgument(f"{what}: ReduceOp.{op.name} needs a floating-point tensor, got "
+                              f"{d.name}; use SUM and divide (or multiply) yourself")
     if op.name in ("MIN", "MAX") and d.kind == "complex":
         raise InvalidArgument(f"{what}: ReduceOp.{op.name} is undefined for complex tensors")
 
@@ -288,6 +236,22 @@ def reduce_into(dst: npt.NDArray[Any], src: npt.NDArray[Any], d: DType, op: Redu
             fn(dst, src, out=dst)
     else:
         fn(dst, src, out=dst)
+
+
+def premultiply(arr: npt.NDArray[Any], d: DType, op: ReduceOp | None) -> None:
+    """PREMUL_SUM's first step, on this rank's own contribution: ``arr *= factor``.
+
+    A no-op for every other operator, so each reducing collective calls it unconditionally
+    on the buffer it is about to send (the user's tensor where torch overwrites it anyway,
+    a private copy otherwise)."""
+    if op is None or op.factor is None:
+        return
+    if d.kind == "bfloat16":
+        f = _bf16_to_f32(arr)
+        f *= np.float32(op.factor)
+        _f32_to_bf16(f, arr)
+    else:
+        np.multiply(arr, op.factor, out=arr, casting="unsafe")
 
 
 def divide_in_place(arr: npt.NDArray[Any], d: DType, n: int) -> None:

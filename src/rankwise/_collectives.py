@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from ._buffers import Buffer, DType, ReduceOp, as_buffer, check_reducible, coerce_reduce_op
+from ._buffers import (
+    Buffer,
+    DType,
+    ReduceOp,
+    as_buffer,
+    check_reducible,
+    coerce_reduce_op,
+    premultiply,
+)
 from ._callsite import capture
 from ._comm import Activity
 from ._group import ProcessGroup
@@ -40,19 +48,22 @@ _OP_NAMES = {op: op.name for op in Op}
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
-           engine: Engine | None = None) -> Work | None:
+           engine: Engine | None = None, shape: tuple[int, ...] | None = None,
+           outputs: list[Any] | None = None) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
-    inline or, with ``async_op``, on the async worker."""
+    inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
+    for messages only (the fingerprint compares element counts, as before).
+    ``outputs``: the user's output tensors, the value of the ``Work``'s future."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count)
     runner = group.engine if engine is None else engine
-    seq, record = group.begin(fp, site, frames=runner.framed)
+    seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
     call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
     if async_op:
         work = run_async(f"{op.name} #{seq} on {group.name}",
-                         lambda: _run(runner, call, body, op))
+                         lambda: _run(runner, call, body, op), outputs)
         if runner.serial:
             group.queued = work
         return work
@@ -114,7 +125,8 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     buf = as_buffer(tensor, "tensor", writable=True)
     root = _root(g, src, group_src, "src")
     return launch(g, Op.broadcast, buf.dtype, buf.numel, None, root,
-                  lambda engine, call: engine.broadcast(call, buf.array, root), async_op)
+                  lambda engine, call: engine.broadcast(call, buf.array, root), async_op,
+                  shape=buf.shape, outputs=[tensor])
 
 
 def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name: str,
@@ -142,8 +154,13 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "all_reduce")
     arr = buf.array
-    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
-                  lambda engine, call: engine.all_reduce(call, arr), async_op)
+
+    def body(engine: Engine, call: Call) -> None:
+        premultiply(arr, buf.dtype, rop)
+        engine.all_reduce(call, arr)
+
+    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, async_op,
+                  shape=buf.shape, outputs=[tensor])
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
@@ -154,8 +171,13 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "reduce")
     root = _root(g, dst, group_dst, "dst")
-    return launch(g, Op.reduce, buf.dtype, buf.numel, rop, root,
-                  lambda engine, call: engine.reduce(call, buf.array, root), async_op)
+
+    def body(engine: Engine, call: Call) -> None:
+        premultiply(buf.array, buf.dtype, rop)  # torch leaves non-root tensors undefined
+        engine.reduce(call, buf.array, root)
+
+    return launch(g, Op.reduce, buf.dtype, buf.numel, rop, root, body, async_op,
+                  shape=buf.shape, outputs=[tensor])
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
@@ -174,7 +196,8 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
-    return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op)
+    return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op,
+                  shape=mine.shape, outputs=[list(tensor_list)])
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -196,7 +219,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
-    return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op)
+    return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op,
+                  shape=mine.shape, outputs=[output_tensor])
 
 
 def _root_slots(g: ProcessGroup, root: int, xs: Any, ref: Buffer, op: str, name: str,
@@ -227,7 +251,8 @@ def gather(tensor: Any, gather_list: Any = None, dst: int | None = None, group: 
     root = _root(g, dst, group_dst, "dst", default=0)
     slots = _root_slots(g, root, gather_list, mine, "gather", "gather_list", "dst", True)
     return launch(g, Op.gather, mine.dtype, mine.numel, None, root,
-                  lambda engine, call: engine.gather(call, mine.array, slots, root), async_op)
+                  lambda engine, call: engine.gather(call, mine.array, slots, root), async_op,
+                  shape=mine.shape)
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group: Any = None,
@@ -239,7 +264,8 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group
     root = _root(g, src, group_src, "src", default=0)
     slots = _root_slots(g, root, scatter_list, out, "scatter", "scatter_list", "src", False)
     return launch(g, Op.scatter, out.dtype, out.numel, None, root,
-                  lambda engine, call: engine.scatter(call, out.array, slots, root), async_op)
+                  lambda engine, call: engine.scatter(call, out.array, slots, root), async_op,
+                  shape=out.shape)
 
 
 def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -277,10 +303,11 @@ def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, 
     chunks = [work[i * m:(i + 1) * m] for i in range(n)]
 
     def body(engine: Engine, call: Call) -> None:
+        premultiply(work, out.dtype, rop)  # a private copy of the input
         engine.reduce_scatter(call, chunks)
         out.array[...] = chunks[call.rank]
 
-    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op)
+    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op, shape=out.shape, outputs=[out.original])
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -28,15 +29,24 @@ from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
 from ._wire import Frame, Kind, encode_header
 from .checks.calls import describe_call, mismatch_advice
+from .checks.deadlock import DeadlockWatch, blocked_state
 from .checks.report import (
     build_report,
     format_where,
     mismatch_report,
     rank_list,
+    reported_shape,
     stalled_mismatch,
 )
 from .checks.where import WhereService
-from .errors import CollectiveMismatch, DistError, DistNetworkError, DistTimeout, PeerFailure
+from .errors import (
+    CollectiveMismatch,
+    DeadlockError,
+    DistError,
+    DistNetworkError,
+    DistTimeout,
+    PeerFailure,
+)
 from .transport.base import Transport
 
 __all__ = ["Activity", "Communicator"]
@@ -88,6 +98,9 @@ class Communicator:
         #: latest call here, by global rank ("" when they have not seen one)
         self.peer_call_sources: list[Callable[[int], str]] = []
         self.activity = Activity()
+        #: the thread that made this communicator (the user's): a who-is-where answer
+        #: reads its stack to say where a rank that is not in a rankwise call is busy
+        self.user_thread = threading.get_ident()
         self._last_record: tuple[Any, str] | None = None
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
@@ -97,6 +110,8 @@ class Communicator:
         self.closed = False
         #: seconds a wait may last before this rank asks everyone where they are
         self.warn_after = _env_seconds("RANKWISE_WARN_AFTER", 30.0)
+        #: asks whether every rank is blocked for good, from a wait's first second on
+        self.deadlock = DeadlockWatch(self)
         self._diagnosing = False
         self._diag_lock = threading.Lock()
         self._diag_done: threading.Event | None = None
@@ -106,6 +121,12 @@ class Communicator:
             from .diagnosis.trace import Tracer
 
             self.tracer = Tracer(trace_dir, rank)
+        self.dumper: Any = None  #: RANKWISE_DUMP's post-mortem writer (diagnosis.dump)
+        dump_dir = os.environ.get("RANKWISE_DUMP")
+        if dump_dir:
+            from .diagnosis.dump import Dumper
+
+            self.dumper = Dumper(dump_dir, self)
         transport.start(self)
 
     # --- calls (hot path: no formatting here) ----------------------------------------------
@@ -222,8 +243,7 @@ class Communicator:
         record = group.record_of(a.seq) if group is not None else None
         if record is None:
             return f"{a.op}()"
-        fp = record.fp
-        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+        return str(record.describe(site=False))
 
     def _departed_error(self, rank: int, where: str) -> PeerFailure:
         doing = self._doing() or "a call"
@@ -252,10 +272,20 @@ class Communicator:
         message = str(info.get("message", ""))[:200000]
         origin = int(info.get("rank", src)) if str(info.get("rank", src)).isdigit() else src
         exc: DistError
-        if info.get("relayed_by") is not None and kind != "mismatch":
+        if info.get("relayed_by") is not None and kind not in ("mismatch", "deadlock"):
             exc = PeerFailure(f"{message}\n(passed on by rank {src}, which left after it)",
                               rank=origin, remote_traceback=str(info.get("traceback", "")),
                               last_collective=str(info.get("last", "")))
+        elif kind == "deadlock":
+            calls = info.get("ranks")
+            exc = DeadlockError(message + f"\n(detected by rank {origin}; reported to rank "
+                                f"{self.rank})",
+                                {int(r): str(c) for r, c in calls.items() if str(r).isdigit()}
+                                if isinstance(calls, dict) else None)
+            seen = info.get("reports")
+            if isinstance(seen, dict):
+                exc.reports = {int(r): rep for r, rep in seen.items()
+                               if str(r).isdigit() and isinstance(rep, dict)}
         elif kind == "mismatch":
             exc = CollectiveMismatch(message + f"\n(detected by rank {origin}; reported to "
                                      f"rank {self.rank})")
@@ -340,6 +370,8 @@ class Communicator:
                 raise
             table = self._check_where(f"rank {self.rank} timed out in "
                                       f"{self._doing() or 'a wait'}")
+            if self.dumper is not None:
+                self.dumper.write(f"DistTimeout: {what()}")
             failure = self.router.failure
             if isinstance(failure, CollectiveMismatch):  # the table explained the hang
                 raise failure from None
@@ -385,20 +417,38 @@ class Communicator:
         """The waiting itself, in the phases ``wait`` describes."""
         if pending.completed:
             return pending.wait(deadline, what)
+        start = time.monotonic()
         if self.transport.driving():
             self._drive(pending, deadline if quiet else
-                        min(deadline, time.monotonic() + self.warn_after))
+                        min(deadline, start + min(self.warn_after, self.deadlock.after)))
             if pending.completed:
                 return pending.wait(deadline, what)  # an error: ``wait`` stops driving
-            self.transport.drive_end()  # past the warning threshold: the I/O thread reads
-        if not quiet and not patient:
-            warn_at = time.monotonic() + self.warn_after
-            if warn_at < deadline:
-                try:
-                    return pending.wait(warn_at, what)
-                except DistTimeout:
-                    self._warn_slow(what)
-        return pending.wait(deadline, what)
+            self.transport.drive_end()  # past the first threshold: the I/O thread reads
+        if quiet:
+            return pending.wait(deadline, what)
+        return self._watch(pending, start, deadline, what, patient)
+
+    def _watch(self, pending: Pending, start: float, deadline: float,
+               what: Callable[[], str], patient: bool) -> Frame:
+        """A wait past the fast path: from ``deadlock.after`` s on, ask (backing off)
+        whether every rank is blocked for good; at ``warn_after`` s log who is where
+        (not when ``patient``); at ``deadline`` time out."""
+        warn_at = math.inf if patient else start + self.warn_after
+        probe_at = start + self.deadlock.after
+        while True:
+            until = min(warn_at, probe_at)
+            if until >= deadline:
+                return pending.wait(deadline, what)
+            try:
+                return pending.wait(until, what)
+            except DistTimeout:
+                pass
+            now = time.monotonic()
+            if now >= warn_at:
+                warn_at = math.inf
+                self._warn_slow(what)
+            if now >= probe_at:
+                probe_at = time.monotonic() + self.deadlock.probe(now - start)
 
     def _drive(self, pending: Pending, limit: float) -> None:
         """Read for ourselves until ``pending`` completes or ``limit`` (transport.drive_begin)."""
@@ -469,21 +519,31 @@ class Communicator:
 
     # --- failures ---------------------------------------------------------------------------
 
-    def _on_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str) -> None:
+    def _mismatch_message(self, frame: Frame, fp: Fingerprint | None, detail: str,
+                          reports: dict[int, dict[str, Any]] | None = None) -> str:
+        """Both calls, in the user's words. The peer's tensor shape is not in its frame
+        (which carries element counts): it comes from its report, when there is one."""
+        shape = (None if reports is None else
+                 reported_shape(reports, frame.src, frame.group, frame.seq))
         theirs = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root,
-                               self.peer_sites[frame.src].get(frame.site))
-        ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
-                              self._site_of_seq(frame.group, frame.seq))
-                if fp is not None else "(a different call)")
+                               self.peer_sites[frame.src].get(frame.site), shape)
         group = self.groups.get(frame.group)
+        record = group.record_of(frame.seq) if group is not None else None
+        ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
+                              self._site_of_seq(frame.group, frame.seq),
+                              record.shape if record is not None else None)
+                if fp is not None else "(a different call)")
         gname = f"group {frame.group}" if group is None else group.name
-        message = (
+        return (
             f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
             + mismatch_advice(frame.op, frame.root, fp.op if fp is not None else 0,
                               fp.root if fp is not None else 0)
         )
+
+    def _on_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str) -> None:
+        message = self._mismatch_message(frame, fp, detail)
         with self._diag_lock:
             if self._diagnosing or self.router.failure is not None:
                 return
@@ -498,28 +558,36 @@ class Communicator:
             self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message},
                                  background=True)
             return
-        threading.Thread(target=self._diagnose_mismatch, args=(frame, message, exc),
+        threading.Thread(target=self._diagnose_mismatch, args=(frame, fp, detail, exc),
                          name="rankwise-diagnose", daemon=True).start()
 
-    def _diagnose_mismatch(self, frame: Frame, message: str, exc: CollectiveMismatch) -> None:
+    def _diagnose_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str,
+                           exc: CollectiveMismatch) -> None:
         """Off the I/O thread: gather every rank's history (bounded), complete the
         exception's message, tell the peers, then release this rank's waiters."""
         assert self._diag_done is not None
         report = ""
+        message = str(exc)
         try:
-            report = mismatch_report(self.where_is_everyone(2.0), frame.group, frame.seq,
-                                     self.rank, frame.src)
+            reports = self.where_is_everyone(2.0)
+            message = self._mismatch_message(frame, fp, detail, reports)
+            report = mismatch_report(reports, frame.group, frame.seq, self.rank, frame.src)
         except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
             report = f"(the divergence report failed: {err!r})"
         full = message + ("\n\n" + report if report else "")
         exc.args = (full,)
         try:
-            # peers before our own raise: this rank may exit right after, and the abort
-            # must reach them before its closed connection does
-            self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": full,
-                                  "report": self.where.mine()})
+            self.tell_mismatch(full)
         finally:
             self._diag_done.set()
+
+    def tell_mismatch(self, message: str) -> None:
+        """Tell the peers about a mismatch this rank found, with this rank's report.
+        Peers before our own raise: this rank may exit right after, and the abort must
+        reach them before its closed connection does; a peer still gathering reports for
+        its own message then has our history even if its question comes after we left."""
+        self.broadcast_abort({"kind": "mismatch", "rank": self.rank, "message": message,
+                              "report": self.where.mine()})
 
     def await_diagnosis(self, timeout: float = 5.0) -> None:
         """Block (bounded) until a mismatch report being built is in its exception."""
@@ -552,7 +620,9 @@ class Communicator:
         peer, a mismatch): it names the rank where it started, so peers that hear from us
         first blame the right rank, not us."""
         origin = getattr(failure, "rank", None)
-        return {"kind": "mismatch" if isinstance(failure, CollectiveMismatch) else "exception",
+        kind = ("mismatch" if isinstance(failure, CollectiveMismatch) else
+                "deadlock" if isinstance(failure, DeadlockError) else "exception")
+        return {"kind": kind,
                 "rank": self.rank if origin is None else origin, "relayed_by": self.rank,
                 "message": str(failure)[:20000],
                 "traceback": str(getattr(failure, "remote_traceback", ""))[:40000],
@@ -580,11 +650,16 @@ class Communicator:
                 log.warning("rankwise: could not write the trace of rank %d: %s", self.rank, exc)
         failure = self.router.failure
         if failure is None:
+            # answers to "where are you?" first: a peer stops waiting for ours once it has
+            # our goodbye, so an answer sent after it would be lost ("exited" in its report)
+            self.where.settle(min(timeout, 1.0))
             self._tell_everyone(Kind.BYE, where.encode()[:2000], time.monotonic() + timeout)
         else:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
             # notices our closed connection before the original one blames us.
             self.broadcast_abort(self.relay_of(failure), timeout=timeout)
+            if self.dumper is not None:
+                self.dumper.write(f"left after {type(failure).__name__}: {failure}")
         self.where.settle(min(timeout, 1.0))
         self.closed = True
         self.transport.close()
@@ -601,7 +676,9 @@ class Communicator:
     # --- who is where -----------------------------------------------------------------------
 
     def _report(self) -> dict[str, Any]:
-        return build_report(self)
+        report = build_report(self)
+        report["blocked"] = blocked_state(self)  # what the deadlock detector compares
+        return report
 
     @property
     def departures(self) -> dict[int, str]:

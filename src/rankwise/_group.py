@@ -35,10 +35,12 @@ class CallRecord:
     site: CallSite
     started: float
     finished: float = 0.0
+    shape: tuple[int, ...] | None = None  #: the user's tensor's, shown in messages
 
-    def describe(self) -> str:
+    def describe(self, site: bool = True) -> str:
         fp = self.fp
-        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, self.site)
+        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
+                             self.site if site else None, self.shape)
 
 
 class ProcessGroup:
@@ -63,6 +65,11 @@ class ProcessGroup:
         #: the last async call queued on a serial engine (see ``Engine.serial``)
         self.queued: Work | None = None
         comm.groups[group_id] = self  # who-is-where reports read every group's history
+
+    def engine_name(self) -> str:
+        """The engine that moves this group's collective data (``"shm"`` or ``"tcp"``);
+        ``get_backend`` reports the backend name the user asked for instead, as torch."""
+        return self.engine.name
 
     # torch-compatible accessors
     def rank(self) -> int:
@@ -90,8 +97,8 @@ class ProcessGroup:
             )
         return idx
 
-    def begin(self, fp: Fingerprint, site: CallSite,
-              frames: bool = True) -> tuple[int, CallRecord]:
+    def begin(self, fp: Fingerprint, site: CallSite, frames: bool = True,
+              shape: tuple[int, ...] | None = None) -> tuple[int, CallRecord]:
         """Take the next sequence number and register the call (before any I/O).
 
         ``frames``: the call's data moves in frames (message engine), so the router must
@@ -102,7 +109,7 @@ class ProcessGroup:
         self.comm.router.check_alive()
         self.seq += 1
         seq = self.seq
-        record = CallRecord(seq, fp, site, time.time())
+        record = CallRecord(seq, fp, site, time.time(), 0.0, shape)
         self.history.append(record)
         self._records[seq] = record
         self._records.pop(seq - HISTORY, None)

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -30,10 +31,11 @@ from ._callsite import capture
 from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
-from .engines.select import choose_engine, requested_engine
+from .checks.groups import GroupEntry, agree_on_group
+from .engines.select import choose_engine, host_identity, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.mesh import Mesh, exited_peers, local_address_for
-from .transport.tcp import TcpTransport
+from .transport.factory import open_transport, requested_transport
+from .transport.mesh import exited_peers, local_address_for
 
 __all__ = [
     "destroy_process_group",
@@ -46,18 +48,22 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
-_BACKENDS = {"tcp": "tcp", "gloo": "tcp", "cpu:gloo": "tcp", "cpu:tcp": "tcp"}
+#: what init_process_group accepts; every one runs on rankwise's own engines
+BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp"))
 _TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
+    """The backend name ``get_backend`` reports: what was asked, lower-cased, as torch does
+    (``"gloo"``, ``"cpu:gloo"``). Which engine moves the data is the group's own business
+    (``ProcessGroup.engine_name()``: ``"shm"`` or ``"tcp"``)."""
     if backend is None:
         return "tcp"
     if not isinstance(backend, str):
         raise InvalidArgument(f"backend must be a string, got {backend!r}")
     name = backend.lower()
-    if name in _BACKENDS:
-        return name if name in ("tcp", "gloo") else "tcp"
+    if name in BACKENDS:
+        return name
     if "nccl" in name or "cuda" in name:
         raise InvalidArgument(
             f"backend {backend!r} needs GPU support, which rankwise has not built yet; use "
@@ -131,6 +137,7 @@ def init_process_group(
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
     requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
+    requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -140,21 +147,35 @@ def init_process_group(
     restart = os.environ.get("RANKWISE_RESTART_COUNT") or \
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
 
+    # arguments and environment first: their errors are raised before any I/O, and are
+    # not init failures for the doctor to explain by probing ports
     if store is None:
-        store, rank, world_size, master_addr = _make_store(
-            init_method or "env://", rank, world_size, timeout_s, secret)
+        spec = _resolve_store(init_method or "env://", rank, world_size)
+        rank, world_size, master_addr = spec.rank, spec.world_size, spec.host
     else:
         _validate_rank_world(rank, world_size)
         master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    stage = "store"  # what init was doing when it failed: the doctor's hint for the port
+    try:
+        if store is None:
+            store = _open_store(spec, timeout_s, secret)
+        stage = "rendezvous"
 
-    from .store import PrefixStore
+        from .store import PrefixStore
 
-    scoped = PrefixStore(f"rankwise/{restart}", store)
-    job = _rendezvous(scoped, rank, world_size, timeout_s,
-                      hosting=getattr(store, "server", None) is not None)
-    bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-    socks = Mesh(rank, world_size, scoped, job, secret, bind, timeout_s).connect()
-    comm = Communicator(rank, world_size, TcpTransport(rank, world_size, socks))
+        scoped = PrefixStore(f"rankwise/{restart}", store)
+        job = _rendezvous(scoped, rank, world_size, timeout_s,
+                          hosting=getattr(store, "server", None) is not None)
+        bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
+        transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
+    except DistError as exc:
+        if not isinstance(exc, InvalidArgument):
+            from .doctor import explain_init_failure
+
+            explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
+                                 token=secret)
+        raise
+    comm = Communicator(rank, world_size, transport)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
     world = World(comm, default, store, scoped, backend_name, timeout_s)
@@ -162,13 +183,28 @@ def init_process_group(
     comm.site_lookup = world.site_lookup
     set_world(world)
     _install_hooks()
+    if comm.dumper is not None:
+        from .diagnosis.dump import install_signal_dumps
+
+        install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s)
 
 
-def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
-                secret: bytes | None) -> tuple[Any, int, int, str]:
-    from .store import FileStore, TCPStore
+@dataclass(frozen=True)
+class _StoreSpec:
+    """Where the store is and who this rank is, read from ``init_method`` and the
+    environment before any I/O (so a bad argument is an error of its own, not a failed
+    connection the doctor would go probing for)."""
 
+    scheme: str  #: "env"/"tcp" (a TCPStore at host:port) or "file" (a FileStore at path)
+    rank: int
+    world_size: int
+    host: str
+    port: int = 0
+    path: str = ""
+
+
+def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
     url = urlparse(init_method)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if "rank" in query and rank == -1:
@@ -176,6 +212,7 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
     if "world_size" in query and world_size == -1:
         world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
+        _refuse_torchrun_store()
         rank, world_size, addr, port = _from_cluster_env(
             rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
@@ -184,22 +221,40 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout_s: float,
                                   "or of the launcher's store), e.g. MASTER_ADDR=127.0.0.1")
         if port is None:
             raise InvalidArgument("init_method='env://' needs MASTER_PORT, e.g. MASTER_PORT=29500")
-        return _tcp_store(TCPStore, addr, port, rank, world_size, timeout_s, secret), rank, \
-            world_size, addr
+        return _StoreSpec("env", rank, world_size, addr, port)
     if url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise InvalidArgument(f"init_method {init_method!r} must look like tcp://host:port")
         _validate_rank_world(rank, world_size)
-        return _tcp_store(TCPStore, url.hostname, url.port, rank, world_size, timeout_s,
-                          secret), rank, world_size, url.hostname
+        return _StoreSpec("tcp", rank, world_size, url.hostname, url.port)
     if url.scheme == "file":
         _validate_rank_world(rank, world_size)
-        path = url.path
-        if not path:
+        if not url.path:
             raise InvalidArgument(f"init_method {init_method!r} must look like file:///path")
-        return FileStore(path, world_size), rank, world_size, "127.0.0.1"
+        return _StoreSpec("file", rank, world_size, "127.0.0.1", path=url.path)
     raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
                           "tcp://host:port or file:///path")
+
+
+def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
+    from .store import FileStore, TCPStore
+
+    if spec.scheme == "file":
+        return FileStore(spec.path, spec.world_size)
+    return TCPStore(spec.host, spec.port, world_size=None,
+                    is_master=(spec.rank == 0 and not _agent()),
+                    timeout=timedelta(seconds=timeout_s), token=secret)
+
+
+def _refuse_torchrun_store() -> None:
+    """Under torchrun, MASTER_PORT is torch's own store (hosted by its agent), which speaks
+    another protocol: connecting there would wait the whole timeout and then blame the
+    store. Say what is wrong and what to run instead, before any I/O."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1":
+        raise RendezvousError(
+            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
+            "store, not rankwise's: start it with `rankwise run` instead (same options, e.g. "
+            "`rankwise run --nproc-per-node 2 script.py`)")
 
 
 def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
@@ -210,12 +265,10 @@ def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
                               "an integer") from None
 
 
-def _tcp_store(cls: Any, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-               secret: bytes | None) -> Any:
-    agent = (os.environ.get("RANKWISE_AGENT_STORE") in _TRUE
-             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
-    return cls(host, port, world_size=None, is_master=(rank == 0 and not agent),
-               timeout=timedelta(seconds=timeout_s), token=secret)
+def _agent() -> bool:
+    from .launch.env import uses_agent_store
+
+    return uses_agent_store(os.environ)
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
@@ -402,8 +455,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
               use_local_synchronization: bool = False, group_desc: str | None = None) -> Any:
     """Create a group; like torch, every rank of the job must call it, in the same order."""
     world = current()
-    if backend is not None:
-        _check_backend(backend)
+    backend_name = world.backend if backend is None else _check_backend(backend)
     members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
     for r in members:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:
@@ -413,13 +465,31 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     if not members:
         raise InvalidArgument("new_group: ranks must not be empty")
     members = sorted(members)
+    limit = seconds(timeout, world.timeout)
     gid = world.next_group_id(members)
-    if world.comm.rank not in members:
+    comm = world.comm
+    # every rank, member or not, says which group it creates now: out of order is an
+    # error here, on every rank (see checks.groups); the hosts serve the engine choice
+    entries = agree_on_group(world.rendezvous, world.group_counter,
+                             GroupEntry(tuple(members), capture(), host_identity()),
+                             comm.rank, comm.world_size, limit)
+    if comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
-    group = ProcessGroup(world.comm, gid, members, seconds(timeout, world.timeout),
-                         world.backend, group_desc or f"group {members}")
+    return make_group(world, gid, members, limit, group_desc or f"group {members}",
+                      backend_name, hosts=[entries[r].host for r in members])
+
+
+def make_group(world: World, gid: int, members: list[int], timeout_s: float, desc: str,
+               backend_name: str | None = None,
+               hosts: list[str] | None = None) -> ProcessGroup:
+    """Build, register and give an engine to the group ``gid`` of the sorted global ranks
+    ``members``; only members call it. Shared by ``new_group`` and the torch backend
+    (torch asks only the members, and names the group itself). ``hosts``: the members'
+    host identities when a round already gathered them (else the engine choice asks)."""
+    group = ProcessGroup(world.comm, gid, members, timeout_s,
+                         world.backend if backend_name is None else backend_name, desc)
     world.register(group)
-    group.engine = choose_engine(group, world.rendezvous, group.timeout)
+    group.engine = choose_engine(group, world.rendezvous, group.timeout, hosts=hosts)
     return group
 
 
@@ -444,6 +514,8 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
             world.comm.broadcast_abort(info)
         except Exception:  # noqa: BLE001, S110 - the original error matters more
             pass
+        if world.comm.dumper is not None:
+            world.comm.dumper.write(f"uncaught {exc_type.__name__}: {exc}")
     _previous_excepthook(exc_type, exc, tb)
 
 

@@ -563,6 +563,10 @@ class Router:
         with self._lock:
             first = self._failed is None
             if first:
+                # raised again from every wait of every thread: whatever exception one of
+                # them happened to be handling is not its context (a job-wide DeadlockError
+                # printed under a "PeerFailure ... during handling" header misleads)
+                exc.__suppress_context__ = True
                 self._failed = exc
             self._news.notify_all()
             waiters = list(self._coll_posted.values())

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ._future import Future
 from .errors import DistTimeout
 
-__all__ = ["Work", "completed_work", "run_async"]
+__all__ = ["Work", "completed_work", "in_flight", "run_async"]
 
 
 class Work:
@@ -26,10 +27,35 @@ class Work:
         self._result = result
         self.description = description
         self._on_done: list[Callable[[], None]] = []
+        self._future: Future | None = None
+        self._future_lock = threading.Lock()
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        self._done.set()
+        with self._future_lock:
+            self._done.set()
+            future = self._future
+        if future is not None:
+            self._settle(future)
+
+    def _settle(self, future: Future) -> None:
+        if self._error is not None:
+            future.set_exception(self._error)
+        else:
+            future.set_result(self._result)
+
+    def get_future(self) -> Future:
+        """A ``Future`` completed with this call's output tensors (a list, as torch's) when
+        the call completes, or with its error; ``then`` chains work after it (DDP
+        communication hooks)."""
+        with self._future_lock:
+            if self._future is not None:
+                return self._future
+            self._future = future = Future()
+            done = self._done.is_set()
+        if done:
+            self._settle(future)
+        return future
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; re-raise its error in this thread."""
@@ -86,6 +112,11 @@ class _Worker:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Work, Callable[[], None]] | None] = \
             queue.SimpleQueue()
+        #: jobs handed in and jobs ended: their difference is the async work in flight,
+        #: which the deadlock detector must see (it may still satisfy someone's wait).
+        #: ``submitted`` changes under ``_worker_lock``, ``ended`` on the worker only.
+        self.submitted = 0
+        self.ended = 0
         self._thread = threading.Thread(target=self._run, name="rankwise-async", daemon=True)
         self._thread.start()
 
@@ -103,6 +134,7 @@ class _Worker:
                 del exc
             else:
                 work._finish()
+            self.ended += 1
             # drop the finished job now, not when the next one arrives (see the class doc)
             del work, fn
 
@@ -122,14 +154,21 @@ _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
 
-def run_async(description: str, fn: Callable[[], None]) -> Work:
+def run_async(description: str, fn: Callable[[], None], result: Any = None) -> Work:
     global _worker
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()
-    work = Work(description)
-    _worker.submit(work, fn)
+        work = Work(description, result)
+        _worker.submitted += 1
+        _worker.submit(work, fn)
     return work
+
+
+def in_flight() -> int:
+    """Async operations of this process handed in and not yet ended (slow path only)."""
+    worker = _worker
+    return 0 if worker is None else max(0, worker.submitted - worker.ended)
 
 
 def stop_worker(timeout: float = 5.0) -> None:

@@ -7,6 +7,8 @@ catches all of them and nothing from the socket layer leaks through unexplained:
      ├─ DistTimeout                a bounded wait ran out; carries the who-is-where report
      ├─ PeerFailure                another rank died, raised, or left; carries its rank
      ├─ CollectiveMismatch         ranks called different collectives/shapes/dtypes/roots/ops
+     ├─ DeadlockError              every live rank is blocked in a rankwise call and none can
+     │                             ever be woken (a wait-for cycle across groups and p2p)
      ├─ DistNetworkError           connect/listen/send failures (port in use, unreachable master)
      ├─ RendezvousError            init could not form the group (missing or duplicate ranks,
      │                             disagreeing world sizes)
@@ -25,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "AuthError",
     "CollectiveMismatch",
+    "DeadlockError",
     "DistError",
     "DistNetworkError",
     "DistTimeout",
@@ -73,6 +76,21 @@ class PeerFailure(DistError):
 
 class CollectiveMismatch(DistError):
     """Ranks made different calls at the same point of a group's collective sequence."""
+
+
+class DeadlockError(DistError):
+    """Every live rank is blocked in a rankwise call and none of them can ever proceed.
+
+    Raised on every rank at once, about a second after the last rank blocked, instead of
+    waiting for the timeout: the message names each rank's call, group and file:line and
+    whom it waits for. ``ranks`` maps each global rank to that one-line description.
+    """
+
+    def __init__(self, message: str, ranks: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.ranks = dict(ranks or {})
+        #: every rank's who-is-where report when the deadlock was confirmed (post-mortems)
+        self.reports: dict[int, dict[str, object]] = {}
 
 
 class DistNetworkError(DistError):

@@ -32,8 +32,10 @@ def barrier_name_code(name: str) -> int:
 
 
 def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
-                  site: CallSite | None) -> str:
-    """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``."""
+                  site: CallSite | None, shape: tuple[int, ...] | None = None) -> str:
+    """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``; with the user's
+    tensor's ``shape`` (when it is not flat): ``all_reduce(float32[2, 2], op=SUM)``.
+    Shapes are only shown: ranks agree when their element counts do."""
     name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
     args = []
     if op == Op.barrier and count > 0:
@@ -44,7 +46,9 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
                         else f"block at {label.partition('@')[2] or label}")
         else:
             args.append(f"name={label!r}" if label is not None else f"name=#{count & 0xFFFFFFFF:08x}")
-    if dtype:
+    if dtype and shape is not None and len(shape) != 1:
+        args.append(f"{dtype_name(dtype)}[{', '.join(map(str, shape))}]")
+    elif dtype:
         args.append(f"{dtype_name(dtype)} x {count}" if count >= 0 else dtype_name(dtype))
     rop = reduce_op_by_code(reduce)
     if rop is not None:

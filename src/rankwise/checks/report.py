@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any
 
+from .._callsite import stack_of
 from .calls import describe_call
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
-           "stalled_mismatch"]
+           "reported_shape", "stalled_mismatch"]
 
 HISTORY_SENT = 16  #: calls per group a rank puts in its report
 GROUPS_SENT = 16  #: groups per report (most recently created)
@@ -68,10 +70,22 @@ def _state(comm: Any, now: float) -> str:
         if a.patient:
             text += " (rank_zero_first: waiting, without timeout, for rank 0's block)"
         return text
-    clock = time.strftime("%H:%M:%S", time.localtime(a.since))
     last = comm.last_call
-    return (f"running user code since {clock} ({since:.1f}s)"
+    return (f"running user code{_busy_at(comm.user_thread)}, {since:.1f} s"
             + (f" (last call: {last})" if last else " (no collective yet)"))
+
+
+def _busy_at(thread: int) -> str:
+    """`` at train.py:7 in load_data <- train.py:12 in main (time.sleep)``: where the
+    user's thread is now. Read only here, when someone asks where this rank is (the
+    responder thread answering WHERE): the fast path never looks at stacks."""
+    frame = sys._current_frames().get(thread)
+    if frame is None:
+        return " (its thread has ended)"
+    site, callee = stack_of(frame)
+    if not site.frames:
+        return ""
+    return f" at {site.chain}" + (f" ({callee})" if callee else "")
 
 
 def build_report(comm: Any) -> dict[str, Any]:
@@ -92,6 +106,7 @@ def build_report(comm: Any) -> dict[str, Any]:
         "site": a.site.short if a.op else "",
         "chain": a.site.chain if a.op else "",
         "call": comm._call_of(a) if a.op and a.kind != "recv" else "",
+        "fp": _fingerprint_of(comm, a) if a.op and a.kind != "recv" else "",
     }
     failure = comm.router.failure
     if failure is not None:
@@ -101,10 +116,11 @@ def build_report(comm: Any) -> dict[str, Any]:
     for gid, group in list(comm.groups.items())[-GROUPS_SENT:]:
         entries = []
         for rec in group.recent(HISTORY_SENT):
-            fp = rec.fp
             entries.append({
                 "seq": rec.seq,
-                "call": _describe(fp),
+                "call": rec.describe(site=False),
+                "fp": _describe(rec.fp),
+                "shape": list(rec.shape) if rec.shape is not None else None,
                 "site": rec.site.short,
                 "chain": rec.site.chain,
                 "done": rec.finished > 0,
@@ -117,8 +133,28 @@ def build_report(comm: Any) -> dict[str, Any]:
 
 
 def _describe(fp: Any) -> str:
-
+    """The call as ranks compare it (element counts, not shapes): the key that says
+    whether two ranks' calls agree; the "call" text next to it is for the reader."""
     return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+
+
+def _fingerprint_of(comm: Any, a: Any) -> str:
+    group = comm.groups.get(a.group)
+    record = group.record_of(a.seq) if group is not None else None
+    return _describe(record.fp) if record is not None else comm._call_of(a)
+
+
+def reported_shape(reports: dict[int, dict[str, Any]], rank: int, group: int, seq: int
+                   ) -> tuple[int, ...] | None:
+    """The shape of ``rank``'s tensor in collective ``seq`` of ``group``, from its own
+    report: frames carry element counts only, so a peer's shape comes from here."""
+    entries = ((reports.get(rank) or {}).get("history") or {}).get(str(group))
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and e.get("seq") == seq and isinstance(e.get("shape"), list):
+            dims = e["shape"]
+            if len(dims) <= 64 and all(isinstance(d, int) for d in dims):
+                return tuple(dims)
+    return None
 
 
 # --- who is where --------------------------------------------------------------------------
@@ -193,13 +229,16 @@ def stalled_mismatch(reports: dict[int, dict[str, Any]]
     mismatch no frame revealed (crossed roots: every rank waits to receive, nobody
     sends). Returns (group, seq, {call: ranks}) or None."""
     seen: dict[tuple[int, int], dict[str, list[int]]] = {}
+    shown: dict[str, str] = {}
     for r, rep in reports.items():
         if rep.get("op") and rep.get("kind") == "collective" and rep.get("call"):
             key = (int(rep.get("group", 0)), int(rep.get("seq", 0)))
-            seen.setdefault(key, {}).setdefault(str(rep["call"]), []).append(r)
+            agree = str(rep.get("fp") or rep["call"])  # shapes may differ, counts not
+            shown.setdefault(agree, str(rep["call"]))
+            seen.setdefault(key, {}).setdefault(agree, []).append(r)
     for key in sorted(seen):
         if len(seen[key]) > 1:
-            return key[0], key[1], seen[key]
+            return key[0], key[1], {shown[k]: ranks for k, ranks in seen[key].items()}
     return None
 
 
@@ -224,9 +263,11 @@ def _partition(hist: dict[int, dict[int, dict[str, Any]]], seq: int
         e = hist[r].get(seq)
         if e is None:
             continue
-        key = (str(e.get("call")), str(e.get("chain")))
+        key = (str(e.get("fp") or e.get("call")), str(e.get("chain")))
         groups.setdefault(key, []).append(r)
-        sample.setdefault(key, e)
+        seen = sample.setdefault(key, e)
+        if seen.get("call") != e.get("call"):  # same counts, other shapes: show counts
+            sample[key] = {**seen, "call": seen.get("fp") or seen.get("call")}
     parts = [(ranks, sample[k]) for k, ranks in groups.items()]
     parts.sort(key=lambda p: (len(p[0]), p[0][0]))  # the odd one out first
     return parts

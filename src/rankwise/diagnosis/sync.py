@@ -71,8 +71,9 @@ def rank_zero_first(group: Any = None, local: bool = False,
     if limit <= 0:
         raise DistError(f"rank_zero_first timeout must be positive, got {timeout!r}")
     site = capture()  # the user's `with` line: the block's identity on every rank
-    label = (f"rank_zero_first@{os.path.basename(site.frames[0][0])}:{site.frames[0][1]}"
-             if site.frames else "rank_zero_first")
+    first = site.first
+    label = (f"rank_zero_first@{os.path.basename(first[0])}:{first[1]}"
+             if first is not None else "rank_zero_first")
     code = barrier_name_code(label)
     if _is_leader(g.group_rank, local):
         try:

@@ -86,9 +86,12 @@ def _exchange(store: Any, key: str, value: str, size: int, rank: int,
     return [store.get(k).decode("utf-8", "replace") for k in keys]
 
 
-def choose_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+def choose_engine(group: ProcessGroup, store: Any, timeout: float,
+                  hosts: list[str] | None = None) -> Engine:
     """The engine for ``group`` (its message engine unless shared memory can serve every
-    member). Collective over the group's members: each must call it, in group order."""
+    member). Collective over the group's members: each must call it, in group order.
+    ``hosts``: every member's ``host_identity()`` in group-rank order, when a round
+    already brought them (``new_group``'s order check); else one round here."""
     want = requested_engine()
     n, me = group.size(), group.group_rank
     if want == "torch-gloo":
@@ -98,7 +101,8 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     if want == "tcp" or n == 1:
         return group.messages
     prefix = f"engine/{group.id}"
-    hosts = _exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
+    if hosts is None:
+        hosts = _exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
     if len(set(hosts)) != 1:
         if want == "shm":
             apart = sorted({h.split("|", 1)[0] for h in hosts})

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._callsite import CallSite
 from ..checks.calls import describe_call, mismatch_advice
-from ..checks.report import mismatch_report
+from ..checks.report import mismatch_report, reported_shape
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from .base import Array, Call
 from .select import EngineUnavailable
@@ -49,6 +49,8 @@ class ShmEngine:
         self._lock = threading.Lock()
         core.ch.slow_after = self.comm.warn_after
         core.ch.on_slow = self._slow
+        core.ch.stuck_after = self.comm.deadlock.after
+        core.ch.on_stuck = self.comm.deadlock.probe
         self.comm.peer_call_sources.append(self._last_call_of)
 
     def _slow(self) -> None:
@@ -137,20 +139,26 @@ class ShmEngine:
         report (every rank's recent calls) when the ranks can still be asked."""
         op, dtype, count, reduce, root, site_id = exc.theirs
         their_site = CallSite.decode(site_id, exc.their_site) if exc.their_site else None
-        theirs = describe_call(op, dtype, count, reduce, root, their_site)
         fp = call.fp
-        ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site)
+        ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site,
+                             call.record.shape)
         peer = self.group.ranks[exc.peer]
+        reports: dict[int, dict[str, Any]] = {}
+        try:
+            reports = self.comm.where_is_everyone(2.0)
+            report = mismatch_report(reports, self.group.id, call.seq, self.comm.rank, peer)
+        except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
+            report = f"(the divergence report failed: {err!r})"
+        # the segment holds element counts; the peer's shape comes from its report
+        theirs = describe_call(op, dtype, count, reduce, root, their_site,
+                               reported_shape(reports, peer, self.group.id, call.seq))
         message = (f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
                    f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
                    + (f"{exc.detail}. " if exc.detail else "")
                    + mismatch_advice(fp.op, fp.root, op, root))
-        try:
-            report = mismatch_report(self.comm.where_is_everyone(2.0), self.group.id,
-                                     call.seq, self.comm.rank, peer)
-        except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
-            report = f"(the divergence report failed: {err!r})"
-        return CollectiveMismatch(message + ("\n\n" + report if report else ""))
+        full = message + ("\n\n" + report if report else "")
+        self.comm.tell_mismatch(full)
+        return CollectiveMismatch(full)
 
     # --- Engine ---------------------------------------------------------------------------
 

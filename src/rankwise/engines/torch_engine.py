@@ -21,10 +21,10 @@ import torch
 import torch.distributed as tdist
 
 from ..errors import CollectiveMismatch
+from ..store.torch_views import TorchStoreView
 from .base import Array, Call
 from .ring_check import RingCheck, check_mode
 from .torch_splits import check_splits
-from .torch_store import TorchStore
 from .torch_wait import WorkWaiter
 
 if TYPE_CHECKING:
@@ -100,9 +100,13 @@ class TorchEngine:
     #: the ring check's frames are collective frames: the router must know each call
     framed = True
 
-    def __init__(self, group: ProcessGroup, pg: Any, check: str) -> None:
+    def __init__(self, group: ProcessGroup, pg: Any, check: str,
+                 store: TorchStoreView | None = None) -> None:
         self.group = group
         self.pg = pg
+        #: the store view ``pg`` was built on: torch holds only its C++ half, and without
+        #: this reference the Python overrides vanish under it
+        self.store = store
         self.check = RingCheck(group, check)
         self.waiter = WorkWaiter(group.comm, self.name)
         group.comm.router.on_failure.append(self._abort)
@@ -112,12 +116,12 @@ class TorchEngine:
         from ..store.prefix import PrefixStore
 
         check = check_mode()  # before any I/O: a typo must not cost a rendezvous
-        tstore = TorchStore(PrefixStore(f"engine/{group.id}/torch/", store))
+        tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/torch/", store))
         opts = tdist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._timeout = timedelta(seconds=timeout + _TORCH_GRACE)
         opts._devices = [tdist.ProcessGroupGloo.create_default_device()]
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
-        return cls(group, pg, check)
+        return cls(group, pg, check, tstore)
 
     def _abort(self, failure: BaseException) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O

@@ -1,7 +1,9 @@
-"""``rankwise run`` / ``rankwise bench``: the command line, with torchrun's spellings accepted.
+"""``rankwise run`` / ``bench`` / ``analyze`` / ``doctor``: the command line, with torchrun's
+spellings accepted.
 
-Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job and
-:mod:`rankwise.launch.bench` owns the ``bench`` subcommand.
+Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job,
+:mod:`rankwise.launch.bench` owns the ``bench`` subcommand, :mod:`rankwise.diagnosis.analyze`
+``analyze``, and :mod:`rankwise.doctor` the checks of ``doctor``.
 """
 
 from __future__ import annotations
@@ -105,7 +107,28 @@ def build_parser() -> argparse.ArgumentParser:
     # parser sees it, so `rankwise run` never imports the benchmark's modules
     sub.add_parser("bench", help="time collectives: rankwise vs torch gloo (and MPI); "
                                  "see `rankwise bench --help`", add_help=False)
+    sub.add_parser("analyze", help="merge the RANKWISE_DUMP=dir post-mortem files of a "
+                                   "job into one report; see `rankwise analyze --help`",
+                   add_help=False)
+    _add_doctor_options(sub.add_parser(
+        "doctor", help="check this machine's environment for a distributed job",
+        description="Check the environment problems that make distributed jobs fail (GPU "
+                    "placement, network variables, MASTER_ADDR/PORT, /dev/shm, limits, CPUs per "
+                    "rank, token file). Exit code 0: no problem found; 1: a problem."))
     return parser
+
+
+def _add_doctor_options(p: argparse.ArgumentParser) -> None:
+    _add(p, "-n", "--nproc-per-node", dest="nproc", type=_nproc, default=None,
+         help="ranks per node you plan to start (default: $LOCAL_WORLD_SIZE)")
+    _add(p, "--nnodes", type=parse_nnodes, default=None, help="nodes of the job: N or MIN:MAX")
+    _add(p, "--num-workers", type=int, default=None,
+         help="DataLoader num_workers per rank (the doctor cannot see your DataLoader)")
+    _add(p, "--master-addr", default=None, help="default: $MASTER_ADDR")
+    _add(p, "--master-port", type=int, default=None, help="default: $MASTER_PORT")
+    _add(p, "--token-file", default=None, help="default: $RANKWISE_TOKEN_FILE")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true", help="also show what is fine")
 
 
 def parse_run_args(argv: Sequence[str]) -> JobOptions:
@@ -161,6 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(args[1:])
+    if args and args[0] == "analyze":
+        from ..diagnosis.analyze import main as analyze_main
+
+        return analyze_main(args[1:])
+    if args and args[0] == "doctor":
+        from ..doctor.run import doctor
+
+        ns = build_parser().parse_args(args)
+        return doctor(nproc=ns.nproc, nnodes=ns.nnodes and ns.nnodes[1],
+                      num_workers=ns.num_workers, master_addr=ns.master_addr,
+                      master_port=ns.master_port, token_file=ns.token_file, as_json=ns.json,
+                      verbose=ns.verbose)
     if not args or args[0] != "run":
         build_parser().parse_args(args)  # prints usage / help and exits
         return 2

@@ -40,6 +40,7 @@ __all__ = [
     "detect_env",
     "first_slurm_host",
     "require_env",
+    "uses_agent_store",
     "worker_environment",
 ]
 
@@ -167,6 +168,14 @@ def detect_env(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"the rank must be in [0, world_size)"
         )
     return env
+
+
+def uses_agent_store(environ: Mapping[str, str]) -> bool:
+    """Whether a launcher already serves the store (then rank 0 connects as a client
+    instead of hosting it): the flag :func:`worker_environment` sets."""
+    yes = ("1", "true", "True", "yes")
+    return (environ.get("RANKWISE_AGENT_STORE") in yes
+            or environ.get("TORCHELASTIC_USE_AGENT_STORE") in yes)
 
 
 def require_env(environ: Mapping[str, str]) -> ClusterEnv:

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .worker import one_line
+
 __all__ = [
     "WorkerOutcome",
     "exit_status_text",
@@ -133,10 +135,15 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "".join(pad + line for line in text.rstrip().splitlines(keepends=True))
 
 
+def _one_line_of(error: dict[str, Any]) -> str:
+    return one_line(str(error.get("exc_type")), str(error.get("message")),
+                    str(error.get("where") or ""))
+
+
 def _describe(o: WorkerOutcome) -> str:
     text = exit_status_text(o.returncode)
     if o.error is not None:
-        text += f", raised {o.error.get('exc_type')}: {str(o.error.get('message', ''))[:160]}"
+        text += f", raised {_one_line_of(o.error)}"
     if o.stopped_at is not None:
         text += f", was stopped (SIGSTOP/SIGTSTP) at {_clock(o.stopped_at)}"
     if o.signalled_by_launcher:
@@ -190,7 +197,7 @@ def cause_line(outcome: WorkerOutcome) -> str:
     """One line naming a failure, for other nodes' summaries."""
     text = f"rank {outcome.rank} (node {outcome.node_rank}) {exit_status_text(outcome.returncode)}"
     if outcome.error is not None:
-        text += f": {outcome.error.get('exc_type')}: {outcome.error.get('message', '')}"
+        text += f": {_one_line_of(outcome.error)}"
     return text + f" at {_clock(outcome.failed_at)}"
 
 

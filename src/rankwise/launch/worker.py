@@ -10,7 +10,11 @@ because later ones are usually consequences of it)::
 
     {"rank": 2, "exc_type": "ValueError", "message": "...", "traceback": "Traceback ...",
      "timestamp": 1700000000.123, "pid": 4242, "exc_mro": ["ValueError", "Exception", ...],
-     "thread": "MainThread"}
+     "thread": "MainThread", "where": "train.py:41 in step"}
+
+``where`` is the innermost frame of the user's code in the traceback (library frames
+skipped, as call sites are): a rank that raised ``PeerFailure`` while waiting is listed with
+the line it was waiting at, without its whole traceback.
 
 ``exc_mro`` lets the launcher tell secondary failures (``PeerFailure``, ``Terminated``)
 from root causes without importing the user's classes.
@@ -28,7 +32,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["Terminated", "install_worker_hooks", "write_error_file"]
+__all__ = ["Terminated", "install_worker_hooks", "one_line", "write_error_file"]
 
 ERROR_FILE_ENV = "RANKWISE_ERROR_FILE"
 _installed = False
@@ -69,6 +73,7 @@ def write_error_file(
         "pid": os.getpid(),
         "exc_mro": [c.__name__ for c in exc_type.__mro__],
         "thread": thread_name or threading.current_thread().name,
+        "where": raised_at(tb),
     }
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -78,6 +83,40 @@ def write_error_file(
     with os.fdopen(fd, "w") as fh:
         json.dump(record, fh)
     return True
+
+
+def raised_at(tb: TracebackType | None) -> str:
+    """``train.py:41 in step``: the innermost frame of the user's code in ``tb`` ("" if none)."""
+    from .._callsite import stack_of  # not at import: the launcher itself never needs it
+
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    site, _ = stack_of(tb.tb_frame)
+    return "" if site.first is None else site.short
+
+
+_ONE_LINE_MAX = 240  #: characters of a message shown in one line
+
+
+def one_line(exc_type: type[BaseException] | str, exc: BaseException | str,
+             where: str = "") -> str:
+    """``ExcType: first line of the message [at file:line in fn]``: how a rank's failure is
+    named in one line.  A long first line is cut at a word, marked with "...", never mid-word
+    (a cut "op=SU" reads like a different op)."""
+    name = exc_type if isinstance(exc_type, str) else exc_type.__qualname__
+    lines = str(exc).strip().splitlines()
+    text = f"{name}: {_cut(lines[0])}" if lines else name
+    return f"{text} [raised at {where}]" if where else text
+
+
+def _cut(line: str) -> str:
+    if len(line) <= _ONE_LINE_MAX:
+        return line
+    head = line[:_ONE_LINE_MAX]
+    space = head.rfind(" ")
+    return (head[:space] if space > _ONE_LINE_MAX // 2 else head).rstrip(",;:") + " ..."
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -101,8 +140,16 @@ def install_worker_hooks() -> None:
     def excepthook(
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
+        if not os.environ.get(ERROR_FILE_ENV):
+            previous_hook(exc_type, exc, tb)
+            return
+        # the launcher prints the traceback once, in its summary (from the error file):
+        # printed here too it appeared once per rank plus once there
         write_error_file(exc_type, exc, tb)
-        previous_hook(exc_type, exc, tb)
+        rank = os.environ.get("RANK", "?")
+        sys.stderr.write(f"rank {rank}: {one_line(exc_type, exc, raised_at(tb))} (traceback: "
+                         "in the launcher's summary)\n")
+        sys.stderr.flush()
 
     sys.excepthook = excepthook
 

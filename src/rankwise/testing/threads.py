@@ -58,6 +58,8 @@ def run_threads(fn: Callable[[int, int], T], n: int, timeout: float = 20.0,
 
     def body(rank: int) -> None:
         set_thread_world(worlds[rank])
+        # this thread is the rank's "user code" (who-is-where reads its stack)
+        worlds[rank].comm.user_thread = threading.get_ident()
         try:
             results[rank] = fn(rank, n)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below

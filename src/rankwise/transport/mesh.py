@@ -72,7 +72,8 @@ def local_address_for(master_addr: str) -> str:
 
 
 class Mesh:
-    """Connects ``rank`` to every other rank; ``connect()`` returns ``{peer: socket}``."""
+    """Connects ``rank`` to every other rank (or to ``peers``, the ones another transport
+    does not serve); ``connect()`` returns ``{peer: socket}``."""
 
     def __init__(self, rank: int, world_size: int, store: _KV, job: bytes, token: bytes | None,
                  bind_host: str, timeout: float) -> None:
@@ -90,9 +91,26 @@ class Mesh:
         self._changed = threading.Condition(self._lock)  #: a socket or an error arrived
         self._pending: set[socket.socket] = set()  #: accepted, still proving themselves
         self._stop = threading.Event()
+        self._peers = set(range(world_size)) - {rank}
 
-    def connect(self) -> dict[int, socket.socket]:
-        if self.world_size == 1:
+    def exchange(self, name: str, value: str) -> list[str]:
+        """Every rank's ``value`` for ``name``, in rank order (one store round; each rank
+        calls it). A rank the launcher saw end is named, never waited for in vain."""
+        deadline = time.monotonic() + self._timeout
+        self._store.set(f"mesh/{name}/{self.rank}", value)
+        out = []
+        for peer in range(self.world_size):
+            key = f"mesh/{name}/{peer}"
+            self._await_key(key, peer, deadline, f"its {name}")
+            out.append(self._store.get(key).decode("utf-8", "replace"))
+        return out
+
+    def connect(self, peers: set[int] | None = None) -> dict[int, socket.socket]:
+        """Open the connections to ``peers`` (default: every other rank). Each pair of
+        ranks must agree on whether they connect (``transport.factory`` ensures it)."""
+        if peers is not None:
+            self._peers = set(peers) - {self.rank}
+        if not self._peers:
             return {}
         deadline = time.monotonic() + self._timeout
         listener = self._listen()
@@ -102,7 +120,7 @@ class Mesh:
             acceptor = threading.Thread(target=self._accept_all, args=(listener, deadline),
                                         name="rankwise-mesh-accept", daemon=True)
             acceptor.start()
-            for peer in range(self.rank):
+            for peer in sorted(p for p in self._peers if p < self.rank):
                 self._connect_to(peer, deadline)
             self._await_higher(deadline)
         finally:
@@ -122,7 +140,7 @@ class Mesh:
 
     def _missing(self) -> list[int]:
         with self._lock:
-            return sorted(set(range(self.world_size)) - {self.rank} - set(self._socks))
+            return sorted(self._peers - set(self._socks))
 
     def _raise_if_exited(self, peers: list[int]) -> None:
         """A peer the launcher saw end will never connect: say so now, naming it."""
@@ -162,12 +180,7 @@ class Mesh:
 
     def _connect_to(self, peer: int, deadline: float) -> None:
         key = f"mesh/addr/{peer}"
-        while not self._store.check([key]):
-            self._raise_if_exited([peer])
-            if time.monotonic() >= deadline:
-                raise DistTimeout(f"rank {self.rank}: rank {peer} did not publish its data "
-                                  f"address within {self._timeout:.0f}s after rendezvous")
-            self._stop.wait(_CHECK_EVERY / 5)
+        self._await_key(key, peer, deadline, "its data address")
         addr = self._store.get(key).decode()
         host, _, port_s = addr.rpartition(":")
         checked = time.monotonic()
@@ -197,11 +210,19 @@ class Mesh:
             self._socks[peer] = sock
             self._changed.notify_all()
 
+    def _await_key(self, key: str, peer: int, deadline: float, what: str) -> None:
+        while not self._store.check([key]):
+            self._raise_if_exited([peer])
+            if time.monotonic() >= deadline:
+                raise DistTimeout(f"rank {self.rank}: rank {peer} did not publish {what} "
+                                  f"within {self._timeout:.0f}s after rendezvous")
+            self._stop.wait(_CHECK_EVERY / 5)
+
     def _accept_all(self, listener: socket.socket, deadline: float) -> None:
         """Accept until every higher rank is connected; each connection proves itself on
         a thread of its own, within ``HANDSHAKE_TIMEOUT``, so one that stays silent (a
         port scanner, a stuck stranger) never delays the honest ones."""
-        expected = set(range(self.rank + 1, self.world_size))
+        expected = {p for p in self._peers if p > self.rank}
         try:
             while not self._stop.is_set() and expected - set(self._socks):
                 remaining = deadline - time.monotonic()

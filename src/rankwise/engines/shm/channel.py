@@ -29,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import select
 import time
 from collections.abc import Callable
 
@@ -61,6 +60,7 @@ from .layout import (
     STATE_LIVE,
     Layout,
 )
+from .liveness import PidWatch
 from .segment import Segment
 from .waiting import policy_for
 
@@ -92,7 +92,7 @@ def _describe(rank: int, call: Call | None, site: str) -> str:
 class Channel:
     """This rank's view of the segment's control records; runs rounds."""
 
-    def __init__(self, seg: Segment, rank: int, size: int, *, check: Callable[[], None],
+    def __init__(self, seg: Segment[Layout], rank: int, size: int, *, check: Callable[[], None],
                  names: list[int]) -> None:
         self.seg = seg
         self.rank = rank
@@ -112,7 +112,7 @@ class Channel:
         self._peers = [r for r in range(size) if r != rank]
         self._me_seq = self._seq[rank]
         self.seq = int(self.w[self._me_seq])  # 0 for a fresh segment
-        self._pidfds: dict[int, int] = {}
+        self._live = PidWatch()
         self._site_id = -1
         self._site_text = ""
         self.policy = policy_for(size)
@@ -121,6 +121,10 @@ class Channel:
         #: who-is-where table there; if that finds the cause, ``check`` raises it)
         self.slow_after = math.inf
         self.on_slow: Callable[[], None] | None = None
+        #: called when a wait has lasted ``stuck_after`` seconds, with the seconds waited;
+        #: returns the seconds until it should be called again (the deadlock probe)
+        self.stuck_after = math.inf
+        self.on_stuck: Callable[[float], float] | None = None
         self.w[lay.record_word(rank, R_PID)] = os.getpid()
         self.w[self._state[rank]] = STATE_LIVE
 
@@ -195,7 +199,9 @@ class Channel:
         fut = self._futex[me]
         addr = self._base + fut * 8
         next_liveness = 0.0
-        slow_at = time.monotonic() + self.slow_after
+        start = time.monotonic()
+        slow_at = start + self.slow_after
+        stuck_at = start + self.stuck_after
         while True:
             missing = self._missing(s)
             if not missing:
@@ -204,6 +210,8 @@ class Channel:
             if now >= slow_at and self.on_slow is not None:
                 slow_at = math.inf  # once per wait
                 self.on_slow()
+            if now >= stuck_at and self.on_stuck is not None:
+                stuck_at = now + self.on_stuck(now - start)
             self._check_peers(missing, s, what, now >= next_liveness)
             if now >= next_liveness:
                 next_liveness = now + _LIVENESS_EVERY
@@ -241,27 +249,7 @@ class Channel:
                                   f"reaching round {s} on shared memory", rank=self.names[r])
 
     def _alive(self, r: int) -> bool:
-        fd = self._pidfds.get(r)
-        if fd is None:
-            pid = int(self.w[self.seg.layout.record_word(r, R_PID)])
-            if pid <= 0:
-                return True  # not attached yet
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                return False
-            except OSError:
-                try:  # no pidfd (old kernel, seccomp): fall back to a signal probe
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    return False
-                except OSError:
-                    pass
-                return True
-            self._pidfds[r] = fd
-        # a pidfd polls readable once the process has exited (zombies included)
-        readable, _, _ = select.select([fd], [], [], 0)
-        return not readable
+        return self._live.alive(r, int(self.w[self.seg.layout.record_word(r, R_PID)]))
 
     # --- fingerprints ----------------------------------------------------------------
 
@@ -338,7 +326,5 @@ class Channel:
     def close(self) -> None:
         if self.broken is None:
             self._set_state(STATE_CLOSED)
-        for fd in self._pidfds.values():
-            os.close(fd)
-        self._pidfds.clear()
+        self._live.close()
         self.w.release()

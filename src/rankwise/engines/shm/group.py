@@ -42,6 +42,7 @@ from ...errors import DistError, InvalidArgument
 from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
+from .layout import Layout
 from .reduce import reduce_rows
 from .segment import StoreLike, open_segment
 from .waiting import usable_cpus
@@ -96,7 +97,7 @@ class ShmGroup:
         self.rank = rank
         self.size = size
         self.seg = open_segment(store, prefix, rank, size, slot_bytes=slot, method=how,
-                                timeout=timeout)
+                                timeout=timeout, kind=Layout)
         self.slot_bytes = self.seg.layout.slot_bytes
         names = list(global_ranks) if global_ranks is not None else list(range(size))
         self.ch = Channel(self.seg, rank, size, check=check, names=names)

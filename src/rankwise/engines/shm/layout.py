@@ -17,8 +17,9 @@ Segment::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-__all__ = ["MAGIC", "VERSION", "Layout"]
+__all__ = ["MAGIC", "VERSION", "Layout", "SegmentLayout"]
 
 MAGIC = 0x52_57_53_48_4D_31  # "RWSHM1"
 VERSION = 1
@@ -51,11 +52,45 @@ def _round_up(x: int, to: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
-    """Byte offsets of a segment for ``nranks`` ranks and ``slot_bytes`` per slot."""
+class SegmentLayout:
+    """What every segment shares, whatever lives in it: the header page (fields ``H_*``,
+    checked by a peer before it trusts any size) and ``slot_count`` equal data slots of
+    ``slot_bytes`` from offset ``data`` on. ``segment.py`` creates, shares and sizes any
+    subclass the same way (the collective engine's ``Layout``, the p2p transport's rings).
+    """
 
     nranks: int
     slot_bytes: int
+    MAGIC: ClassVar[int] = 0  #: tells one kind of segment from another
+    VERSION: ClassVar[int] = 0
+
+    @property
+    def data(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def slot_count(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def total(self) -> int:
+        return self.data + self.slot_count * self.slot_bytes
+
+    @classmethod
+    def for_total(cls, nranks: int, total_budget: int) -> int:
+        """The largest slot size (a multiple of 64 KiB, at least 64 KiB) whose segment
+        fits in ``total_budget`` bytes; 0 when even that does not fit."""
+        probe = cls(nranks, 0)
+        per_slot = (total_budget - probe.data) // probe.slot_count
+        return max(0, per_slot // 65536 * 65536)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout(SegmentLayout):
+    """Byte offsets of a segment for ``nranks`` ranks and ``slot_bytes`` per slot."""
+
+    MAGIC: ClassVar[int] = MAGIC
+    VERSION: ClassVar[int] = VERSION
 
     @property
     def records(self) -> int:
@@ -70,8 +105,8 @@ class Layout:
         return _round_up(self.sites + self.nranks * SITE_BYTES, PAGE)
 
     @property
-    def total(self) -> int:
-        return self.data + 2 * self.nranks * self.slot_bytes
+    def slot_count(self) -> int:
+        return 2 * self.nranks
 
     def record_word(self, rank: int, field: int) -> int:
         """Index (in int64 words from the segment start) of a rank-record field."""
@@ -82,11 +117,3 @@ class Layout:
 
     def slot(self, rank: int, parity: int) -> int:
         return self.data + (2 * rank + parity) * self.slot_bytes
-
-    @staticmethod
-    def for_total(nranks: int, total_budget: int) -> int:
-        """The largest slot size (a multiple of 64 KiB, at least 64 KiB) whose segment
-        fits in ``total_budget`` bytes; 0 when even that does not fit."""
-        probe = Layout(nranks, 0)
-        per_slot = (total_budget - probe.data) // (2 * nranks)
-        return max(0, per_slot // 65536 * 65536)

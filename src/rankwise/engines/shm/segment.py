@@ -27,17 +27,19 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from ...errors import DistTimeout
 from .errors import ShmUnavailable
-from .layout import H_MAGIC, H_NRANKS, H_SLOT_BYTES, H_TOTAL, H_VERSION, MAGIC, VERSION, Layout
+from .layout import H_MAGIC, H_NRANKS, H_SLOT_BYTES, H_TOTAL, H_VERSION, SegmentLayout
 
 __all__ = ["Segment", "StoreLike", "open_segment"]
 
 SHM_DIR = "/dev/shm"
 FILE_PREFIX = "rankwise-shm-"
 MIN_SLOT = 65536
+
+L = TypeVar("L", bound=SegmentLayout)
 
 
 class StoreLike(Protocol):
@@ -50,11 +52,11 @@ class StoreLike(Protocol):
 
 
 @dataclass(slots=True)
-class Segment:
+class Segment(Generic[L]):
     """A mapped segment; ``method`` is "memfd" or "file" (how it was shared)."""
 
     mm: mmap.mmap
-    layout: Layout
+    layout: L
     method: str
 
 
@@ -100,7 +102,7 @@ def _sweep_orphans() -> None:
             os.close(fd)
 
 
-def _fit_slot(nranks: int, slot_bytes: int, method: str) -> int:
+def _fit_slot(nranks: int, slot_bytes: int, method: str, kind: type[SegmentLayout]) -> int:
     """Shrink ``slot_bytes`` so a /dev/shm file fits in half the free space; raise when
     even the smallest slots do not fit."""
     if method != "file":
@@ -110,9 +112,9 @@ def _fit_slot(nranks: int, slot_bytes: int, method: str) -> int:
     except OSError as exc:
         raise ShmUnavailable(f"cannot inspect {SHM_DIR}: {exc}") from exc
     free = st.f_bavail * st.f_frsize
-    if Layout(nranks, slot_bytes).total <= free // 2:
+    if kind(nranks, slot_bytes).total <= free // 2:
         return slot_bytes
-    fitted = Layout.for_total(nranks, free // 2)
+    fitted = kind.for_total(nranks, free // 2)
     if fitted < MIN_SLOT:
         raise ShmUnavailable(
             f"{SHM_DIR} has only {free >> 20} MiB free, too little for {nranks} ranks' "
@@ -120,10 +122,11 @@ def _fit_slot(nranks: int, slot_bytes: int, method: str) -> int:
     return fitted
 
 
-def _create_fd(method: str, nranks: int, slot_bytes: int) -> tuple[int, str, Layout]:
+def _create_fd(kind: type[L], method: str, nranks: int,
+               slot_bytes: int) -> tuple[int, str, L]:
     """A sized, zero-filled file for the segment: (fd, path or "", layout)."""
-    slot_bytes = _fit_slot(nranks, slot_bytes, method)
-    layout = Layout(nranks, slot_bytes)
+    slot_bytes = _fit_slot(nranks, slot_bytes, method, kind)
+    layout = kind(nranks, slot_bytes)
     path = ""
     if method == "memfd":
         fd = os.memfd_create("rankwise-shm", os.MFD_CLOEXEC)
@@ -158,13 +161,13 @@ def _map(fd: int, total: int) -> mmap.mmap:
     return mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-def _attach(desc: str, nranks: int) -> tuple[mmap.mmap, Layout]:
+def _attach(desc: str, nranks: int, kind: type[L]) -> tuple[mmap.mmap, L]:
     """Open and map what rank 0 described; check the header before trusting sizes."""
-    kind, _, where = desc.partition(" ")
-    if kind == "memfd":
+    how, _, where = desc.partition(" ")
+    if how == "memfd":
         pid, fdno = where.split()
         path = f"/proc/{int(pid)}/fd/{int(fdno)}"
-    elif kind == "file" and where.startswith(SHM_DIR + "/" + FILE_PREFIX) and ".." not in where:
+    elif how == "file" and where.startswith(SHM_DIR + "/" + FILE_PREFIX) and ".." not in where:
         path = where
     else:
         raise ShmUnavailable(f"unusable segment description {desc[:200]!r}")
@@ -181,8 +184,8 @@ def _attach(desc: str, nranks: int) -> tuple[mmap.mmap, Layout]:
             w.release()
         finally:
             head.close()
-        layout = Layout(nranks, slot)
-        if (magic, version, n) != (MAGIC, VERSION, nranks) or slot <= 0 or slot % 64 \
+        layout = kind(nranks, slot)
+        if (magic, version, n) != (kind.MAGIC, kind.VERSION, nranks) or slot <= 0 or slot % 64 \
                 or total != layout.total or size < total:
             raise ShmUnavailable(
                 f"segment {path} has a foreign header (magic {magic:#x}, version {version}, "
@@ -193,19 +196,21 @@ def _attach(desc: str, nranks: int) -> tuple[mmap.mmap, Layout]:
 
 
 def open_segment(store: StoreLike, prefix: str, rank: int, nranks: int, *,
-                 slot_bytes: int, method: str, timeout: float) -> Segment:
+                 slot_bytes: int, method: str, timeout: float,
+                 kind: type[L]) -> Segment[L]:
     """Rendezvous on ``store`` under ``prefix`` and return this rank's mapping.
 
     ``method``: "auto" (memfd, else a /dev/shm file), "memfd" or "file". Rank 0 creates;
     each attempt ends with every peer acknowledging, so all ranks agree on the result.
-    Raises ``ShmUnavailable`` (every rank) when no method works.
+    Raises ``ShmUnavailable`` (every rank) when no method works. ``kind``: the layout of
+    what lives in the segment (the collective engine's by default).
     """
     methods = {"auto": ["memfd", "file"], "memfd": ["memfd"], "file": ["file"]}.get(method)
     if methods is None:
         raise ShmUnavailable(f"unknown shared-memory method {method!r} (auto, memfd, file)")
     if rank == 0:
-        return _create(store, prefix, nranks, slot_bytes, methods, timeout)
-    return _join(store, prefix, rank, nranks, timeout)
+        return _create(store, prefix, nranks, slot_bytes, methods, timeout, kind)
+    return _join(store, prefix, rank, nranks, timeout, kind)
 
 
 def _wait_key(store: StoreLike, key: str, timeout: float, what: str) -> bytes:
@@ -218,13 +223,13 @@ def _wait_key(store: StoreLike, key: str, timeout: float, what: str) -> bytes:
 
 
 def _create(store: StoreLike, prefix: str, nranks: int, slot_bytes: int,
-            methods: list[str], timeout: float) -> Segment:
+            methods: list[str], timeout: float, kind: type[L]) -> Segment[L]:
     deadline = time.monotonic() + timeout
     reasons: list[str] = []
     for attempt, method in enumerate(methods):
         last = attempt == len(methods) - 1
         try:
-            fd, path, layout = _create_fd(method, nranks, slot_bytes)
+            fd, path, layout = _create_fd(kind, method, nranks, slot_bytes)
         except ShmUnavailable as exc:
             reasons.append(str(exc))
             if last:
@@ -236,7 +241,7 @@ def _create(store: StoreLike, prefix: str, nranks: int, slot_bytes: int,
         try:
             mm = _map(fd, layout.total)
             w = _words(mm)
-            w[H_MAGIC], w[H_VERSION], w[H_NRANKS] = MAGIC, VERSION, nranks
+            w[H_MAGIC], w[H_VERSION], w[H_NRANKS] = kind.MAGIC, kind.VERSION, nranks
             w[H_SLOT_BYTES], w[H_TOTAL] = layout.slot_bytes, layout.total
             w.release()
             desc = f"memfd {os.getpid()} {fd}" if method == "memfd" else f"file {path}"
@@ -270,7 +275,8 @@ def _create(store: StoreLike, prefix: str, nranks: int, slot_bytes: int,
     raise AssertionError("unreachable")
 
 
-def _join(store: StoreLike, prefix: str, rank: int, nranks: int, timeout: float) -> Segment:
+def _join(store: StoreLike, prefix: str, rank: int, nranks: int, timeout: float,
+          kind: type[L]) -> Segment[L]:
     deadline = time.monotonic() + timeout
     attempt = 0
     while True:
@@ -282,9 +288,9 @@ def _join(store: StoreLike, prefix: str, rank: int, nranks: int, timeout: float)
         if desc == "skip":
             attempt += 1
             continue
-        mapping: tuple[mmap.mmap, Layout] | None = None
+        mapping: tuple[mmap.mmap, L] | None = None
         try:
-            mapping = _attach(desc, nranks)
+            mapping = _attach(desc, nranks, kind)
             ack = b"ok"
         except (OSError, ValueError, ShmUnavailable) as exc:
             ack = f"rank {rank} could not open {desc.split(' ', 1)[0]} segment: {exc}".encode()

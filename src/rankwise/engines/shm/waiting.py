@@ -15,7 +15,9 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["Policy", "policy_for", "usable_cpus"]
+__all__ = ["YIELD_ENV", "Policy", "policy_for", "usable_cpus"]
+
+YIELD_ENV = "RANKWISE_SHM_YIELD_US"
 
 
 def usable_cpus() -> int:
@@ -51,5 +53,5 @@ def _env_us(name: str, default: float) -> float:
 def policy_for(nranks: int) -> Policy:
     oversubscribed = nranks > usable_cpus()
     spin = _env_us("RANKWISE_SHM_SPIN_US", 0.0 if oversubscribed else 50e-6)
-    yld = _env_us("RANKWISE_SHM_YIELD_US", 1e-3 if oversubscribed else 500e-6)
+    yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 500e-6)
     return Policy(spin, yld, 0.02)

@@ -1,0 +1,103 @@
+"""The small torch.distributed names that only report facts: which backends exist, how
+the process was launched, its node-local rank, the default timeout, deprecated aliases.
+
+Each answers for rankwise, not for torch: ``is_gloo_available()`` is True because
+``backend="gloo"`` works here (rankwise's engines serve it), ``is_nccl_available()`` is
+False because rankwise moves CPU tensors only.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from ._init import BACKENDS, DEFAULT_TIMEOUT
+from ._reduce_op import ReduceOp, coerce_reduce_op
+from ._world import current
+from .errors import InvalidArgument
+
+__all__ = [
+    "default_pg_timeout", "get_backend_config", "get_default_backend_for_device",
+    "get_node_local_rank", "get_pg_count", "is_backend_available", "is_gloo_available",
+    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available",
+    "is_xccl_available", "reduce_op", "supports_complex",
+]
+
+#: torch's deprecated spelling of ``ReduceOp``, still found in older scripts
+reduce_op = ReduceOp
+
+default_pg_timeout = timedelta(seconds=DEFAULT_TIMEOUT)
+
+
+def is_gloo_available() -> bool:
+    return True  # "gloo" is an alias of rankwise's CPU engines
+
+
+def is_nccl_available() -> bool:
+    return False  # GPU tensors are not moved by rankwise
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    return isinstance(backend, str) and backend.lower() in BACKENDS
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """``"gloo"`` for the CPU (torch's answer, which rankwise accepts); other devices are
+    refused here rather than by a later init that cannot serve them."""
+    kind = str(getattr(device, "type", device)).split(":", 1)[0].lower()
+    if kind == "cpu":
+        return "gloo"
+    raise InvalidArgument(f"device {device!r}: rankwise moves CPU tensors only; use "
+                          "device 'cpu' (backend 'gloo')")
+
+
+def get_backend_config(group: Any = None) -> str:
+    """torch's ``"device:backend"`` form of ``get_backend(group)``."""
+    from ._init import get_backend
+
+    name = get_backend(group)
+    return name if ":" in name else f"cpu:{name}"
+
+
+def is_torchelastic_launched() -> bool:
+    """True under torchrun (as torch: ``TORCHELASTIC_RUN_ID`` is set) and under
+    ``rankwise run``, which exports the same env:// variables: code that asks this to
+    choose env:// initialization then does the right thing under either launcher."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("RANKWISE_LAUNCHED") == "1"
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """``LOCAL_RANK`` from the launcher's environment, else ``fallback_rank`` (as torch)."""
+    raw = os.environ.get("LOCAL_RANK")
+    if raw is not None:
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidArgument(f"LOCAL_RANK={raw!r} is not an integer") from None
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise InvalidArgument("LOCAL_RANK is not set (start the job with `rankwise run` or "
+                          "torchrun) and no fallback_rank was given")
+
+
+def get_pg_count() -> int:
+    """How many process groups this rank belongs to, the default group included."""
+    return len(current().groups)
+
+
+def supports_complex(reduceOp: Any) -> bool:
+    op = reduceOp if isinstance(reduceOp, ReduceOp) else coerce_reduce_op(reduceOp)
+    return op.name not in ("MIN", "MAX", "BAND", "BOR", "BXOR")

@@ -1,0 +1,260 @@
+# torch's stubs give these methods overloaded convenience forms (``gather(outs, in, root)``)
+# that torch's Python never calls on a backend; the options form below is the one it calls.
+# mypy: disable-error-code="override,assignment"
+"""A ``torch.distributed.ProcessGroup`` whose every operation runs on a rankwise group.
+
+Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13 gives Python a
+trampoline for ``ProcessGroup`` (its C++ callers, DDP's reducer and
+``_broadcast_coalesced`` included, reach the Python methods below) but none for
+``Backend``. torch's own wrapper functions (``all_reduce``, ``all_gather_object``, ...)
+validate and unpack, then call these methods with lists of tensors and an options object.
+
+Each method calls rankwise's public collective on the wrapped group, so the call gets
+rankwise's local checks, fingerprint, call site (torch's frames skipped, see
+``_callsite.skip_directory``) and failure reports. Collectives run inline and return a
+completed ``Work`` (its future already holds the result: DDP's ``get_future().then()``
+works), or ``None`` when torch's Python wrapper said the call is synchronous
+(``opts.asyncOp`` false): every wrapper then skips ``work.wait()`` ("the backend has
+synced"), and the ~3 us of a Future and a Work per call are saved. C++ callers (DDP's
+reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get a Work.
+A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+from torch.futures import Future
+
+from .. import _collectives as coll
+from .. import _p2p as p2p
+from .._buffers import ReduceOp, coerce_reduce_op
+from .._group import ProcessGroup as RankwiseGroup
+from .._work import Work as RankwiseWork
+from .._world import maybe_current
+from ..errors import InvalidArgument
+
+__all__ = ["BACKEND_NAME", "TorchProcessGroup"]
+
+BACKEND_NAME = "rankwise"
+Tensors = list[torch.Tensor]
+
+
+def _done(result: Any) -> tdist.Work:
+    """A finished ``Work``; its future holds ``result`` (torch's convention: the tensors)."""
+    fut: Future[Any] = Future()
+    fut.set_result(result)
+    work: tdist.Work = _create_work_from_future(fut)
+    return work
+
+
+def _finish(opts: Any, result: Any) -> tdist.Work | None:
+    """The return value of a collective that already ran (see the module docstring)."""
+    if opts is not None and not getattr(opts, "asyncOp", True):
+        return None
+    return _done(result)
+
+
+_REDUCE_OPS: dict[Any, ReduceOp] = {}
+
+
+def _reduce_op(opts: Any) -> ReduceOp:
+    """torch hands a ``ReduceOp`` object; its ``op`` is the ``RedOpType`` enum member
+    (hashable: the translation is cached, it runs on every call)."""
+    if opts is None:
+        return ReduceOp.SUM
+    kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+    found = _REDUCE_OPS.get(kind)
+    if found is None:
+        found = _REDUCE_OPS[kind] = coerce_reduce_op(kind)
+    return found
+
+
+def _one(tensors: Any, what: str) -> Any:
+    if len(tensors) != 1:
+        raise InvalidArgument(f"{what}: the rankwise backend takes one tensor per call "
+                              f"(one device per process), got {len(tensors)}")
+    return tensors[0]
+
+
+class _RecvWork(tdist.Work):
+    """A pending receive: ``wait`` finishes it (bounded by the group's timeout)."""
+
+    def __init__(self, inner: RankwiseWork, tensors: Tensors) -> None:
+        super().__init__()
+        self._inner, self._tensors = inner, tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return bool(self._inner.wait(timeout if timeout else None))
+
+    def is_completed(self) -> bool:
+        return bool(self._inner.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._inner.is_success())
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return int(self._inner.source_rank())  # type: ignore[attr-defined]
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def get_future(self) -> Future[Any]:
+        self.wait()
+        fut: Future[Any] = Future()
+        fut.set_result(self._tensors)
+        return fut
+
+
+class TorchProcessGroup(tdist.ProcessGroup):
+    """torch's view of one rankwise group (made by the backend's creator function)."""
+
+    def __init__(self, group: RankwiseGroup, owns_world: bool) -> None:
+        # the (rank, size) constructor: the one a Python subclass gets (no store needed)
+        super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
+        self.group = group
+        self._owns_world = owns_world
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def rankwise_group(self) -> RankwiseGroup:
+        """The rankwise group under this torch group (for rankwise's own API)."""
+        return self.group
+
+    def __repr__(self) -> str:
+        return f"<rankwise torch backend over {self.group!r}>"
+
+    # --- collectives ----------------------------------------------------------------------
+    def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
+        rop = _reduce_op(opts)
+        for t in tensors:
+            coll.all_reduce(t, rop, group=self.group)
+        return _finish(opts, tensors)
+
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
+        for t in tensors:
+            coll.broadcast(t, group=self.group, group_src=opts.rootRank)
+        return _finish(opts, tensors)
+
+    def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
+        coll.reduce(_one(tensors, "reduce"), op=_reduce_op(opts), group=self.group,
+                    group_dst=opts.rootRank)
+        return _finish(opts, tensors)
+
+    def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors,
+                  opts: Any = None) -> tdist.Work | None:
+        coll.all_gather(_one(output_tensors, "all_gather"), _one(input_tensors, "all_gather"),
+                        group=self.group)
+        return _finish(opts, output_tensors)
+
+    def allgather_coalesced(self, output_lists: list[Tensors], inputs: Tensors,
+                            opts: Any = None) -> tdist.Work | None:
+        for outs, inp in zip(output_lists, inputs, strict=True):
+            coll.all_gather(outs, inp, group=self.group)
+        return _finish(opts, output_lists)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> tdist.Work | None:
+        coll.all_gather_into_tensor(output, input, group=self.group)
+        return _finish(opts, [output])
+
+    _allgather_base = all_gather_single  #: the name torch's C++ side uses
+
+    def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
+                                        opts: Any = None) -> tdist.Work | None:
+        for out, inp in zip(outputs, inputs, strict=True):
+            coll.all_gather_into_tensor(out, inp, group=self.group)
+        return _finish(opts, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
+                       opts: Any) -> tdist.Work | None:
+        coll.reduce_scatter(_one(output_tensors, "reduce_scatter"),
+                            _one(input_tensors, "reduce_scatter"), _reduce_op(opts),
+                            group=self.group)
+        return _finish(opts, output_tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> tdist.Work | None:
+        coll.reduce_scatter_tensor(output, input, _reduce_op(opts), group=self.group)
+        return _finish(opts, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
+                                        opts: Any) -> tdist.Work | None:
+        for out, inp in zip(outputs, inputs, strict=True):
+            coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
+        return _finish(opts, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any = None) -> tdist.Work | None:
+        coll.all_to_all_single(output, input, list(output_split_sizes) or None,
+                               list(input_split_sizes) or None, group=self.group)
+        return _finish(opts, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: Tensors, input_tensors: Tensors,
+                 opts: Any = None) -> tdist.Work | None:
+        coll.all_to_all(output_tensors, input_tensors, group=self.group)
+        return _finish(opts, output_tensors)
+
+    def gather(self, output_tensors: list[Tensors], input_tensors: Tensors,
+               opts: Any) -> tdist.Work | None:
+        root = opts.rootRank
+        slots = _one(output_tensors, "gather") if self.group.group_rank == root else None
+        coll.gather(_one(input_tensors, "gather"), slots, group=self.group, group_dst=root)
+        return _finish(opts, output_tensors)
+
+    def scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
+                opts: Any) -> tdist.Work | None:
+        root = opts.rootRank
+        parts = _one(input_tensors, "scatter") if self.group.group_rank == root else None
+        coll.scatter(_one(output_tensors, "scatter"), parts, group=self.group, group_src=root)
+        return _finish(opts, output_tensors)
+
+    def barrier(self, opts: Any = None) -> tdist.Work | None:
+        coll.barrier(group=self.group)
+        return _finish(opts, None)
+
+    # --- point to point -------------------------------------------------------------------
+    def send(self, tensors: Tensors, dst: int, tag: int) -> tdist.Work:
+        p2p.send(_one(tensors, "send"), group=self.group, tag=tag, group_dst=dst)
+        return _done(tensors)  # torch's send waits on it unconditionally
+
+    def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
+        work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag, group_src=src)
+        assert work is not None
+        return _RecvWork(work, tensors)
+
+    def recv_anysource(self, tensors: Tensors, tag: int) -> tdist.Work:
+        work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag)
+        assert work is not None
+        return _RecvWork(work, tensors)
+
+    # --- leaving --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group``: the default group takes rankwise's world
+        with it (peers learn where this rank left); a subgroup only forgets itself."""
+        from .._init import destroy_process_group
+
+        if maybe_current() is None:
+            return
+        destroy_process_group(None if self._owns_world else self.group)

@@ -1,0 +1,108 @@
+"""Make ``torch.distributed.init_process_group("rankwise")`` work, under any launcher.
+
+Rendezvous, decided (and why):
+- rankwise keeps its own rendezvous (world-size agreement, duplicate and missing ranks,
+  ranks that died before the group formed, the authenticated mesh), run on whatever store
+  torch hands the backend, so torchrun, ``init_method="tcp://..."`` or ``file://`` need
+  nothing extra: no second port to choose.
+- Under ``rankwise run`` the launcher hosts rankwise's store on ``MASTER_PORT``, which
+  torch's own ``env://`` rendezvous cannot speak to. So the ``env://`` handler is wrapped:
+  in a job started by ``rankwise run`` it gives torch a view of the launcher's store
+  (:class:`TorchStoreView`); anywhere else it is torch's handler, untouched. The backend
+  then finds the launcher store under torch's prefixes and rankwise runs on it directly.
+  Side effect, wanted: backend ``"gloo"`` works under ``rankwise run`` too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from .. import _init
+from .._auth import resolve_token
+from .._callsite import skip_directory
+from .._world import current, maybe_current
+from ..errors import InvalidArgument
+from ._backend import BACKEND_NAME, TorchProcessGroup
+from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
+
+__all__ = ["install"]
+
+_TRUE = ("1", "true", "True", "yes")
+_views: list[TorchStoreView] = []  #: the store views handed to torch, kept alive
+
+
+def _launched_by_rankwise() -> bool:
+    return os.environ.get("RANKWISE_LAUNCHED") == "1" and (
+        os.environ.get("RANKWISE_AGENT_STORE") in _TRUE)
+
+
+def _wrap_env_handler(torch_handler: Callable[..., Iterator[Any]]
+                      ) -> Callable[..., Iterator[Any]]:
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30),
+                **kwargs: Any) -> Iterator[Any]:
+        if not _launched_by_rankwise():
+            yield from torch_handler(url, timeout=timeout, **kwargs)
+            return
+        spec = _init._resolve_store(url, -1, -1)  # ?rank=&world_size= override the env
+        rank, world_size = spec.rank, spec.world_size
+        store = _init._open_store(spec, timeout.total_seconds(), resolve_token(None))
+        view = TorchStoreView(store)
+        # torch keeps only the C++ half; without a Python reference the overrides vanish
+        # ("pure virtual function c10d::Store::add") and the view cannot be found again
+        _views.append(view)
+        yield view, rank, world_size
+        raise RuntimeError("env:// under rankwise run cannot re-rendezvous; the launcher "
+                           "restarts the whole group instead (--max-restarts)")
+
+    handler.rankwise_wraps = torch_handler  # type: ignore[attr-defined]
+    return handler
+
+
+def _group_id(name: str) -> int:
+    """A group id every member derives alike from torch's group name (torch asks only the
+    members, so rankwise's per-call counter would differ between ranks). Bit 31 keeps it
+    apart from the ids ``rankwise.new_group`` makes."""
+    return (zlib.crc32(f"torch:{name}".encode()) | 0x8000_0000) & 0xFFFF_FFFF
+
+
+def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
+    """torch's backend creator (extended API): the default group joins (or reuses) the
+    rankwise world; any other group becomes a rankwise group of the same global ranks."""
+    rank, size, timeout = int(opts.group_rank), int(opts.group_size), opts.timeout
+    if not tdist.is_initialized():  # torch is making its default group
+        world = maybe_current()
+        if world is None:
+            store = rankwise_store_under(opts.store) or RankwiseStoreView(opts.store, timeout)
+            _init.init_process_group("tcp", rank=rank, world_size=size, timeout=timeout,
+                                     store=store)
+            return TorchProcessGroup(current().default_group, owns_world=True)
+        if (world.comm.rank, world.comm.world_size) != (rank, size):
+            raise InvalidArgument(
+                f"rankwise is already initialized as rank {world.comm.rank} of "
+                f"{world.comm.world_size}, but torch asks for rank {rank} of {size}")
+        return TorchProcessGroup(world.default_group, owns_world=False)
+    members = sorted(int(r) for r in opts.global_ranks_in_group)
+    group = _init.make_group(current(), _group_id(str(opts.group_id)), members,
+                             timeout.total_seconds(), f"torch group {opts.group_id} {members}")
+    return TorchProcessGroup(group, owns_world=False)
+
+
+def install() -> None:
+    """Register the backend (for the cpu device), wrap ``env://``, skip torch's frames in
+    call sites. Idempotent: importing ``rankwise.torch`` twice changes nothing."""
+    if BACKEND_NAME.upper() not in tdist.Backend._plugins:
+        tdist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                       devices=["cpu"])
+    # the module, not the function ``torch.distributed.rendezvous`` that shadows its name
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    if not hasattr(handlers["env"], "rankwise_wraps"):
+        handlers["env"] = _wrap_env_handler(handlers["env"])
+    skip_directory(os.path.dirname(torch.__file__))

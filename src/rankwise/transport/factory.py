@@ -1,0 +1,105 @@
+"""Which transport reaches which peer: shared memory on this host, TCP to the others.
+
+Why per peer: a job spread over hosts still has ranks that share one, and those should
+not pay for loopback TCP; the ranks elsewhere can only be reached over the network. Each
+rank publishes its host identity (``engines.select.host_identity``: hostname, boot id,
+/dev/shm device, pid namespace, architecture — never ``LOCAL_WORLD_SIZE``) and the ranks
+with an identity equal to ours share one ring segment. Setting that up either works on
+every rank of the host or fails on all of them alike (``segment.open_segment`` agrees
+on the outcome), so both ends of every pair always pick the same transport.
+
+``RANKWISE_TRANSPORT`` = ``tcp`` (default: TCP to every peer), ``shm`` (shared memory to
+every peer, or an error saying why not), ``auto`` (shared memory on this host when it
+works, else TCP with one log line saying why; TCP between hosts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+from ..engines.select import host_identity
+from ..engines.shm.errors import ShmUnavailable
+from ..errors import DistError, DistNetworkError, InvalidArgument
+from .base import Transport
+from .mesh import Mesh
+from .per_peer import PerPeerTransport
+from .tcp import TcpTransport
+
+__all__ = ["TRANSPORTS", "TRANSPORT_ENV", "open_transport", "requested_transport"]
+
+log = logging.getLogger("rankwise")
+
+TRANSPORT_ENV = "RANKWISE_TRANSPORT"
+TRANSPORTS = ("tcp", "shm", "auto")
+
+
+class _Store(Protocol):
+    def set(self, key: str, value: bytes | str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def add(self, key: str, amount: int) -> int: ...
+    def wait(self, keys: list[str], timeout: float | None = None) -> None: ...
+
+
+def requested_transport() -> str:
+    """The transport the environment asks for, validated before any I/O."""
+    value = os.environ.get(TRANSPORT_ENV, "tcp").strip().lower() or "tcp"
+    if value not in TRANSPORTS:
+        raise InvalidArgument(f"{TRANSPORT_ENV}={value!r} is not one of {', '.join(TRANSPORTS)}")
+    return value
+
+
+def _all_have_read(store: _Store, world_size: int, timeout: float) -> None:
+    """Before every rank fails alike: wait (bounded) until all have read the hosts, so
+    the rank hosting the store does not exit under a rank still reading them (which
+    would then fail with "connection closed" instead of the reason)."""
+    if int(store.add("mesh/host/read", 1)) >= world_size:
+        store.set("mesh/host/all-read", "1")
+    try:
+        store.wait(["mesh/host/all-read"], timeout)
+    except DistError:
+        pass  # a rank that never reads: fail with the reason anyway
+
+
+def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
+                   token: bytes | None, bind_host: str, timeout: float) -> Transport:
+    """Connect ``rank`` to every other rank of the job, each by the transport that
+    suits it. Collective: every rank calls it with the same ``RANKWISE_TRANSPORT``."""
+    want = requested_transport()
+    mesh = Mesh(rank, world_size, store, job, token, bind_host, timeout)
+    if want == "tcp" or world_size == 1:
+        return TcpTransport(rank, world_size, mesh.connect())
+    hosts = mesh.exchange("host", host_identity())
+    local = [r for r, h in enumerate(hosts) if h == hosts[rank]]
+    if want == "shm" and len(local) < world_size:
+        _all_have_read(store, world_size, min(timeout, 5.0))
+        apart = sorted({h.split("|", 1)[0] for h in hosts})
+        raise DistNetworkError(
+            f"{TRANSPORT_ENV}=shm, but the ranks do not share one host (hosts {apart}, or "
+            f"different containers/boots); use {TRANSPORT_ENV}=auto for tcp between hosts")
+    shm: Transport | None = None
+    if len(local) > 1:
+        from .shm import ShmTransport  # only same-host ranks need it
+
+        try:
+            shm = ShmTransport.open(store, f"mesh/shm/{local[0]}", rank, world_size, local,
+                                    timeout)
+        except ShmUnavailable as exc:
+            if want == "shm":
+                raise
+            if rank == local[0]:
+                log.warning("rankwise: ranks %s talk over tcp, not shared memory: %s",
+                            local, exc)
+    near = set(local) - {rank} if shm is not None else set()
+    far = set(range(world_size)) - {rank} - near
+    tcp = TcpTransport(rank, world_size, mesh.connect(far)) if far else None
+    if tcp is None:
+        assert shm is not None
+        return shm
+    if shm is None:
+        return tcp
+    route: dict[int, Transport] = {p: shm for p in near}
+    route.update({p: tcp for p in far})
+    return PerPeerTransport(rank, world_size, route, [shm, tcp])

@@ -1,0 +1,77 @@
+"""Helpers shared by the transport tests: a recording ``FrameHandler`` and a world of
+shared-memory transports inside one process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rankwise._wire import Frame
+from rankwise.store import HashStore
+from rankwise.transport.shm import ShmTransport
+
+WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
+
+
+class Recorder:
+    """A ``FrameHandler`` that keeps what arrives, for assertions."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[Frame, bytes]] = []
+        self.lost: list[tuple[int, BaseException | None]] = []
+        self.cv = threading.Condition()
+        #: the answer to give a header instead of a buffer (DROP / HOLD), by tag
+        self.answers: dict[int, str] = {}
+        self.offered: list[int] = []  #: tags of every header offered, in order
+
+    def on_header(self, frame: Frame) -> tuple[bytearray | None, object]:
+        with self.cv:
+            self.offered.append(frame.tag)
+            answer = self.answers.get(frame.tag)
+            self.cv.notify_all()
+        if answer is not None:
+            return None, answer
+        buf = bytearray(frame.payload_len)
+        return buf, buf
+
+    def on_payload(self, frame: Frame, token: object) -> None:
+        assert isinstance(token, bytearray)
+        with self.cv:
+            self.frames.append((frame, bytes(token)))
+            self.cv.notify_all()
+
+    def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
+        with self.cv:
+            self.lost.append((rank, reason))
+            self.cv.notify_all()
+
+    def on_fatal(self, exc: BaseException) -> None:
+        with self.cv:
+            self.lost.append((-1, exc))
+            self.cv.notify_all()
+
+    def wait_for(self, test: Callable[[], bool]) -> None:
+        with self.cv:
+            assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
+
+
+def shm_world(n: int, ring_bytes: int = 1 << 20) -> list[Any]:
+    """n ShmTransports of this process, sharing one segment (each rank's rendezvous runs
+    on a thread of its own, as the ranks would in their processes)."""
+    store = HashStore()
+    made: dict[int, ShmTransport] = {}
+
+    def open_one(r: int) -> None:
+        made[r] = ShmTransport.open(store, "conformance", r, n, list(range(n)), WAIT,
+                                    ring_bytes=ring_bytes)
+
+    threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert sorted(made) == list(range(n)), "shared-memory rendezvous did not finish"
+    return [made[r] for r in range(n)]
+
+

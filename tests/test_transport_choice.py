@@ -1,0 +1,91 @@
+"""``RANKWISE_TRANSPORT``: which transport reaches which peer, on real processes.
+
+Hosts are simulated by giving ranks different host identities (the only input the
+factory uses to tell hosts apart), so a mixed-host job runs on one machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rankwise.testing import free_port, run_ranks
+
+TIMEOUT = 90
+
+
+def w_job(rank: int, size: int, port: int, hosts: str) -> Any:
+    """Init with host identity ``hosts[rank]``, then p2p with every peer, an all_reduce
+    and an object all_gather; returns {peer: transport class name} as routed."""
+    import rankwise as dist
+    from rankwise._world import current
+    from rankwise.transport import factory
+
+    host = hosts[rank]
+    factory.host_identity = lambda: f"host-{host}"  # type: ignore[assignment]
+    dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size, timeout=60)
+    for peer in range(size):  # every pair, both directions, 3 MiB each (> one ring piece)
+        if peer == rank:
+            continue
+        mine = np.full(3 << 18, rank * 100 + peer, np.float32)
+        got = np.empty_like(mine)
+        if rank < peer:
+            dist.send(mine, peer)
+            dist.recv(got, peer)
+        else:
+            dist.recv(got, peer)
+            dist.send(mine, peer)
+        assert (got == peer * 100 + rank).all(), f"rank {rank} got wrong data from {peer}"
+    x = np.full(1000, rank + 1, np.int64)
+    dist.all_reduce(x)
+    assert (x == size * (size + 1) // 2).all()
+    objs: list[Any] = [None] * size
+    dist.all_gather_object(objs, ("rank", rank))
+    assert objs == [("rank", r) for r in range(size)]
+    t = current().comm.transport
+    route = getattr(t, "_route", None)
+    kinds = {p: type(route[p] if route else t).__name__ for p in range(size) if p != rank}
+    dist.destroy_process_group()
+    return kinds
+
+
+def _run(hosts: str, transport: str, **env: str) -> list[Any]:
+    return run_ranks(w_job, len(hosts), args=(free_port(), hosts), init=False,
+                     timeout=TIMEOUT, env={"RANKWISE_TRANSPORT": transport,
+                                           "RANKWISE_ENGINE": "tcp", **env})
+
+
+def test_auto_uses_shm_within_a_host_and_tcp_between_hosts() -> None:
+    results = _run("AABB", "auto")
+    assert all(r.ok for r in results), [r.traceback or r.message for r in results]
+    for r in results:
+        for peer, kind in r.value.items():
+            same_host = "AABB"[peer] == "AABB"[r.rank]
+            assert kind == ("ShmTransport" if same_host else "TcpTransport"), (r.rank, peer)
+
+
+def test_shm_across_hosts_is_an_error_on_every_rank() -> None:
+    results = _run("AB", "shm")
+    for r in results:
+        assert r.raised("DistNetworkError"), r.traceback or r.message
+        assert "do not share one host" in r.message
+
+
+def test_auto_falls_back_to_tcp_when_shared_memory_is_unusable() -> None:
+    results = _run("AAA", "auto", RANKWISE_SHM_METHOD="no-such-method")
+    assert all(r.ok for r in results), [r.traceback or r.message for r in results]
+    assert all(set(r.value.values()) == {"TcpTransport"} for r in results)
+
+
+def test_a_bad_transport_name_fails_before_any_connection(monkeypatch: Any) -> None:
+    import rankwise as dist
+    from rankwise.errors import InvalidArgument
+
+    monkeypatch.setenv("RANKWISE_TRANSPORT", "carrier-pigeon")
+    with pytest.raises(InvalidArgument, match="RANKWISE_TRANSPORT"):
+        # nothing listens on this port: reaching it would be a different error
+        dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{free_port()}",
+                                rank=1, world_size=2, timeout=5)
