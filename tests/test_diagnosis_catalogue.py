@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)
 from test_diagnosis_programs import line_of
 
 #: every test here runs once per engine (tcp, shm): see conftest.engine
-pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine")]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
 
 P = "test_diagnosis_programs.py"
 
