@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from typing import Any
 
 import numpy as np
@@ -84,3 +85,20 @@ def test_torch_engine_without_torch_fails_before_io(monkeypatch: pytest.MonkeyPa
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0,
                                 world_size=1, timeout=5)
     assert not dist.is_initialized()
+
+
+def test_check_overhead_benchmark_runs() -> None:
+    """benchmarks/torch_engine.py (a short run; the ratios are measured on a quiet
+    machine, not asserted here)."""
+    import sys
+
+    from launch_scripts.helpers import ROOT, env
+    from test_torch_backend import _bounded
+
+    proc = _bounded([sys.executable, str(ROOT / "benchmarks" / "torch_engine.py"),
+                     "--iters", "30", "--blocks", "2"], env())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = dict(re.findall(r"^  (\S+(?: \S+)*?)\s+([\d.]+) us", proc.stdout, re.MULTILINE))
+    assert set(rows) >= {"rankwise async", "rankwise sync", "rankwise off",
+                         "torch all_reduce", "torch pg.allreduce"}, proc.stdout
+    assert all(float(v) > 0 for v in rows.values()), proc.stdout
