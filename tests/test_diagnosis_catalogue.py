@@ -279,6 +279,23 @@ def test_rank_stuck_in_a_long_computation() -> None:
     check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
 
 
+def test_enqueued_is_told_apart_from_never_called(engine: str) -> None:
+    """Issue 13's who-is-where for foreign engines: a rank whose op torch holds is
+    "enqueued ..., not finished after N s"; the rank that never called it says so."""
+    ranks = case("stuck_in_loop", timeout=3.0, warn=1.0, env={"STUCK_FOR": "6"})
+    call = "all_reduce(float32 x 4, op=SUM)"
+    check(ranks, "DistTimeout", f"timed out after 3s in {call}", "who is where",
+          f"rank 1: running user code at {P}:", f"in stuck_in_loop <- {P}:", only=[0],
+          within=12.0)
+    if engine.startswith("torch"):
+        assert re.search(rf"rank 0: enqueued {re.escape(call)} #2 of .* on {engine} at "
+                         rf"{P}:{line_of('loop-step')} in stuck_in_loop.*, op not finished "
+                         r"after \d", ranks[0].message), ranks[0].message
+        assert f"; never called {call} #2" in ranks[0].message, ranks[0].message
+    else:  # rankwise's engines: the op is rankwise's own wait for rank 1's data
+        assert f"rank 0: in {call} #2 of" in ranks[0].message, ranks[0].message
+
+
 # --- large messages: the waiting thread reads for itself (transport drive) ---------------
 # Failures must still reach it at once, and reports must still get the peers' answers
 # (which only a reader brings in) when the wait ends in an error or a warning.

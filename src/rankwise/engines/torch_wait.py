@@ -45,6 +45,8 @@ class WorkWaiter:
         with the who-is-where table, or the torch op's own error."""
         comm = self.comm
         router = comm.router
+        activity = comm.activity  # who-is-where: the op is torch's now, not ours
+        activity.enqueued, activity.engine = time.time(), self.engine_name
         warn_at = float("inf") if call.patient or call.quiet else \
             time.monotonic() + comm.warn_after
         while True:
