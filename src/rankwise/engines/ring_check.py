@@ -18,7 +18,8 @@ same divergence report, the same abort of every rank.
   waits as in ``sync``. Why: gloo terminates the process (``EnforceNotMet``, SIGABRT)
   when more bytes arrive than its op expects, so a mismatched size must never reach
   it; a new call (a branch taken on some ranks only, a first step) is where mismatches
-  live, while a training loop's repeated calls, once confirmed, run without waiting.
+  live, while a training loop's repeated calls, once confirmed, run without waiting,
+  and send their frame once the data op is enqueued (``flush``), overlapping it.
 - ``sync``: wait for the neighbour's fingerprint before the data op starts, so no
   mismatched op ever runs: one control round trip per call.
 - ``off``: no checks.
@@ -71,6 +72,8 @@ class RingCheck:
         self.prev = group.ranks[(me - 1) % n]
         #: calls (fingerprint, site id) the previous rank has already confirmed once
         self.seen: set[tuple[Fingerprint, int]] = set()
+        #: a confirmed call's frame, sent by ``flush`` once its data op is enqueued
+        self.deferred: tuple[bytes, Call] | None = None
 
     def before(self, call: Call) -> None:
         """Send this call's fingerprint to the next rank and take the previous rank's
@@ -81,16 +84,25 @@ class RingCheck:
         pending = comm.router.post_coll((gid, call.seq, self.prev, CHECK_STEP), _NOTHING)
         header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce, 0,
                                fp.root, fp.count, 0, call.site.id, CHECK_STEP, 0)
-        comm.send_frame(self.next, header, None, call.deadline, call.site)
-        if self.sync:
-            self._wait(call, pending)
-            return
         key = (fp, call.site.id)
-        if key not in self.seen:
-            self._wait(call, pending)
+        if not self.sync and key in self.seen:
+            # confirmed before: the frame goes out once the data op is enqueued
+            # (``flush``), so sending it overlaps the op instead of delaying its start
+            self.deferred = (header, call)
+            return
+        comm.send_frame(self.next, header, None, call.deadline, call.site)
+        self._wait(call, pending)
+        if not self.sync:
             if len(self.seen) >= _SEEN_MAX:
                 self.seen.clear()
             self.seen.add(key)
+
+    def flush(self) -> None:
+        """Send the fingerprint ``before`` deferred (the data op is in flight now)."""
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            header, call = deferred
+            self.comm.send_frame(self.next, header, None, call.deadline, call.site)
 
     def _wait(self, call: Call, pending: Pending) -> None:
         def what() -> str:

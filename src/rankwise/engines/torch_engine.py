@@ -138,10 +138,14 @@ class TorchEngine:
     def _run(self, call: Call, body: Callable[[], None]) -> None:
         """Check the call on the control plane, move the data, check again."""
         self.check.before(call)
-        body()
+        try:
+            body()
+        finally:
+            self.check.flush()  # a body that enqueued no op (or failed) still sends it
         self.check.after()
 
     def _wait(self, call: Call, work: Any) -> None:
+        self.check.flush()  # the op is enqueued: a deferred fingerprint goes out now
         self.waiter.wait(call, work)
 
     def _op(self, call: Call) -> Any:
