@@ -20,6 +20,20 @@ ENGINES = ("tcp", "shm")
 TORCH_ENGINES = ("torch-gloo",)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` are skipped, saying why, where torch sees no CUDA device
+    (``pytest -m cuda`` runs exactly them on a GPU machine)."""
+    gpu = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not gpu:
+        return
+    from rankwise.engines.select import cuda_missing
+
+    why = cuda_missing()
+    if why is not None:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=f"needs CUDA: {why}"))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" not in metafunc.fixturenames:
         return

@@ -134,9 +134,6 @@ def test_ddp_train_example_keeps_replicas_identical(choice: str, moved_by: str) 
 def test_ddp_train_example_on_cuda() -> None:
     """Issue 13's acceptance: ``--device cuda`` under ``rankwise run``, one rank per GPU
     (two ranks share GPU 0 on a one-GPU machine), replicas identical."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     out = _run(["-m", "rankwise", "run", "-n", "2", "examples/ddp_train.py", *_DDP_SHORT,
                 "--device", "cuda"], timeout=280)
     _ddp_train_passes(out, 2, "tcp|shm|nccl")
