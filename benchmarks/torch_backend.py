@@ -29,6 +29,7 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     import torch.distributed as tdist
 
     import rankwise
+    import rankwise.torch  # registers the "rankwise" torch backend
     from rankwise._world import current
     from rankwise.store.torch_views import TorchStoreView
 
