@@ -47,8 +47,9 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     import torch.distributed as tdist
 
     import rankwise
+    import rankwise.torch  # registers the "rankwise" torch backend
     from rankwise._world import current
-    from rankwise.torch._stores import TorchStoreView
+    from rankwise.store.torch_views import TorchStoreView
 
     # rankwise is initialized by run_ranks; torch's default group then wraps its world
     tdist.init_process_group("rankwise", store=TorchStoreView(current().store), rank=rank,

@@ -1,6 +1,8 @@
 """Seed 001's experiment: train a small CNN with DDP and check the replicas stay identical.
 
     rankwise run -n 4 examples/ddp_train.py
+    rankwise run -n 2 examples/ddp_train.py --engine torch-gloo   # torch's gloo moves the data
+    rankwise run -n 2 examples/ddp_train.py --device cuda         # GPUs: NCCL for CUDA tensors
 
 Every rank builds the same random image-classification dataset (3x32x32 images, labels
 0-8, like the article's ``RandomClsDS`` but small enough for a CPU), reads its own shard
@@ -59,8 +61,20 @@ def small_cnn(image: int) -> nn.Module:
 def parameters_hash(model: nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+#: --engine: which engine moves the data (rankwise's checks stay on with every one)
+BACKENDS = {"rankwise": "gloo", "torch-gloo": "torch-gloo"}
+
+
+def backend_for(engine: str, device: str) -> str:
+    """The backend string: CPU tensors on ``engine``; with ``--device cuda``, CUDA tensors
+    on NCCL (rankwise's own engine) or on torch's gloo (``--engine torch-gloo``)."""
+    if device == "cuda" and engine == "rankwise":
+        return "cpu:gloo,cuda:nccl"
+    return BACKENDS[engine]
 
 
 def replicas_identical(model: nn.Module, rank: int, world: int, step: int) -> bool:
@@ -102,18 +116,32 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--check-every", type=int, default=4)
+    parser.add_argument("--engine", choices=sorted(BACKENDS), default="rankwise",
+                        help="what moves the data: rankwise's own engine or torch's gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank (LOCAL_RANK), ranks may share one")
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # N ranks share the machine's cores
+    backend = backend_for(args.engine, args.device)
     if "RANK" in os.environ:
-        rankwise.init_process_group("tcp", init_method="env://")
+        rankwise.init_process_group(backend, init_method="env://")
     else:
         print("no RANK in the environment: running as a group of one (use rankwise run -n 4)")
-        rankwise.init_process_group("tcp", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        rankwise.init_process_group(backend, init_method="tcp://127.0.0.1:0", rank=0,
+                                    world_size=1)
     rank, world = rankwise.get_rank(), rankwise.get_world_size()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if rank == 0:
+        print(f"backend {backend!r} on {device}: data moved by "
+              f"{rankwise.group.WORLD.engine_name()}")
 
     torch.manual_seed(rank)  # different initial weights on purpose: DDP broadcasts rank 0's
-    model = DistributedDataParallel(small_cnn(args.image))
+    model = DistributedDataParallel(small_cnn(args.image).to(device))
     dataset = RandomClsDS(args.samples, args.image)
     sampler = DistributedSampler(dataset, drop_last=True)
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
@@ -126,6 +154,7 @@ def main() -> int:
         loss_sum = torch.zeros(2, dtype=torch.float64)  # [sum of losses, batches]
         start = time.perf_counter()
         for i, (images, labels) in enumerate(loader, 1):
+            images, labels = images.to(device), labels.to(device)
             loss = nn.functional.cross_entropy(model(images), labels)
             optimizer.zero_grad()
             loss.backward()

@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)
 from test_diagnosis_programs import line_of
 
 #: every test here runs once per engine (tcp, shm): see conftest.engine
-pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine")]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
 
 P = "test_diagnosis_programs.py"
 
@@ -71,6 +71,29 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+#: torch engines: each rank imports torch before the clock starts and reports its own
+#: elapsed time at exit, so a bound measures rankwise, not importing torch (tens of
+#: seconds when several ranks import it at once on a loaded machine)
+_TORCH_FIRST = (
+    "import atexit, runpy, sys, time, torch\n"
+    "t0 = time.monotonic()\n"
+    "atexit.register(lambda: sys.stderr.write(f'\\n[rank-elapsed {time.monotonic() - t0:.3f}]\\n'))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+_ELAPSED = re.compile(r"^\[rank-elapsed ([0-9.]+)\]$", re.MULTILINE)
+
+
+def _command(script: str, args: tuple[str, ...]) -> list[str]:
+    if os.environ.get("RANKWISE_ENGINE", "").startswith("torch"):
+        return [sys.executable, "-c", _TORCH_FIRST, script, *args]
+    return [sys.executable, script, *args]
+
+
+def _elapsed(err: str, wall: float) -> float:
+    found = _ELAPSED.search(err)
+    return float(found.group(1)) if found else wall
+
+
 def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float = 30.0,
         env: dict[str, str] | None = None, bound: float = 40.0) -> list[Rank]:
     """Start ``n`` ranks of ``script`` and wait (hard bound ``bound`` s) for all of them."""
@@ -86,7 +109,7 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                   "PYTHONUNBUFFERED": "1"})
         e.update(env or {})
         starts.append(time.monotonic())
-        procs.append(subprocess.Popen([sys.executable, script, *args], env=e, text=True,
+        procs.append(subprocess.Popen(_command(script, args), env=e, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     deadline = time.monotonic() + bound
     results = []
@@ -98,7 +121,10 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                 for q in procs:
                     q.kill()
                 pytest.fail(f"rank {r} of {script} {args} still running after {bound}s")
-            results.append(Rank(r, p.returncode, out, err, time.monotonic() - starts[r]))
+            elapsed = _elapsed(err, time.monotonic() - starts[r])
+            results.append(Rank(r, p.returncode, out, _ELAPSED.sub("", err).rstrip("\n")
+                                + ("\n" if err.endswith("\n") and err.strip() else ""),
+                                elapsed))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -251,6 +277,23 @@ def test_rank_stuck_in_a_long_computation() -> None:
           within=12.0)
     # rank 1 comes back from its computation and learns why rank 0 is gone
     check(ranks, "PeerFailure", "rank 0 failed: DistTimeout", only=[1])
+
+
+def test_enqueued_is_told_apart_from_never_called(engine: str) -> None:
+    """Issue 13's who-is-where for foreign engines: a rank whose op torch holds is
+    "enqueued ..., not finished after N s"; the rank that never called it says so."""
+    ranks = case("stuck_in_loop", timeout=3.0, warn=1.0, env={"STUCK_FOR": "6"})
+    call = "all_reduce(float32 x 4, op=SUM)"
+    check(ranks, "DistTimeout", f"timed out after 3s in {call}", "who is where",
+          f"rank 1: running user code at {P}:", f"in stuck_in_loop <- {P}:", only=[0],
+          within=12.0)
+    if engine.startswith("torch"):
+        assert re.search(rf"rank 0: enqueued {re.escape(call)} #2 of .* on {engine} at "
+                         rf"{P}:{line_of('loop-step')} in stuck_in_loop.*, op not finished "
+                         r"after \d", ranks[0].message), ranks[0].message
+        assert f"; never called {call} #2" in ranks[0].message, ranks[0].message
+    else:  # rankwise's engines: the op is rankwise's own wait for rank 1's data
+        assert f"rank 0: in {call} #2 of" in ranks[0].message, ranks[0].message
 
 
 # --- large messages: the waiting thread reads for itself (transport drive) ---------------

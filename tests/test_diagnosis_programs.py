@@ -113,6 +113,16 @@ def stuck(dist, rank, world):
     dist.barrier()  # @stuck-barrier
 
 
+def stuck_in_loop(dist, rank, world):
+    """A training loop whose rank 1 computes for long in step 1: its call site is known
+    by then, so on a torch engine rank 0's op is already in torch's hands."""
+    t = np.ones(4, np.float32)
+    for step in range(2):
+        if rank == 1 and step == 1:
+            _busy(float(os.environ.get("STUCK_FOR", "6")))  # a long computation  @busy-loop
+        dist.all_reduce(t)  # @loop-step
+
+
 def stuck_large(dist, rank, world):
     t = np.ones(_numel(), np.float32)
     dist.all_reduce(t)
@@ -177,7 +187,7 @@ def traced(dist, rank, world):
 
 
 CASES = {f.__name__: f for f in (subset_barrier, uneven_batches, shape, dtype, root, op,
-                                   raises, exits_early, killed, stuck, stuck_large, p2p_cycle,
+                                   raises, exits_early, killed, stuck, stuck_in_loop, stuck_large, p2p_cycle,
                                    barrier_names, zero_first_raises, zero_first_slow_ok,
                                    monitored, traced)}
 

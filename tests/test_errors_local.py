@@ -17,6 +17,7 @@ import pytest
 from _error_cases import assert_every_rank, expect
 
 import rankwise as dist
+from rankwise.engines.select import cuda_missing
 from rankwise.testing import run_ranks
 
 # --- before init, and init arguments -----------------------------------------------------
@@ -71,9 +72,12 @@ def test_init_arguments_rejected_before_any_connection(silent_listener: socket.s
     url = f"tcp://127.0.0.1:{port}"
     # rank 1 would connect (not bind) if validation came after I/O: the listener sees it
     ok = {"init_method": url, "rank": 1, "world_size": 2, "timeout": 2.0}
+    no_gpu = ("needs a CUDA GPU",) if cuda_missing() is not None else ()
     cases: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-        ("nccl", {**ok, "backend": "nccl"}, ("nccl", "GPU", "tcp")),
-        ("cuda:nccl", {**ok, "backend": "cuda:nccl"}, ("GPU",)),
+        # without CUDA: "needs a CUDA GPU" and why; with it: the NCCL plane is not built
+        ("nccl", {**ok, "backend": "nccl"}, ("nccl", "gloo", *no_gpu)),
+        ("cuda:nccl", {**ok, "backend": "cuda:nccl"}, ("cuda:nccl", *no_gpu)),
+        ("cpu:gloo,cuda:nccl", {**ok, "backend": "cpu:gloo,cuda:nccl"}, ("cuda:nccl", *no_gpu)),
         ("unknown backend", {**ok, "backend": "mpi"}, ("unknown backend", "mpi", "tcp")),
         ("backend not a str", {**ok, "backend": 3}, ("backend",)),
         ("rank out of range", {**ok, "backend": "tcp", "rank": 2}, ("rank 2", "0..1")),

@@ -39,7 +39,7 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
         stores = [h, h]
     elif kind == "torch":  # rankwise's view of a torch store (rankwise.torch under torchrun)
         tdist = pytest.importorskip("torch.distributed")
-        from rankwise.torch._stores import RankwiseStoreView
+        from rankwise.store.torch_views import RankwiseStoreView
 
         master_t = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
         client_t = tdist.TCPStore("127.0.0.1", master_t.port, timeout=timeout)

@@ -76,6 +76,10 @@ class Activity:
     tag: int = 0
     patient: bool = False  #: waiting on purpose (rank_zero_first's followers): no warning
     call: str = ""  #: the call's description, when known without formatting on the hot path
+    #: when a foreign engine (torch's gloo, NCCL) took the call's data op (time.time(); 0:
+    #: not handed over): "enqueued, not finished" differs from "never called it"
+    enqueued: float = 0.0
+    engine: str = ""  #: the foreign engine that holds the op
 
 
 class Communicator:

@@ -32,7 +32,7 @@ from ._comm import Communicator
 from ._group import ProcessGroup, seconds
 from ._world import GroupMember, World, current, maybe_current, set_world
 from .checks.groups import GroupEntry, agree_on_group
-from .engines.select import choose_engine, host_identity, requested_engine
+from .engines.select import choose_engine, cuda_missing, host_identity, requested_engine
 from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from .transport.factory import open_transport, requested_transport
 from .transport.mesh import exited_peers, local_address_for
@@ -49,7 +49,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
 #: what init_process_group accepts; every one runs on rankwise's own engines
-BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp"))
+BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp", "torch-gloo", "cpu:torch-gloo"))
 _TRUE = ("1", "true", "True", "yes")
 
 
@@ -63,12 +63,16 @@ def _check_backend(backend: str | None) -> str:
         raise InvalidArgument(f"backend must be a string, got {backend!r}")
     name = backend.lower()
     if name in BACKENDS:
-        return name
+        return name.removeprefix("cpu:") if name.endswith("torch-gloo") else name
     if "nccl" in name or "cuda" in name:
+        why = cuda_missing()
+        if why is not None:
+            raise InvalidArgument(
+                f"backend {backend!r} needs a CUDA GPU, but {why}; on CPU use backend "
+                "'gloo' (rankwise's own engine) or 'torch-gloo' (torch's gloo moves the data)")
         raise InvalidArgument(
-            f"backend {backend!r} needs GPU support, which rankwise has not built yet; use "
-            "backend='tcp' (or 'gloo', its alias) with CPU tensors"
-        )
+            f"backend {backend!r}: rankwise's NCCL data plane is not built yet (issue 13); "
+            "use backend 'torch-gloo' or 'gloo' with CPU tensors (call .cpu() first)")
     raise InvalidArgument(f"unknown backend {backend!r}; rankwise offers 'tcp' (alias 'gloo')")
 
 
@@ -128,7 +132,7 @@ def init_process_group(
     """Join the job: same signature and meaning as ``torch.distributed``'s.
 
     ``backend``: ``"tcp"`` (``"gloo"`` is an alias so torch scripts only change their
-    import). ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
+    import), or ``"torch-gloo"``: torch's gloo moves the data, rankwise's checks stay on. ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
     ``"file:///path"``. ``token`` (or ``RANKWISE_TOKEN``): shared secret every
     connection must prove.
     """
@@ -136,7 +140,7 @@ def init_process_group(
         raise InvalidArgument("init_process_group was already called in this process; call "
                               "destroy_process_group() first to re-initialize")
     backend_name = _check_backend(backend)
-    requested_engine()  # a bad RANKWISE_ENGINE fails here, before any connection
+    requested_engine(backend_name)  # a bad RANKWISE_ENGINE fails here, before any connection
     requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
@@ -456,6 +460,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     """Create a group; like torch, every rank of the job must call it, in the same order."""
     world = current()
     backend_name = world.backend if backend is None else _check_backend(backend)
+    requested_engine(backend_name)  # before the group round: no torch, no round
     members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
     for r in members:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:

@@ -185,6 +185,9 @@ class Router:
         self._groups: dict[int, _GroupState] = {}
         self._failed: BaseException | None = None
         self._gone: dict[int, BaseException] = {}  #: peers that left or died
+        #: told (once, outside the lock) of the first failure: engines whose data plane
+        #: rankwise does not own (a torch group) abort it so no rank stays blocked there
+        self.on_failure: list[Callable[[BaseException], None]] = []
 
     # --- state shared with callers ---------------------------------------------------
 
@@ -203,6 +206,16 @@ class Router:
             self._news.wait_for(lambda: self._failed is not None or rank in self._gone,
                                 timeout)
             return self._failed or self._gone.get(rank)
+
+    def wait_for_any_cause(self, ranks: list[int], timeout: float) -> BaseException | None:
+        """Like ``wait_for_cause``, for whichever of ``ranks`` is noted gone first (or a
+        failure of the whole job): what explains a foreign engine's broken op."""
+        def cause() -> BaseException | None:  # the first to go (dicts keep order)
+            return self._failed or next((exc for r, exc in self._gone.items() if r in ranks),
+                                        None)
+        with self._news:
+            self._news.wait_for(lambda: cause() is not None, timeout)
+            return cause()
 
     def register_call(self, group: int, seq: int, fp: Fingerprint, keep: int = 1024) -> None:
         """Record this rank's call #seq; check frames that arrived before it was made."""
@@ -548,7 +561,8 @@ class Router:
     def fail_all(self, exc: BaseException) -> None:
         """Poison the router: every waiter and every later post raises ``exc``."""
         with self._lock:
-            if self._failed is None:
+            first = self._failed is None
+            if first:
                 # raised again from every wait of every thread: whatever exception one of
                 # them happened to be handling is not its context (a job-wide DeadlockError
                 # printed under a "PeerFailure ... during handling" header misleads)
@@ -580,6 +594,9 @@ class Router:
         for p in waiters:
             p.finish(None, self._failed)
         self._resume_all(held)
+        if first:
+            for listener in list(self.on_failure):
+                listener(exc)
 
     def fail_peer(self, rank: int, exc: BaseException) -> None:
         """``rank`` is gone: fail the receives that can only be satisfied by it."""

@@ -63,8 +63,15 @@ def _state(comm: Any, now: float) -> str:
     if a.op:
         group = comm.groups.get(a.group)
         gname = group.name if group is not None else f"group {a.group}"
-        text = (f"in {comm._call_of(a)} #{a.seq} of {gname} at {a.site.chain or '<unknown>'} "
-                f"for {since:.1f}s")
+        where = a.site.chain or "<unknown>"
+        if a.enqueued:
+            # the op is in a foreign engine's hands: started here, waiting on its peers
+            # (or, on a GPU, on its kernel), not on anything rankwise still has to do
+            what = "kernel" if a.engine.startswith("nccl") else "op"
+            text = (f"enqueued {comm._call_of(a)} #{a.seq} of {gname} on {a.engine} at "
+                    f"{where}, {what} not finished after {max(0.0, now - a.enqueued):.1f}s")
+        else:
+            text = f"in {comm._call_of(a)} #{a.seq} of {gname} at {where} for {since:.1f}s"
         if a.waiting_for >= 0:
             text += f", waiting for rank {a.waiting_for}"
         if a.patient:
@@ -107,6 +114,7 @@ def build_report(comm: Any) -> dict[str, Any]:
         "chain": a.site.chain if a.op else "",
         "call": comm._call_of(a) if a.op and a.kind != "recv" else "",
         "fp": _fingerprint_of(comm, a) if a.op and a.kind != "recv" else "",
+        "enqueued": bool(a.op and a.enqueued),
     }
     failure = comm.router.failure
     if failure is not None:
@@ -215,12 +223,33 @@ def cycle_text(reports: dict[int, dict[str, Any]]) -> str:
 def format_where(reports: dict[int, dict[str, Any]], headline: str) -> str:
     """One table: a line per rank, then the wait cycle if there is one."""
     lines = [f"who is where ({headline}):"]
+    held = _enqueued_ops(reports)
     for r in sorted(reports):
-        lines.append(f"  rank {r}: {reports[r].get('state', '?')}")
+        lines.append(f"  rank {r}: {reports[r].get('state', '?')}{_never_called(reports[r], held)}")
     cycle = cycle_text(reports)
     if cycle:
         lines.append(cycle)
     return "\n".join(lines)
+
+
+def _enqueued_ops(reports: dict[int, dict[str, Any]]) -> dict[tuple[int, int], str]:
+    """The collectives (group, seq) some rank handed to a foreign engine, by their call."""
+    return {(int(rep.get("group", 0)), int(rep.get("seq", 0))): str(rep.get("call"))
+            for rep in reports.values() if rep.get("enqueued")}
+
+
+def _never_called(rep: dict[str, Any], held: dict[tuple[int, int], str]) -> str:
+    """``; never called all_reduce(...) #12`` for a rank whose history of that group
+    stops before a collective another rank has enqueued (it is elsewhere, not slow)."""
+    notes = []
+    for (gid, seq), call in sorted(held.items()):
+        if rep.get("op") and (int(rep.get("group", 0)), int(rep.get("seq", 0))) == (gid, seq):
+            continue
+        entries = (rep.get("history") or {}).get(str(gid))
+        if isinstance(entries, list) and entries and \
+                all(int(e.get("seq", 0)) < seq for e in entries if isinstance(e, dict)):
+            notes.append(f"; never called {call} #{seq}")
+    return "".join(notes)
 
 
 def stalled_mismatch(reports: dict[int, dict[str, Any]]

@@ -10,11 +10,15 @@ used only when all of these are equal. Setting it up can still fail on one rank 
 shared memory only if it worked everywhere, and never splits across engines.
 
 ``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
-the message engine) or ``shm`` (shared memory or an error saying why not).
+the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
+(torch's gloo moves the data, rankwise checks it: ``torch_engine``). The backend name
+``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
+rankwise's own engine.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import platform
@@ -28,24 +32,52 @@ from .base import Engine
 if TYPE_CHECKING:
     from .._group import ProcessGroup
 
-__all__ = ["ENGINES", "ENGINE_ENV", "choose_engine", "host_identity", "requested_engine"]
+__all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_missing",
+           "host_identity", "requested_engine"]
 
 log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
-ENGINES = ("auto", "tcp", "shm")
+ENGINES = ("auto", "tcp", "shm", "torch-gloo")
 
 
 class EngineUnavailable(DistError):
     """The engine asked for cannot serve this group (said once, with the reason)."""
 
 
-def requested_engine() -> str:
-    """The engine the environment asks for, validated before any I/O."""
-    value = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
-    if value not in ENGINES:
-        raise InvalidArgument(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}")
+#: backend names that pick an engine themselves (every other CPU backend name leaves the
+#: choice to ``RANKWISE_ENGINE``)
+ENGINE_BACKENDS = {"torch-gloo": "torch-gloo"}
+
+
+def requested_engine(backend: str | None = None) -> str:
+    """The engine a group of ``backend`` asks for (the backend name when it names one,
+    else ``RANKWISE_ENGINE``), validated before any I/O: a torch engine without torch
+    installed is an error here, not after the rendezvous."""
+    value = ENGINE_BACKENDS.get(backend or "")
+    if value is None:
+        value = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
+        if value not in ENGINES:
+            raise InvalidArgument(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}")
+    if value.startswith("torch-") and importlib.util.find_spec("torch") is None:
+        how = f"backend {backend!r}" if backend in ENGINE_BACKENDS else f"{ENGINE_ENV}={value}"
+        raise InvalidArgument(f"{how} needs torch, which is not installed: pip install torch, "
+                              "or use rankwise's own engine (backend 'gloo')")
     return value
+
+
+def cuda_missing() -> str | None:
+    """Why no CUDA engine can run here (None when torch sees a CUDA device), found without
+    any I/O and without importing torch when it is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        built = torch.version.cuda is not None
+        return ("torch sees no CUDA device (torch.cuda.is_available() is False)" if built
+                else f"this torch ({torch.__version__}) is built without CUDA")
+    return None
 
 
 def _read(path: str) -> str:
@@ -92,8 +124,12 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float,
     member). Collective over the group's members: each must call it, in group order.
     ``hosts``: every member's ``host_identity()`` in group-rank order, when a round
     already brought them (``new_group``'s order check); else one round here."""
-    want = requested_engine()
+    want = requested_engine(group.backend)
     n, me = group.size(), group.group_rank
+    if want == "torch-gloo":
+        from .torch_engine import TorchEngine
+
+        return TorchEngine.create(group, store, timeout)
     if want == "tcp" or n == 1:
         return group.messages
     prefix = f"engine/{group.id}"

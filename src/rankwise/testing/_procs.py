@@ -52,6 +52,10 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, 
     faulthandler.dump_traceback_later(max(1.0, timeout - 1.0), exit=True)
     import rankwise
 
+    if os.environ.get("RANKWISE_ENGINE", "").startswith("torch"):
+        # ``elapsed`` bounds how fast rankwise reacts; importing torch (seconds on a
+        # loaded machine) is not part of that
+        import torch  # noqa: F401
     start = time.monotonic()
     result = RankResult(rank)
     try:

@@ -30,8 +30,8 @@ from .._auth import resolve_token
 from .._callsite import skip_directory
 from .._world import current, maybe_current
 from ..errors import InvalidArgument
+from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
 from ._backend import BACKEND_NAME, TorchProcessGroup
-from ._stores import RankwiseStoreView, TorchStoreView, rankwise_store_under
 
 __all__ = ["install"]
 

@@ -1,11 +1,13 @@
-"""The two store adapters between torch.distributed and rankwise.
+"""The two store adapters between torch.distributed and rankwise (imports torch: only
+torch-facing code imports this module).
 
 Why two directions: under ``rankwise run`` the rendezvous store is rankwise's (the launcher
 hosts it on ``MASTER_PORT``), so torch's own rendezvous must see it as a torch ``Store``
 (:class:`TorchStoreView`); under torchrun (or ``init_method="tcp://..."``) the store is
 torch's, and rankwise's rendezvous, mesh set-up and engine agreement must run on it
-(:class:`RankwiseStoreView`). Both are thin: keys and values pass through unchanged, and
-the only translation is of timeouts and errors.
+(:class:`RankwiseStoreView`). The torch engines build their torch process groups over a
+``TorchStoreView`` of the group's rankwise store too. Both are thin: keys and values pass
+through unchanged, and the only translation is of timeouts and errors.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch._C._distributed_c10d import PrefixStore
 from torch._C._distributed_c10d import Store as _TorchStore
 
 from ..errors import StoreError
-from ..store.base import Store
+from .base import Store
 
 __all__ = ["RankwiseStoreView", "TorchStoreView", "rankwise_store_under"]
 
@@ -90,7 +92,12 @@ class RankwiseStoreView(Store):
             raise StoreError(f"{what} on {self._describe()} failed: {exc}") from exc
 
     def _set(self, key: bytes, value: bytes) -> None:
-        self._call("set", self.inner.set, key.decode(), value)
+        name = key.decode()
+        self._call("set", self.inner.set, name, value)
+        # torch's TCPStore client sends a set without waiting for a reply, so another
+        # client could still miss the key; rankwise's set is visible once it returns, so
+        # one round trip on the same connection follows (the server answers in order)
+        self._check_one(name)
 
     def _get(self, key: bytes, timeout_s: float) -> bytes | None:
         if self._wait([key], timeout_s):

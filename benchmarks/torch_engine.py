@@ -1,0 +1,119 @@
+"""What rankwise's checks cost on the torch-gloo engine: a 4-byte all_reduce through
+``rankwise.all_reduce`` on torch-gloo groups (``RANKWISE_CHECK`` = async, sync, off) vs
+torch's gloo alone, in the same processes and the same run.
+
+"torch gloo alone" is measured twice: ``torch.distributed.all_reduce`` on a torch gloo
+default group made from the same rendezvous (what a torch user calls), and the engine's
+own ``ProcessGroupGloo.allreduce(...).wait()`` (no Python wrapper at all: the floor).
+Blocks of each are interleaved (rotating which goes first) so machine noise hits all
+alike; per block the slowest rank counts (a collective is as fast as its slowest rank),
+then the median over blocks. Targets (issue 13): async / torch <= 1.05; sync costs at
+most one control round trip more than async (the round trip is measured too: a 0-byte
+ping-pong on rankwise's control connection, ``rankwise.send``/``recv`` of one byte).
+
+    python benchmarks/torch_engine.py                   # 2 ranks
+    python benchmarks/torch_engine.py --ranks 2,4 --iters 2000 --blocks 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "src"))
+
+CHECKS = ("async", "sync", "off")
+
+
+def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[float]]:
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+
+    import rankwise
+    from rankwise._world import current
+    from rankwise.store import PrefixStore
+    from rankwise.store.torch_views import TorchStoreView
+
+    torch.set_num_threads(1)
+    groups = {}
+    for mode in CHECKS:  # the check mode is read when a torch-gloo group is made
+        os.environ["RANKWISE_CHECK"] = mode
+        groups[mode] = rankwise.new_group(backend="torch-gloo")
+    view = TorchStoreView(PrefixStore("bench/torch-gloo/", current().store))
+    tdist.init_process_group("gloo", store=view, rank=rank, world_size=world)
+    t = torch.ones(1)  # 4 bytes
+    raw = groups["off"].engine.pg
+    one = np.zeros(1, np.uint8)
+    peer = 1 - rank if rank < 2 else None
+
+    def ping() -> None:  # one control round trip between ranks 0 and 1
+        if peer is None:
+            return
+        if rank == 0:
+            rankwise.send(one, peer)
+            rankwise.recv(one, peer)
+        else:
+            rankwise.recv(one, peer)
+            rankwise.send(one, peer)
+
+    ops: dict[str, Callable[[], Any]] = {
+        f"rankwise {m}": (lambda g=g: rankwise.all_reduce(t, group=g))
+        for m, g in groups.items()}
+    ops["torch all_reduce"] = lambda: tdist.all_reduce(t)
+    ops["torch pg.allreduce"] = lambda: raw.allreduce([t]).wait()
+    ops["control round trip"] = ping
+    for fn in ops.values():  # warm up every path (call-site caches, first-sight checks)
+        for _ in range(300):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in ops}
+    names = list(ops)
+    for b in range(blocks):
+        for name in names[b % len(names):] + names[:b % len(names)]:
+            rankwise.barrier()
+            start = time.perf_counter()
+            fn = ops[name]
+            for _ in range(iters):
+                fn()
+            times[name].append((time.perf_counter() - start) / iters)
+    tdist.destroy_process_group()
+    return times
+
+
+def main() -> None:
+    from rankwise.testing import run_ranks
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="2")
+    parser.add_argument("--iters", type=int, default=1000)
+    parser.add_argument("--blocks", type=int, default=8)
+    args = parser.parse_args()
+    for n in [int(x) for x in args.ranks.split(",")]:
+        results = run_ranks(_bench, n, args=(args.iters, args.blocks), timeout=600,
+                            init_kwargs={"backend": "tcp"})
+        for res in results:
+            if not res.ok:
+                raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")
+
+        def median_us(name: str, results: Any = results) -> float:
+            return statistics.median(max(b) * 1e6 for b in zip(*(r.value[name] for r in results)))
+
+        med = {name: median_us(name) for name in results[0].value}
+        base = med["torch all_reduce"]
+        print(f"{n} ranks, 4-byte all_reduce, median of {args.blocks} blocks x "
+              f"{args.iters} calls (slowest rank per block)")
+        for name, us in med.items():
+            print(f"  {name:<20} {us:8.1f} us   {us / base:6.3f}x torch all_reduce")
+        extra = med["rankwise sync"] - med["rankwise async"]
+        print(f"  sync - async: {extra:.1f} us = {extra / med['control round trip']:.2f} "
+              "control round trips")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Waiting for a torch ``Work`` the rankwise way: bounded, and released by rankwise's
+control plane.
+
+Why not ``work.wait()``: torch's gloo ``abort`` does not release a rank blocked in an op
+whose peers never join (it stays blocked until gloo's own timeout or a peer's connection
+closes), and NCCL's watchdog takes minutes. So the wait is cut in short slices; between
+them the rank looks at what its control plane knows (a mismatch found by the ring
+check, a dead or failed peer) and raises that at once. Past ``RANKWISE_WARN_AFTER`` it
+logs the who-is-where table; at the group's deadline it raises ``DistTimeout`` with it.
+An error of the torch op itself (a peer's connection closed) is explained by the
+control plane's account when one comes within a second.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DistError, DistTimeout, PeerFailure
+from .base import Call
+
+if TYPE_CHECKING:
+    from .._comm import Communicator
+
+__all__ = ["SLICE", "WorkWaiter"]
+
+#: seconds between two looks at the control plane while a torch op is in flight
+SLICE = 0.2
+_SLICE = timedelta(seconds=SLICE)
+
+
+class WorkWaiter:
+    """Waits for one group's torch works; remembers whether one was left in flight."""
+
+    def __init__(self, comm: Communicator, engine_name: str) -> None:
+        self.comm = comm
+        self.engine_name = engine_name
+        #: a torch op was abandoned in flight (its group can no longer be destroyed
+        #: cleanly: destroying it joins threads that stay blocked in that op)
+        self.stuck = False
+
+    def wait(self, call: Call, work: Any) -> None:
+        """Return when ``work`` is done; raise the control plane's failure, a timeout
+        with the who-is-where table, or the torch op's own error."""
+        comm = self.comm
+        router = comm.router
+        activity = comm.activity  # who-is-where: the op is torch's now, not ours
+        activity.enqueued, activity.engine = time.time(), self.engine_name
+        warn_at = float("inf") if call.patient or call.quiet else \
+            time.monotonic() + comm.warn_after
+        while True:
+            failure = router.failure
+            if failure is not None:
+                self.stuck = not work.is_completed()
+                comm.await_diagnosis()
+                raise comm.as_of_now(failure)
+            now = time.monotonic()
+            if now >= call.deadline:
+                self.stuck = True
+                raise self._timeout(call)
+            if now >= warn_at:
+                warn_at = float("inf")
+                comm.warn_slow(lambda: self._what(call))
+                continue
+            try:
+                work.wait(_SLICE if call.deadline - now > SLICE else
+                          timedelta(seconds=max(0.001, call.deadline - now)))
+                return
+            except RuntimeError as exc:
+                if not work.is_completed():
+                    continue  # a slice ran out: look at the control plane again
+                raise self._torch_error(call, exc) from None
+
+    def _what(self, call: Call) -> str:
+        return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "
+                f"{call.record.describe()} (collective #{call.seq} of {call.group.name}) on "
+                f"{self.engine_name}")
+
+    def _timeout(self, call: Call) -> DistError:
+        if call.quiet:
+            return DistTimeout(self._what(call))
+        table = self.comm.where_table(f"rank {self.comm.rank} timed out in "
+                                      f"{call.record.describe()} on {self.engine_name}")
+        failure = self.comm.router.failure
+        if failure is not None:  # the table found a mismatch no frame revealed
+            return failure if isinstance(failure, DistError) else DistError(str(failure))
+        return DistTimeout(self._what(call), report=table)
+
+    def _torch_error(self, call: Call, exc: RuntimeError) -> BaseException:
+        """The torch op failed (a peer's connection closed, ...): the control plane
+        usually knows why (the peer's traceback, its goodbye, a mismatch)."""
+        failure = self.comm.router.wait_for_any_cause(call.group.ranks, 1.0)
+        if failure is not None:
+            self.comm.await_diagnosis()
+            return self.comm.as_of_now(failure)
+        return PeerFailure(f"rank {self.comm.rank}: {call.record.describe()} (collective "
+                           f"#{call.seq} of {call.group.name}) failed on {self.engine_name}: "
+                           f"{exc}")

@@ -1,0 +1,104 @@
+"""The torch-gloo engine chosen by name (issue 13): backend ``"torch-gloo"``, or
+``RANKWISE_ENGINE=torch-gloo`` with any CPU backend name; ``new_group`` on every engine;
+``"gloo"`` stays rankwise's own engine. Real processes over real sockets.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rankwise as dist
+from rankwise.engines import select
+from rankwise.errors import InvalidArgument
+from rankwise.testing import run_ranks
+
+pytest.importorskip("torch.distributed")
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.torch]
+
+
+def _engines_and_sums(rank: int, world: int) -> dict[str, Any]:
+    """Every group's engine, and a sum on each that proves its data moved."""
+    out: dict[str, Any] = {"world": (dist.get_backend(), dist.group.WORLD.engine_name())}
+    a = np.full(3, rank + 1.0, np.float32)
+    dist.all_reduce(a)
+    out["world_sum"] = a.tolist()
+    sub = dist.new_group([0, 2])  # the default backend: the world's
+    own = dist.new_group(backend="gloo")  # rankwise's own engine, whatever the world's
+    torch_sub = dist.new_group([1, 2], backend="torch-gloo")
+    for name, g in (("sub", sub), ("own", own), ("torch_sub", torch_sub)):
+        if g is dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        b = np.full(2, 10.0 * (rank + 1), np.float64)
+        dist.all_reduce(b, group=g)
+        out[name] = (dist.get_backend(g), g.engine_name(), b.tolist())
+    return out
+
+
+@pytest.mark.parametrize("how", ["backend", "env"])
+def test_torch_gloo_by_backend_name_or_env_with_new_groups(how: str) -> None:
+    kwargs = {"backend": "torch-gloo"} if how == "backend" else {"backend": "gloo"}
+    env = {"RANKWISE_ENGINE": "torch-gloo"} if how == "env" else {"RANKWISE_ENGINE": "tcp"}
+    results = run_ranks(_engines_and_sums, 3, init_kwargs=kwargs, env=env, timeout=150)
+    for res in results:
+        assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
+        v = res.value
+        assert v["world"] == (kwargs["backend"], "torch-gloo")
+        assert v["world_sum"] == [6.0] * 3
+        # "gloo" is rankwise's own engine unless RANKWISE_ENGINE asks for torch-gloo
+        assert v["own"] == ("gloo", "torch-gloo" if how == "env" else "tcp", [60.0] * 2)
+        if res.rank in (0, 2):
+            assert v["sub"] == (kwargs["backend"], "torch-gloo", [40.0] * 2)
+        if res.rank in (1, 2):
+            assert v["torch_sub"] == ("torch-gloo", "torch-gloo", [50.0] * 2)
+
+
+def _torch_sub_in_tcp_world(rank: int, world: int) -> tuple[str, str, list[float]]:
+    g = dist.new_group(backend="torch-gloo")
+    a = np.arange(4, dtype=np.int64) * (rank + 1)
+    dist.all_reduce(a, group=g)
+    return dist.group.WORLD.engine_name(), g.engine_name(), a.tolist()
+
+
+def test_new_group_torch_gloo_in_a_tcp_world() -> None:
+    results = run_ranks(_torch_sub_in_tcp_world, 2, env={"RANKWISE_ENGINE": "tcp"},
+                        timeout=120)
+    for res in results:
+        assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
+        assert res.value == ("tcp", "torch-gloo", [0, 3, 6, 9])
+
+
+def test_torch_engine_without_torch_fails_before_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(select.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(InvalidArgument, match="needs torch"):
+        select.requested_engine("torch-gloo")
+    monkeypatch.setenv("RANKWISE_ENGINE", "torch-gloo")
+    with pytest.raises(InvalidArgument, match="RANKWISE_ENGINE=torch-gloo needs torch"):
+        # no store at this port: the error must come before any connection is tried
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0,
+                                world_size=1, timeout=5)
+    assert not dist.is_initialized()
+
+
+def test_check_overhead_benchmark_runs() -> None:
+    """benchmarks/torch_engine.py (a short run; the ratios are measured on a quiet
+    machine, not asserted here)."""
+    import sys
+
+    from launch_scripts.helpers import ROOT, env
+    from test_torch_backend import _bounded
+
+    proc = _bounded([sys.executable, str(ROOT / "benchmarks" / "torch_engine.py"),
+                     "--iters", "30", "--blocks", "2"], env())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = dict(re.findall(r"^  (\S+(?: \S+)*?)\s+([\d.]+) us", proc.stdout, re.MULTILINE))
+    assert set(rows) >= {"rankwise async", "rankwise sync", "rankwise off",
+                         "torch all_reduce", "torch pg.allreduce"}, proc.stdout
+    assert all(float(v) > 0 for v in rows.values()), proc.stdout
