@@ -39,11 +39,12 @@ def time_blocks(ops: dict[str, Callable[[], object]], iters: int, blocks: int,
 
 
 def run_blocks(bench: Callable[..., dict[str, list[float]]], ranks: int,
-               args: Sequence[Any]) -> list[dict[str, list[float]]]:
+               args: Sequence[Any], **init_kwargs: Any) -> list[dict[str, list[float]]]:
     """Run ``bench(rank, world, *args)`` on ``ranks`` processes; each rank's timings."""
     from rankwise.testing import run_ranks
 
-    results = run_ranks(bench, ranks, args=tuple(args), timeout=600)
+    results = run_ranks(bench, ranks, args=tuple(args), timeout=600,
+                        **({"init_kwargs": init_kwargs} if init_kwargs else {}))
     for res in results:
         if not res.ok:
             raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")

@@ -5,7 +5,7 @@ torch's gloo alone, in the same processes and the same run.
 "torch gloo alone" is measured twice: ``torch.distributed.all_reduce`` on a torch gloo
 default group made from the same rendezvous (what a torch user calls), and the engine's
 own ``ProcessGroupGloo.allreduce(...).wait()`` (no Python wrapper at all: the floor).
-Blocks of each are interleaved (rotating which goes first) so machine noise hits all
+Blocks of each are interleaved (alternating the order) so machine noise hits all
 alike; per block the slowest rank counts (a collective is as fast as its slowest rank),
 then the median over blocks. Targets (issue 13): async / torch <= 1.05; sync costs at
 most one control round trip more than async (the round trip is measured too: a 0-byte
@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "src"))
+from _blocks import run_blocks, slowest_per_block, time_blocks
 
 CHECKS = ("async", "sync", "off")
 
@@ -72,39 +69,21 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     for fn in ops.values():  # warm up every path (call-site caches, first-sight checks)
         for _ in range(300):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in ops}
-    names = list(ops)
-    for b in range(blocks):
-        for name in names[b % len(names):] + names[:b % len(names)]:
-            rankwise.barrier()
-            start = time.perf_counter()
-            fn = ops[name]
-            for _ in range(iters):
-                fn()
-            times[name].append((time.perf_counter() - start) / iters)
+    times = time_blocks(ops, iters, blocks, rankwise.barrier)
     tdist.destroy_process_group()
     return times
 
 
 def main() -> None:
-    from rankwise.testing import run_ranks
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="2")
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--blocks", type=int, default=8)
     args = parser.parse_args()
     for n in [int(x) for x in args.ranks.split(",")]:
-        results = run_ranks(_bench, n, args=(args.iters, args.blocks), timeout=600,
-                            init_kwargs={"backend": "tcp"})
-        for res in results:
-            if not res.ok:
-                raise SystemExit(f"rank {res.rank} failed: {res.error_type}: {res.message}")
-
-        def median_us(name: str, results: Any = results) -> float:
-            return statistics.median(max(b) * 1e6 for b in zip(*(r.value[name] for r in results)))
-
-        med = {name: median_us(name) for name in results[0].value}
+        per_rank = run_blocks(_bench, n, (args.iters, args.blocks), backend="tcp")
+        med = {name: statistics.median(slowest_per_block(per_rank, name))
+               for name in per_rank[0]}
         base = med["torch all_reduce"]
         print(f"{n} ranks, 4-byte all_reduce, median of {args.blocks} blocks x "
               f"{args.iters} calls (slowest rank per block)")
