@@ -8,6 +8,7 @@ the steadier figure on a loaded machine) over blocks.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -19,11 +20,26 @@ if SRC not in sys.path:
     sys.path.insert(0, SRC)
 
 
+def parse_args(doc: str, ranks: str = "2") -> argparse.Namespace:
+    """``--ranks 2,4 --iters N --blocks N``: the options every same-run benchmark takes."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--ranks", default=ranks)
+    parser.add_argument("--iters", type=int, default=1000)
+    parser.add_argument("--blocks", type=int, default=8)
+    return parser.parse_args()
+
+
 def time_blocks(ops: dict[str, Callable[[], object]], iters: int, blocks: int,
-                sync: Callable[[], object],
-                before: Callable[[str], object] | None = None) -> dict[str, list[float]]:
-    """Seconds per call of each op, one figure per block; ``sync`` (a barrier) lines the
+                sync: Callable[[], object], before: Callable[[str], object] | None = None,
+                warmup: int = 0) -> dict[str, list[float]]:
+    """Seconds per call of each op, one figure per block, after ``warmup`` untimed calls
+    of each (call-site caches, sockets, first-sight checks); ``sync`` (a barrier) lines the
     ranks up before each block, ``before(name)`` sets up a variant (a switch to flip)."""
+    for name, fn in ops.items():
+        if before is not None:
+            before(name)
+        for _ in range(warmup):
+            fn()
     times: dict[str, list[float]] = {name: [] for name in ops}
     for b in range(blocks):
         for name in (list(ops) if b % 2 == 0 else list(reversed(ops))):

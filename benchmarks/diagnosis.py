@@ -13,10 +13,9 @@ both alike, and prints the on/off latency ratio (target: overhead <= 5%).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
-from _blocks import run_blocks, slowest_per_block, time_blocks
+from _blocks import parse_args, run_blocks, slowest_per_block, time_blocks
 
 
 def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[float]]:
@@ -27,26 +26,16 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
 
     t = np.ones(1, np.float32)  # 4 bytes
     ops = {"all_reduce": lambda: dist.all_reduce(t), "barrier": lambda: dist.barrier()}
-    for fn in ops.values():  # warm up both paths (call-site cache, sockets)
-        for on in (True, False):
-            set_enabled(on)
-            for _ in range(200):
-                fn()
     # each op twice: "all_reduce/on" and "all_reduce/off", the switch flipped before a block
     variants = {f"{name}/{state}": fn for name, fn in ops.items() for state in ("on", "off")}
     times = time_blocks(variants, iters, blocks, dist.barrier,
-                        before=lambda v: set_enabled(v.endswith("/on")))
+                        before=lambda v: set_enabled(v.endswith("/on")), warmup=200)
     set_enabled(True)
     return times
 
 
 def main() -> None:
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="2,4")
-    parser.add_argument("--iters", type=int, default=1000)
-    parser.add_argument("--blocks", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(__doc__, ranks="2,4")
     print(f"{'ranks':>5} {'op':>10} {'off (us)':>9} {'on (us)':>9} {'on/off':>7} overhead"
           f" {'best off':>9} {'best on':>8} {'best on/off':>11}")
     for n in [int(x) for x in args.ranks.split(",")]:

@@ -17,11 +17,10 @@ under; "beyond floor" is what rankwise's backend adds on top of it and of its ow
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
-from _blocks import run_blocks, slowest_per_block, time_blocks
+from _blocks import parse_args, run_blocks, slowest_per_block, time_blocks
 
 _NOOP = "rankwise-bench-noop"
 
@@ -58,20 +57,13 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     noop = _noop_group(tdist)
     ops = {"rankwise": lambda: rankwise.all_reduce(t), "torch": lambda: tdist.all_reduce(t),
            "floor": lambda: tdist.all_reduce(t, group=noop)}
-    for fn in ops.values():  # warm up every path (call-site caches, sockets)
-        for _ in range(300):
-            fn()
-    times = time_blocks(ops, iters, blocks, rankwise.barrier)
+    times = time_blocks(ops, iters, blocks, rankwise.barrier, warmup=300)
     tdist.destroy_process_group()  # leaves rankwise's world to run_ranks (not torch's)
     return times
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="2")
-    parser.add_argument("--iters", type=int, default=1000)
-    parser.add_argument("--blocks", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(__doc__, ranks="2")
     print(f"{'ranks':>5} {'rankwise (us)':>13} {'torch (us)':>10} {'torch/rankwise':>14} "
           f"{'best rw':>8} {'best torch':>10} {'best ratio':>10} {'floor (us)':>10} "
           f"{'beyond floor':>12}")

@@ -17,13 +17,12 @@ ping-pong on rankwise's control connection, ``rankwise.send``/``recv`` of one by
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 from collections.abc import Callable
 from typing import Any
 
-from _blocks import run_blocks, slowest_per_block, time_blocks
+from _blocks import parse_args, run_blocks, slowest_per_block, time_blocks
 
 CHECKS = ("async", "sync", "off")
 
@@ -66,20 +65,13 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     ops["torch all_reduce"] = lambda: tdist.all_reduce(t)
     ops["torch pg.allreduce"] = lambda: raw.allreduce([t]).wait()
     ops["control round trip"] = ping
-    for fn in ops.values():  # warm up every path (call-site caches, first-sight checks)
-        for _ in range(300):
-            fn()
-    times = time_blocks(ops, iters, blocks, rankwise.barrier)
+    times = time_blocks(ops, iters, blocks, rankwise.barrier, warmup=300)
     tdist.destroy_process_group()
     return times
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="2")
-    parser.add_argument("--iters", type=int, default=1000)
-    parser.add_argument("--blocks", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(__doc__, ranks="2")
     for n in [int(x) for x in args.ranks.split(",")]:
         per_rank = run_blocks(_bench, n, (args.iters, args.blocks), backend="tcp")
         med = {name: statistics.median(slowest_per_block(per_rank, name))
