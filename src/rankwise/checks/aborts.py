@@ -68,6 +68,10 @@ def parse_abort(payload: bytes) -> dict[str, Any]:
     return info
 
 
+#: failures every rank of the job raises alike: a peer that dies of one is not the cause
+_LEARNED: tuple[type[DistError], ...] = (CollectiveMismatch, DeadlockError)
+
+
 def _deadlock(a: AbortInfo) -> DistError:
     calls = a.raw.get("ranks")
     exc = DeadlockError(a.noted("detected by"),
@@ -88,11 +92,13 @@ def _exception(a: AbortInfo) -> DistError:
     if a.raw.get("relayed_by") is not None:
         return PeerFailure(f"{a.message}\n(passed on by rank {a.src}, which left after it)",
                            rank=a.origin, remote_traceback=a.traceback, last_collective=a.last)
-    prefix = "CollectiveMismatch: "
-    if a.message.startswith(prefix):
-        # the peer died of a mismatch it learned about: the cause is the mismatch
-        return CollectiveMismatch(a.message[len(prefix):]
-                                  + f"\n(raised on rank {a.origin}; reported to rank {a.me})")
+    for cls in _LEARNED:
+        prefix = f"{cls.__name__}: "
+        if a.message.startswith(prefix):
+            # the peer died of a job-wide failure it learned about (a mismatch, a deadlock)
+            # and its exit news can overtake the original's: the cause is that failure
+            return cls(a.message[len(prefix):]
+                       + f"\n(raised on rank {a.origin}; reported to rank {a.me})")
     tb = a.traceback
     return PeerFailure(
         f"rank {a.origin} failed: {a.message}\n"
