@@ -54,6 +54,18 @@ def time_blocks(ops: dict[str, Callable[[], object]], iters: int, blocks: int,
     return times
 
 
+def exchange(dist: Any, rank: int, peer: int, out: Any, back: Any) -> None:
+    """One round trip between ranks 0 and 1: rank 0 sends ``out`` and receives ``back``,
+    its peer receives ``out`` and sends ``back`` (a ping-pong when both are small, a
+    one-way transfer plus an ack when ``out`` is large)."""
+    if rank == 0:
+        dist.send(out, peer)
+        dist.recv(back, peer)
+    else:
+        dist.recv(out, peer)
+        dist.send(back, peer)
+
+
 def run_blocks(bench: Callable[..., dict[str, list[float]]], ranks: int,
                args: Sequence[Any], **init_kwargs: Any) -> list[dict[str, list[float]]]:
     """Run ``bench(rank, world, *args)`` on ``ranks`` processes; each rank's timings."""

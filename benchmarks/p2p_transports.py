@@ -22,13 +22,11 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+from _blocks import exchange  # also puts ../src on the path
 
 BIG = 16 << 20
 BIG_REPS = 20
@@ -45,24 +43,14 @@ def _rank(rank: int, port: int, transport: str, iters: int, q: Any) -> None:
     rtts: list[float] = []
     for i in range(iters + 100):  # the first 100 warm up
         t0 = time.perf_counter()
-        if rank == 0:
-            dist.send(small, peer)
-            dist.recv(small, peer)
-        else:
-            dist.recv(small, peer)
-            dist.send(small, peer)
+        exchange(dist, rank, peer, small, small)
         if i >= 100:
             rtts.append(time.perf_counter() - t0)
     transfers: list[float] = []
     for i in range(BIG_REPS + 2):
         dist.barrier()
         t0 = time.perf_counter()
-        if rank == 0:
-            dist.send(big, peer)
-            dist.recv(small, peer)
-        else:
-            dist.recv(big, peer)
-            dist.send(small, peer)
+        exchange(dist, rank, peer, big, small)
         if i >= 2:
             transfers.append(time.perf_counter() - t0)
     if rank == 0:

@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from _blocks import parse_args, run_blocks, slowest_per_block, time_blocks
+from _blocks import exchange, parse_args, run_blocks, slowest_per_block, time_blocks
 
 CHECKS = ("async", "sync", "off")
 
@@ -50,14 +50,8 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     peer = 1 - rank if rank < 2 else None
 
     def ping() -> None:  # one control round trip between ranks 0 and 1
-        if peer is None:
-            return
-        if rank == 0:
-            rankwise.send(one, peer)
-            rankwise.recv(one, peer)
-        else:
-            rankwise.recv(one, peer)
-            rankwise.send(one, peer)
+        if peer is not None:
+            exchange(rankwise, rank, peer, one, one)
 
     ops: dict[str, Callable[[], Any]] = {
         f"rankwise {m}": (lambda g=g: rankwise.all_reduce(t, group=g))
