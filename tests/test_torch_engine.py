@@ -102,3 +102,38 @@ def test_check_overhead_benchmark_runs() -> None:
     assert set(rows) >= {"rankwise async", "rankwise sync", "rankwise off",
                          "torch all_reduce", "torch pg.allreduce"}, proc.stdout
     assert all(float(v) > 0 for v in rows.values()), proc.stdout
+
+
+def _next_rank_leaves_before_the_deferred_fingerprint(rank: int, world: int) -> list[float]:
+    """A correct program: the same all_reduce three times (confirmed after the first, so
+    later ones defer their fingerprint until the op is enqueued), then rank 0 leaves.
+    Rank 1 is made to send its last deferred fingerprint only once rank 0 (its ring
+    neighbour) is gone: the schedule a loaded machine produced in a full run."""
+    a = np.ones(2, np.float32)
+    engine = dist.group.WORLD.engine
+    last = False
+    if rank == 1:
+        flush = engine.check.flush
+
+        def late_flush() -> None:
+            if last and engine.check.deferred is not None:
+                engine.check.comm.router.wait_for_cause(0, 60.0)  # until rank 0 left
+            flush()
+
+        engine.check.flush = late_flush
+    for i in range(3):
+        last = i == 2
+        a[:] = 1.0
+        dist.all_reduce(a)  # one call site: the same (fingerprint, site) every time
+    if rank == 0:
+        dist.destroy_process_group()
+    return a.tolist()
+
+
+def test_a_neighbour_that_left_after_the_op_is_not_a_failure() -> None:
+    results = run_ranks(_next_rank_leaves_before_the_deferred_fingerprint, 2,
+                        init_kwargs={"backend": "torch-gloo"}, env={"RANKWISE_CHECK": "async"},
+                        timeout=150)
+    for res in results:
+        assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
+        assert res.value == [2.0, 2.0]

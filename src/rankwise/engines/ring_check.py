@@ -27,18 +27,21 @@ same divergence report, the same abort of every rank.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
 from .._router import Fingerprint, Pending
 from .._wire import Kind, encode_header
-from ..errors import InvalidArgument
+from ..errors import DistError, InvalidArgument
 from .base import Call
 
 if TYPE_CHECKING:
     from .._group import ProcessGroup
 
 __all__ = ["CHECK_ENV", "CHECK_MODES", "CHECK_STEP", "RingCheck", "check_mode"]
+
+log = logging.getLogger("rankwise")
 
 CHECK_ENV = "RANKWISE_CHECK"
 CHECK_MODES = ("async", "sync", "off")
@@ -98,11 +101,22 @@ class RingCheck:
             self.seen.add(key)
 
     def flush(self) -> None:
-        """Send the fingerprint ``before`` deferred (the data op is in flight now)."""
+        """Send the fingerprint ``before`` deferred (the data op is in flight now).
+
+        Never raises. The frame only feeds the next rank's check, and that rank may
+        already have finished this op and left: a confirmed call does not wait for the
+        frame, so in a correct program the next rank can complete the op, call
+        ``destroy_process_group`` and be gone before this rank, descheduled on a loaded
+        machine, gets here. Whether this call is hurt by a departed or failed peer is
+        for the data op's own wait to say (it watches the control plane for that
+        peer's cause); and when the body already raised, its error is the one to show."""
         deferred, self.deferred = self.deferred, None
         if deferred is not None:
             header, call = deferred
-            self.comm.send_frame(self.next, header, None, call.deadline, call.site)
+            try:
+                self.comm.send_frame(self.next, header, None, call.deadline, call.site)
+            except DistError as exc:
+                log.debug("rankwise: fingerprint for rank %d not sent: %s", self.next, exc)
 
     def _wait(self, call: Call, pending: Pending) -> None:
         def what() -> str:
