@@ -185,9 +185,7 @@ def test_seed_trap_under_the_launcher() -> None:
 
 
 def test_seed_trap_fixed_runs_clean_and_silent() -> None:
-    # warn well below the default 30 s, but above what 4 ranks on 2 loaded cores (and
-    # torch-gloo's first-call check round) can legitimately wait between two collectives
-    ranks = run(TRAP, "--fixed", n=4, timeout=30.0, warn=3.0)
+    ranks = run(TRAP, "--fixed", n=4, timeout=30.0, warn=1.0)
     for res in ranks:
         assert res.rc == 0, res.err[-3000:]
         assert res.err.strip() == "", res.err[-3000:]
