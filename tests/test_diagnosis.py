@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rankwise import _callsite
-from rankwise._wire import Op
-from rankwise.checks.calls import RZF_MARK, barrier_name_code, describe_call
+from rankwise._wire import Flag, Op
+from rankwise.checks.calls import barrier_name_code, describe_call
 from rankwise.checks.report import (
     cycle_text,
     find_cycle,
@@ -135,7 +135,7 @@ def test_named_barrier_descriptions() -> None:
     unknown = (1 << 32) | 0x1234
     assert describe_call(Op.barrier, 0, unknown, 0, 0, None) == "barrier(name=#00001234)"
     rzf = barrier_name_code("rank_zero_first@data.py:40")
-    assert describe_call(Op.barrier, 0, rzf, 0, RZF_MARK, None) == \
+    assert describe_call(Op.barrier, 0, rzf, 0, 0, None, flags=Flag.SYNC) == \
         "rank_zero_first(block at data.py:40)"
 
 

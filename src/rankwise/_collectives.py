@@ -49,15 +49,17 @@ _OP_NAMES = {op: op.name for op in Op}
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
            engine: Engine | None = None, shape: tuple[int, ...] | None = None,
-           outputs: list[Any] | None = None) -> Work | None:
+           outputs: list[Any] | None = None, flags: int = 0) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
     for messages only (the fingerprint compares element counts, as before).
-    ``outputs``: the user's output tensors, the value of the ``Work``'s future."""
+    ``outputs``: the user's output tensors, the value of the ``Work``'s future.
+    ``flags``: call flags (``_wire.CALL_FLAGS``) that set this call apart from a plain one
+    of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
-                     root, count)
+                     root, count, flags)
     runner = group.engine if engine is None else engine
     seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
     call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)

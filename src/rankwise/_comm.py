@@ -29,7 +29,7 @@ from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
 from ._wire import Frame, Kind, encode_header
 from .checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
-from .checks.calls import describe_call, mismatch_advice
+from .checks.calls import describe, mismatch_advice
 from .checks.deadlock import DeadlockWatch, blocked_state
 from .checks.report import (
     build_report,
@@ -282,7 +282,7 @@ class Communicator:
             header = encode_header(kind, group=group, seq=seq, site=site.id, step=step,
                                    tag=tag, payload_len=n)
         else:
-            header = encode_header(kind, group, seq, fp.op, fp.dtype, fp.reduce, 0, fp.root,
+            header = encode_header(kind, group, seq, fp.op, fp.dtype, fp.reduce, fp.flags, fp.root,
                                    fp.count, tag, site.id, step, n)
         self._send_raw(dst, header, payload, deadline)
 
@@ -487,21 +487,18 @@ class Communicator:
         (which carries element counts): it comes from its report, when there is one."""
         shape = (None if reports is None else
                  reported_shape(reports, frame.src, frame.group, frame.seq))
-        theirs = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root,
-                               self.peer_sites[frame.src].get(frame.site), shape)
+        theirs = describe(frame, self.peer_sites[frame.src].get(frame.site), shape)
         group = self.groups.get(frame.group)
         record = group.record_of(frame.seq) if group is not None else None
-        ours = (describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
-                              self._site_of_seq(frame.group, frame.seq),
-                              record.shape if record is not None else None)
+        ours = (describe(fp, self._site_of_seq(frame.group, frame.seq),
+                         record.shape if record is not None else None)
                 if fp is not None else "(a different call)")
         gname = f"group {frame.group}" if group is None else group.name
         return (
             f"collective mismatch in {gname}, collective #{frame.seq}: "
             f"rank {self.rank} called {ours}, but rank {frame.src} called {theirs}. "
             + (detail + ". " if detail else "")
-            + mismatch_advice(frame.op, frame.root, fp.op if fp is not None else 0,
-                              fp.root if fp is not None else 0)
+            + mismatch_advice(frame.flags, fp.flags if fp is not None else 0)
         )
 
     def _on_mismatch(self, frame: Frame, fp: Fingerprint | None, detail: str) -> None:
@@ -630,7 +627,7 @@ class Communicator:
             return next((text for source in self.peer_call_sources
                          if (text := source(rank))), "")
         site = self.peer_sites.get(rank, {}).get(frame.site)
-        call = describe_call(frame.op, frame.dtype, frame.count, frame.reduce, frame.root, site)
+        call = describe(frame, site)
         return f"{call} (#{frame.seq} of group {frame.group})"
 
     # --- who is where -----------------------------------------------------------------------

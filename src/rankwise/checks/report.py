@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from .._callsite import stack_of
-from .calls import describe_call
+from .calls import describe
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
            "reported_shape", "stalled_mismatch"]
@@ -143,7 +143,7 @@ def build_report(comm: Any) -> dict[str, Any]:
 def _describe(fp: Any) -> str:
     """The call as ranks compare it (element counts, not shapes): the key that says
     whether two ranks' calls agree; the "call" text next to it is for the reader."""
-    return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+    return describe(fp)
 
 
 def _fingerprint_of(comm: Any, a: Any) -> str:

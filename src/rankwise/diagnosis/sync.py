@@ -32,9 +32,9 @@ import numpy as np
 from .._callsite import capture
 from .._collectives import launch
 from .._group import seconds
-from .._wire import Op
+from .._wire import Flag, Op
 from .._world import resolve_group
-from ..checks.calls import RZF_MARK, barrier_name_code
+from ..checks.calls import barrier_name_code
 from ..checks.report import rank_list
 from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
@@ -109,7 +109,7 @@ def _block_barrier(g: Any, code: int, limit: float | None) -> None:
             call.patient = True
         engine.barrier(call)
 
-    launch(g, Op.barrier, None, code, None, RZF_MARK, body, False)
+    launch(g, Op.barrier, None, code, None, 0, body, False, flags=Flag.SYNC)
 
 
 def _leader_failed(g: Any, exc: BaseException, label: str) -> None:

@@ -52,7 +52,7 @@ class Tracer:
     def collective(self, group: Any, record: Any) -> None:
         from .._buffers import dtype_by_code
         from .._wire import Op
-        from ..checks.calls import describe_call
+        from ..checks.calls import describe
 
         fp = record.fp
         d = dtype_by_code(fp.dtype) if fp.dtype else None
@@ -64,7 +64,7 @@ class Tracer:
             "dur": max(0.0, record.finished - record.started) * 1e6,
             "args": {"seq": record.seq, "group": group.name, "bytes": nbytes,
                      "peers": list(group.ranks) if len(group.ranks) <= 64 else len(group.ranks),
-                     "call": describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None),
+                     "call": describe(fp),
                      "site": record.site.chain},
         })
 
