@@ -42,8 +42,8 @@ def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
     from rankwise import _callsite
     from rankwise import _hugepages as hugepages
     from rankwise._buffers import _NUMPY_NATIVE, ReduceOp
-    from rankwise._router import Fingerprint
     from rankwise._wire import Op
+    from rankwise.checks.calls import Fingerprint
     from rankwise.engines.shm import ShmGroup
     from rankwise.store import FileStore
 

@@ -19,8 +19,8 @@ import pytest
 
 from rankwise import _callsite
 from rankwise._buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
-from rankwise._router import Fingerprint
 from rankwise._wire import Op
+from rankwise.checks.calls import Fingerprint
 from rankwise.engines.shm.layout import Layout
 from rankwise.testing import run_ranks
 

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 import rankwise as dist
-from rankwise._router import Fingerprint, Router
+from rankwise._router import Router
 from rankwise._wire import Flag, Frame, Kind, Op, WireError, decode_header, encode_header
 from rankwise.algorithms import ring, tree
 from rankwise.algorithms.link import Lane
+from rankwise.checks.calls import Fingerprint
 from rankwise.engines import message
 from rankwise.engines.message import OpLink
 from rankwise.testing.threads import ThreadRankError, run_threads

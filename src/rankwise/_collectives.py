@@ -26,11 +26,10 @@ from ._buffers import (
 from ._callsite import capture
 from ._comm import Activity
 from ._group import ProcessGroup
-from ._router import Fingerprint
 from ._wire import Op
 from ._work import Work, run_async
 from ._world import resolve_group
-from .checks.calls import barrier_name_code
+from .checks.calls import Fingerprint, barrier_name_code
 from .engines.base import Call, Engine
 from .errors import InvalidArgument
 

@@ -16,9 +16,8 @@ from datetime import timedelta
 
 from ._callsite import CallSite
 from ._comm import Communicator
-from ._router import Fingerprint
 from ._work import Work
-from .checks.calls import describe
+from .checks.calls import Fingerprint, describe
 from .engines.base import Engine
 from .engines.message import MessageEngine
 from .errors import InvalidArgument

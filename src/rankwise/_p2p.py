@@ -17,10 +17,11 @@ from ._buffers import Buffer, as_buffer, dtype_name
 from ._callsite import capture
 from ._comm import Activity
 from ._group import ProcessGroup
-from ._router import Fingerprint, Pending
+from ._router import Pending
 from ._wire import Kind, Op
 from ._work import Work, completed_work
 from ._world import resolve_group
+from .checks.calls import Fingerprint
 from .errors import DistError, InvalidArgument
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]

@@ -30,15 +30,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
 from ._buffers import dtype_by_code
-from ._wire import CALL_FLAGS, DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
+from ._wire import DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
+from .checks.calls import Fingerprint
 from .errors import DistError, DistTimeout
 
-__all__ = ["CollKey", "Fingerprint", "Pending", "Router", "coll_key"]
+__all__ = ["CollKey", "Pending", "Router", "coll_key"]
 
 #: (group, seq, source global rank, step, lane flags): one message of one collective call
 CollKey = tuple[int, int, int, int, int]
@@ -47,27 +47,6 @@ CollKey = tuple[int, int, int, int, int]
 def coll_key(frame: Frame) -> CollKey:
     """The receive a collective frame belongs to."""
     return (frame.group, frame.seq, frame.src, frame.step, frame.flags & LANE_FLAGS)
-
-
-class Fingerprint(NamedTuple):
-    """What must agree across ranks for one collective call.
-
-    A named tuple, not a frozen dataclass: one is built per call, and the tuple is made
-    in C (~0.3 us) where the dataclass's ``__init__`` set each field through
-    ``object.__setattr__`` (~1 us)."""
-
-    op: int
-    dtype: int
-    reduce: int
-    root: int
-    count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
-    flags: int = 0  #: the call flags (``_wire.CALL_FLAGS``), e.g. SYNC on a block's barrier
-
-    def differs(self, f: Frame) -> bool:
-        if (f.op, f.dtype, f.reduce, f.root, f.flags & CALL_FLAGS) != \
-                (self.op, self.dtype, self.reduce, self.root, self.flags):
-            return True
-        return self.count != -1 and f.count != -1 and f.count != self.count
 
 
 class Pending:

@@ -20,6 +20,10 @@ import os
 import threading
 from typing import Any
 
+from .._buffers import dtype_by_code
+from .._wire import Op
+from ..checks.calls import describe
+
 __all__ = ["MAX_EVENTS", "Tracer", "main", "merge"]
 
 MAX_EVENTS = 1_000_000  #: per rank; later spans are counted, not kept (bounded memory)
@@ -50,10 +54,6 @@ class Tracer:
         self.events.append(event)
 
     def collective(self, group: Any, record: Any) -> None:
-        from .._buffers import dtype_by_code
-        from .._wire import Op
-        from ..checks.calls import describe
-
         fp = record.fp
         d = dtype_by_code(fp.dtype) if fp.dtype else None
         nbytes = fp.count * d.storage.itemsize if d is not None and fp.count > 0 else 0

@@ -20,7 +20,7 @@ from .._buffers import DType, ReduceOp
 if TYPE_CHECKING:
     from .._callsite import CallSite
     from .._group import CallRecord, ProcessGroup
-    from .._router import Fingerprint
+    from ..checks.calls import Fingerprint
 
 __all__ = ["Array", "Call", "Engine"]
 

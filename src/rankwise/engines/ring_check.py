@@ -31,8 +31,9 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .._router import Fingerprint, Pending
+from .._router import Pending
 from .._wire import Flag, Kind, encode_header
+from ..checks.calls import Fingerprint
 from ..errors import DistError, InvalidArgument
 from .base import Call
 

@@ -133,7 +133,7 @@ class ShmEngine:
         cause = None
         if exc.rank is not None:
             cause = self.comm.router.wait_for_cause(exc.rank, 1.0)
-        return self.comm._as_of_now(cause) if cause is not None else exc
+        return self.comm.as_of_now(cause) if cause is not None else exc
 
     def _mismatch(self, call: Call, exc: ShmCallMismatch) -> CollectiveMismatch:
         """The same words as a mismatch found in a frame header, plus the divergence

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from .._comm import Communicator
 from .._group import ProcessGroup
 from .._world import World, set_thread_world
+from ..diagnosis.recorders import attach_recorders
 from ..transport.memory import MemoryHub
 
 __all__ = ["ThreadRankError", "run_threads"]
@@ -39,6 +40,7 @@ class ThreadRankError(AssertionError):
 
 def _world(rank: int, n: int, hub: MemoryHub, timeout: float) -> World:
     comm = Communicator(rank, n, hub.transports[rank])
+    attach_recorders(comm)
     group = ProcessGroup(comm, 0, list(range(n)), timeout, "memory",
                          "the default group (WORLD)")
     world = World(comm, group, None, None, "memory", timeout)

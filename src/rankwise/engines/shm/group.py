@@ -36,8 +36,8 @@ import numpy.typing as npt
 
 from ... import _callsite
 from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
-from ..._router import Fingerprint
 from ..._wire import Op
+from ...checks.calls import Fingerprint
 from ...errors import DistError, InvalidArgument
 from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
