@@ -24,7 +24,7 @@ from rankwise._router import Router
 from rankwise._wire import Flag, Frame, Kind, Op, WireError, decode_header, encode_header
 from rankwise.algorithms import ring, tree
 from rankwise.algorithms.link import Lane
-from rankwise.checks.calls import Fingerprint
+from rankwise.checks.calls import Fingerprint, barrier_name_code
 from rankwise.engines import message
 from rankwise.engines.message import OpLink
 from rankwise.testing.threads import ThreadRankError, run_threads
@@ -41,7 +41,7 @@ def _router() -> tuple[Router, list[tuple[Frame, Any]]]:
 
 
 def test_a_call_flag_is_part_of_the_identity() -> None:
-    code = dist.checks.calls.barrier_name_code("rank_zero_first@x.py:1")
+    code = barrier_name_code("rank_zero_first@x.py:1")
     sync = Fingerprint(int(Op.barrier), 0, 0, 0, code, int(Flag.SYNC))
     router, mismatches = _router()
     router.register_call(0, 1, sync)
