@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 
-from rankwise import _callsite
-from rankwise._wire import Flag, Op
-from rankwise.checks.calls import barrier_name_code, describe_call
 from rankwise.checks.report import (
     cycle_text,
     find_cycle,
@@ -24,7 +21,10 @@ from rankwise.checks.report import (
     stalled_mismatch,
 )
 from rankwise.diagnosis.trace import Tracer, merge
+from rankwise.identity import callsite as _callsite
+from rankwise.identity.calls import barrier_name_code, describe_call
 from rankwise.testing import run_ranks
+from rankwise.wire.frames import Flag, Op
 
 
 def test_rank_list() -> None:

@@ -1,4 +1,4 @@
-"""Header flags (``_wire.Flag``): markers carried in the ``flags`` byte, not in magic
+"""Header flags (``wire.frames.Flag``): markers carried in the ``flags`` byte, not in magic
 values of other fields.
 
 - a call flag (``SYNC``, the barrier of a rank-0-first block) is part of the call's
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 import rankwise as dist
-from rankwise._router import Router
-from rankwise._wire import Flag, Frame, Kind, Op, WireError, decode_header, encode_header
 from rankwise.algorithms import ring, tree
 from rankwise.algorithms.link import Lane
-from rankwise.checks.calls import Fingerprint, barrier_name_code
+from rankwise.core.router import Router
 from rankwise.engines import message
 from rankwise.engines.message import OpLink
+from rankwise.identity.calls import Fingerprint, barrier_name_code
 from rankwise.testing.threads import ThreadRankError, run_threads
+from rankwise.wire.frames import Flag, Frame, Kind, Op, WireError, decode_header, encode_header
 
 
 def _frame(src: int, flags: int = 0, step: int = 0, count: int = 0, n: int = 0) -> Frame:

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 import rankwise as dist
-from rankwise import _wire
-from rankwise._serialize import dumps, loads
-from rankwise._wire import HEADER, MAX_CONTROL_PAYLOAD, MAX_PAYLOAD, Kind, Op, WireError
 from rankwise.testing import free_port, run_ranks
+from rankwise.wire import frames as _wire
+from rankwise.wire.frames import HEADER, MAX_CONTROL_PAYLOAD, MAX_PAYLOAD, Kind, Op, WireError
+from rankwise.wire.serialize import dumps, loads
 
 SEED = int(os.environ.get("RANKWISE_FUZZ_SEED", "20240611"))
 
@@ -168,8 +168,8 @@ def test_object_decoder_known_leaks() -> None:
 
 def _hostile_clients(port: int, marker: str, report: list[str]) -> None:
     """From the test process (a third party), throw garbage at the store at ``port``."""
-    from rankwise._auth import client_handshake
     from rankwise.store.protocol import Op as SOp
+    from rankwise.wire.auth import client_handshake
 
     rng = random.Random(SEED + 2)
     deadline = time.monotonic() + 15

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _hugepages as hugepages
+from ..wire import hugepages
 from .link import Array, Handle, Lane, Link
 
 __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segments"]
@@ -51,7 +51,7 @@ _local = threading.local()
 def scratch(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A per-thread buffer reused across calls: fresh multi-MiB allocations cost a page
     fault per 4 KiB on first touch, which showed up as ~10% of a large all_reduce. Large
-    ones sit on huge pages (see ``_hugepages``)."""
+    ones sit on huge pages (see ``wire.hugepages``)."""
     buf: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_local, "buf", None)
     if buf is None or buf.nbytes < nbytes:
         buf = hugepages.empty(max(nbytes, 1 << 16))

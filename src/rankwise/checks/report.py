@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any
 
-from .._callsite import stack_of
-from .calls import describe
+from ..identity.calls import describe
+from ..identity.callsite import stack_of
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
            "reported_shape", "stalled_mismatch"]

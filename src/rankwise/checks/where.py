@@ -14,11 +14,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._wire import Frame, Kind, encode_header
 from ..errors import DistError
+from ..wire.frames import Frame, Kind, encode_header
 
 if TYPE_CHECKING:
-    from .._comm import Communicator
+    from ..core.communicator import Communicator
 
 __all__ = ["WhereService"]
 

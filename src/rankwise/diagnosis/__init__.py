@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from .._callsite import enabled, set_enabled
-from .._world import current
+from ..api.world import current
+from ..identity.callsite import enabled, set_enabled
 from .sync import main_process_first, monitored_barrier, rank_zero_first
 
 __all__ = ["enabled", "main_process_first", "monitored_barrier", "rank_zero_first",

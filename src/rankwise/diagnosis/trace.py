@@ -20,9 +20,9 @@ import os
 import threading
 from typing import Any
 
-from .._buffers import dtype_by_code
-from .._wire import Op
-from ..checks.calls import describe
+from ..identity.calls import describe
+from ..wire.buffers import dtype_by_code
+from ..wire.frames import Op
 
 __all__ = ["MAX_EVENTS", "Tracer", "main", "merge"]
 

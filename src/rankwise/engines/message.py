@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import algorithms as alg
-from .._buffers import DType, ReduceOp, divide_in_place, reduce_into
-from .._comm import Communicator
-from .._router import Pending
-from .._wire import HEADER, MAGIC, VERSION, Flag, Kind
 from ..algorithms.link import Lane
+from ..core.communicator import Communicator
+from ..core.router import Pending
+from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ..wire.frames import HEADER, MAGIC, VERSION, Flag, Kind
 from .base import Array, Call
 
 if TYPE_CHECKING:
-    from .._group import CallRecord, ProcessGroup
+    from ..core.group import CallRecord, ProcessGroup
 
 __all__ = ["MessageEngine", "OpLink"]
 

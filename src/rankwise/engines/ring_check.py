@@ -5,7 +5,7 @@ rides with the data, so nothing compares the ranks' calls. Each rank instead sen
 call's fingerprint and call site to its ring neighbour (group rank + 1) as an empty
 collective frame on rankwise's own TCP connections. Each rank equal to the previous one
 proves all are equal, at one small frame per call and rank. The frame is a
-``Kind.COLL`` frame on the ``CHECK`` lane (``_wire.Flag``), so the router checks it exactly as it checks the
+``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks it exactly as it checks the
 message engine's frames: the same mismatch words (both calls with their file:line), the
 same divergence report, the same abort of every rank.
 
@@ -31,14 +31,14 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .._router import Pending
-from .._wire import Flag, Kind, encode_header
-from ..checks.calls import Fingerprint
+from ..core.router import Pending
 from ..errors import DistError, InvalidArgument
+from ..identity.calls import Fingerprint
+from ..wire.frames import Flag, Kind, encode_header
 from .base import Call
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
 __all__ = ["CHECK_ENV", "CHECK_MODES", "RingCheck", "check_mode"]
 

@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._callsite import CallSite
-from ..checks.calls import describe, describe_call, mismatch_advice
 from ..checks.report import mismatch_report, reported_shape
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
+from ..identity.calls import describe, describe_call, mismatch_advice
+from ..identity.callsite import CallSite
 from .base import Array, Call
 from .select import EngineUnavailable
 from .shm import ShmGroup, ShmUnavailable
 from .shm.errors import ShmCallMismatch
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
 __all__ = ["ShmEngine"]
 

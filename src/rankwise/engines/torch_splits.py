@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .._callsite import CallSite
-from ..checks.calls import describe, mismatch_advice
 from ..errors import CollectiveMismatch
+from ..identity.calls import describe, mismatch_advice
+from ..identity.callsite import CallSite
 from .base import Array, Call
 
 __all__ = ["SITE_BYTES", "check_splits"]

@@ -32,10 +32,10 @@ import os
 import time
 from collections.abc import Callable
 
-from ... import _callsite
-from ..._buffers import dtype_name, reduce_op_by_code
-from ..._wire import Op
 from ...errors import DistError, DistTimeout, PeerFailure
+from ...identity import callsite as _callsite
+from ...wire.buffers import dtype_name, reduce_op_by_code
+from ...wire.frames import Op
 from .errors import CallTuple, ShmCallMismatch
 from .futex import fence, futex_wait, futex_wake
 from .layout import (

@@ -9,7 +9,7 @@ Integration contract (every method):
 
 - buffers are flat, C-contiguous numpy arrays in the storage dtype (``Buffer.array``);
   results are written in place; a method returns when this rank's part is done.
-- ``fp`` is the call's ``rankwise._router.Fingerprint``: ``op``, ``dtype``, ``reduce``
+- ``fp`` is the call's ``rankwise.core.router.Fingerprint``: ``op``, ``dtype``, ``reduce``
   ``root`` and ``flags`` are compared across ranks (``fp.root`` is *the* root of rooted calls);
   the element count compared is the one the engine sees in the buffers (``fp.count`` is
   not used). ``site`` is the ``CallSite`` shown when calls disagree.
@@ -34,11 +34,11 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
-from ... import _callsite
-from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
-from ..._wire import Op
-from ...checks.calls import Fingerprint
 from ...errors import DistError, InvalidArgument
+from ...identity import callsite as _callsite
+from ...identity.calls import Fingerprint
+from ...wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ...wire.frames import Op
 from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._callsite import UNKNOWN, CallSite
+from ..identity.callsite import UNKNOWN, CallSite
 
 if TYPE_CHECKING:
-    from ._comm import Communicator
+    from .communicator import Communicator
 
 __all__ = ["Activity", "CallLog"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import zlib
 from typing import NamedTuple, Protocol
 
-from .._buffers import dtype_name, reduce_op_by_code
-from .._callsite import CallSite
-from .._wire import CALL_FLAGS, Flag, Frame, Op
+from ..wire.buffers import dtype_name, reduce_op_by_code
+from ..wire.frames import CALL_FLAGS, Flag, Frame, Op
+from .callsite import CallSite
 
 __all__ = ["BARRIER_NAMES", "CallFields", "Fingerprint", "barrier_name_code", "describe",
            "describe_call", "mismatch_advice"]
@@ -29,7 +29,7 @@ class Fingerprint(NamedTuple):
     reduce: int
     root: int
     count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
-    flags: int = 0  #: the call flags (``_wire.CALL_FLAGS``), e.g. SYNC on a block's barrier
+    flags: int = 0  #: the call flags (``wire.frames.CALL_FLAGS``), e.g. SYNC on a block's barrier
 
     def differs(self, f: Frame) -> bool:
         if (f.op, f.dtype, f.reduce, f.root, f.flags & CALL_FLAGS) != \

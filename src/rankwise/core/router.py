@@ -8,7 +8,7 @@ every transport (tcp, in-memory).
 
 Three namespaces never mix:
 - collectives, matched exactly by (group, seq, src, step, lane) (``coll_key``; the lane
-  is the frame's lane flags, ``_wire.LANE_FLAGS``);
+  is the frame's lane flags, ``wire.frames.LANE_FLAGS``);
 - user point-to-point, matched by (src or any, tag) in arrival order, as MPI does;
 - library-internal object messages (``Kind.OBJ``), matched like p2p but separately, so
   that ``recv(src=None)`` can never swallow a library message.
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._buffers import dtype_by_code
-from ._wire import DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
-from .checks.calls import Fingerprint
-from .errors import DistError, DistTimeout
+from ..errors import DistError, DistTimeout
+from ..identity.calls import Fingerprint
+from ..wire.buffers import dtype_by_code
+from ..wire.frames import DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
 
 __all__ = ["CollKey", "Pending", "Router", "coll_key"]
 

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._router import Pending
-from ._wire import Frame
-from .errors import CollectiveMismatch, DistTimeout, PeerFailure
+from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
+from ..wire.frames import Frame
+from .router import Pending
 
 if TYPE_CHECKING:
-    from ._comm import Communicator
+    from .communicator import Communicator
 
 __all__ = ["Waiter"]
 
@@ -87,7 +87,7 @@ class Waiter:
 
     def _held_note(self) -> str:
         """Why a timeout may have happened on our side: peers we stopped reading because
-        what they sent, nobody here received (see the parking caps in ``_router``)."""
+        what they sent, nobody here received (see the parking caps in ``core.router``)."""
         comm = self._comm
         stats = comm.router.parked()
         held = stats["held"]

@@ -14,13 +14,13 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ._callsite import CallSite
-from ._comm import Communicator
-from ._work import Work
-from .checks.calls import Fingerprint, describe
-from .engines.base import Engine
-from .engines.message import MessageEngine
-from .errors import InvalidArgument
+from ..engines.base import Engine
+from ..engines.message import MessageEngine
+from ..errors import InvalidArgument
+from ..identity.calls import Fingerprint, describe
+from ..identity.callsite import CallSite
+from .communicator import Communicator
+from .work import Work
 
 __all__ = ["CallRecord", "ProcessGroup", "seconds"]
 

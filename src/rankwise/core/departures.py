@@ -15,13 +15,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._wire import Frame, Kind
-from .checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
-from .checks.calls import describe
-from .errors import DistError, DistNetworkError, PeerFailure
+from ..checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
+from ..errors import DistError, DistNetworkError, PeerFailure
+from ..identity.calls import describe
+from ..wire.frames import Frame, Kind
 
 if TYPE_CHECKING:
-    from ._comm import Communicator
+    from .communicator import Communicator
 
 __all__ = ["Departures"]
 

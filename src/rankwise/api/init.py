@@ -26,21 +26,21 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ._auth import resolve_token
-from ._callsite import capture
-from ._comm import Communicator
-from ._group import ProcessGroup, seconds
-from ._work import stop_worker
-from ._world import GroupMember, World, current, maybe_current, resolve_group, set_world
-from .checks.groups import GroupEntry, agree_on_group
-from .diagnosis.dump import install_signal_dumps
-from .diagnosis.recorders import attach_recorders
-from .engines.select import choose_engine, cuda_missing, host_identity, requested_engine
-from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .launch.env import detect_env, uses_agent_store
-from .store import FileStore, PrefixStore, TCPStore
-from .transport.factory import open_transport, requested_transport
-from .transport.mesh import exited_peers, local_address_for
+from ..checks.groups import GroupEntry, agree_on_group
+from ..core.communicator import Communicator
+from ..core.group import ProcessGroup, seconds
+from ..core.work import stop_worker
+from ..diagnosis.dump import install_signal_dumps
+from ..diagnosis.recorders import attach_recorders
+from ..engines.select import choose_engine, cuda_missing, host_identity, requested_engine
+from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
+from ..identity.callsite import capture
+from ..launch.env import detect_env, uses_agent_store
+from ..store import FileStore, PrefixStore, TCPStore
+from ..transport.factory import open_transport, requested_transport
+from ..transport.mesh import exited_peers, local_address_for
+from ..wire.auth import resolve_token
+from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
     "destroy_process_group",
@@ -177,7 +177,7 @@ def init_process_group(
         transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
-            from .doctor import explain_init_failure
+            from ..doctor import explain_init_failure
 
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._callsite import UNKNOWN, CallSite
-from ._wire import Kind, encode_header
-from .checks.calls import Fingerprint
-from .errors import DistError, DistNetworkError, PeerFailure
+from ..errors import DistError, DistNetworkError, PeerFailure
+from ..identity.calls import Fingerprint
+from ..identity.callsite import UNKNOWN, CallSite
+from ..wire.frames import Kind, encode_header
 
 if TYPE_CHECKING:
-    from ._comm import Communicator
+    from .communicator import Communicator
 
 __all__ = ["Sender"]
 

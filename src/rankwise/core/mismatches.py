@@ -12,20 +12,20 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ._callsite import CallSite, enabled
-from ._wire import Frame
-from .checks.calls import Fingerprint, describe, mismatch_advice
-from .checks.report import (
+from ..checks.report import (
     format_where,
     mismatch_report,
     rank_list,
     reported_shape,
     stalled_mismatch,
 )
-from .errors import CollectiveMismatch
+from ..errors import CollectiveMismatch
+from ..identity.calls import Fingerprint, describe, mismatch_advice
+from ..identity.callsite import CallSite, enabled
+from ..wire.frames import Frame
 
 if TYPE_CHECKING:
-    from ._comm import Communicator
+    from .communicator import Communicator
 
 __all__ = ["Mismatches"]
 

@@ -4,11 +4,11 @@ The communicator sits between the API and the transport. It is the transport's f
 handler (collective and point-to-point frames go to the router, control frames become
 state), and it composes one part per job, each in its own module:
 
-- ``Sender`` (``_sending``): frames out, call-site texts once per peer;
-- ``Waiter`` (``_waiting``): every blocking wait, its warnings and its timeout;
-- ``Mismatches`` (``_mismatches``): ranks that made different calls, explained;
-- ``Departures`` (``_departures``): aborts, goodbyes, dead peers, and leaving;
-- ``CallLog`` (``_activity``): what this rank is in now and did last, in words;
+- ``Sender`` (``core.sending``): frames out, call-site texts once per peer;
+- ``Waiter`` (``core.waiting``): every blocking wait, its warnings and its timeout;
+- ``Mismatches`` (``core.mismatches``): ranks that made different calls, explained;
+- ``Departures`` (``core.departures``): aborts, goodbyes, dead peers, and leaving;
+- ``CallLog`` (``core.activity``): what this rank is in now and did last, in words;
 - ``WhereService`` and ``DeadlockWatch`` (``checks``): who-is-where and deadlocks.
 
 Callers see one object with the methods they always used (``comm.wait``,
@@ -26,18 +26,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._activity import Activity, CallLog
-from ._callsite import CallSite
-from ._departures import Departures
-from ._mismatches import Mismatches
-from ._router import Pending, Router
-from ._sending import Sender
-from ._waiting import Waiter
-from ._wire import Frame, Kind
-from .checks.deadlock import DeadlockWatch, blocked_state
-from .checks.report import build_report, format_where
-from .checks.where import WhereService
-from .transport.base import Transport
+from ..checks.deadlock import DeadlockWatch, blocked_state
+from ..checks.report import build_report, format_where
+from ..checks.where import WhereService
+from ..identity.callsite import CallSite
+from ..transport.base import Transport
+from ..wire.frames import Frame, Kind
+from .activity import Activity, CallLog
+from .departures import Departures
+from .mismatches import Mismatches
+from .router import Pending, Router
+from .sending import Sender
+from .waiting import Waiter
 
 __all__ = ["Activity", "Communicator"]
 

@@ -12,10 +12,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from ._init import BACKENDS, DEFAULT_TIMEOUT, get_backend
-from ._reduce_op import ReduceOp, coerce_reduce_op
-from ._world import current
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
+from ..wire.reduce_op import ReduceOp, coerce_reduce_op
+from .init import BACKENDS, DEFAULT_TIMEOUT, get_backend
+from .world import current
 
 __all__ = [
     "default_pg_timeout", "get_backend_config", "get_default_backend_for_device",

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ._buffers import (
+from ..core.communicator import Activity
+from ..core.group import ProcessGroup
+from ..core.work import Work, run_async
+from ..engines.base import Call, Engine
+from ..errors import InvalidArgument
+from ..identity.calls import Fingerprint, barrier_name_code
+from ..identity.callsite import capture
+from ..wire.buffers import (
     Buffer,
     DType,
     ReduceOp,
@@ -23,15 +30,8 @@ from ._buffers import (
     coerce_reduce_op,
     premultiply,
 )
-from ._callsite import capture
-from ._comm import Activity
-from ._group import ProcessGroup
-from ._wire import Op
-from ._work import Work, run_async
-from ._world import resolve_group
-from .checks.calls import Fingerprint, barrier_name_code
-from .engines.base import Call, Engine
-from .errors import InvalidArgument
+from ..wire.frames import Op
+from .world import resolve_group
 
 __all__ = [
     "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
@@ -54,7 +54,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
     for messages only (the fingerprint compares element counts, as before).
     ``outputs``: the user's output tensors, the value of the ``Work``'s future.
-    ``flags``: call flags (``_wire.CALL_FLAGS``) that set this call apart from a plain one
+    ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
     of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
