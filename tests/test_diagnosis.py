@@ -22,7 +22,7 @@ from rankwise.checks.report import (
 )
 from rankwise.diagnosis.trace import Tracer, merge
 from rankwise.identity import callsite as _callsite
-from rankwise.identity.calls import barrier_name_code, describe_call
+from rankwise.identity.calls import Fingerprint, barrier_name_code, describe_call
 from rankwise.testing import run_ranks
 from rankwise.wire.frames import Flag, Op
 
@@ -175,8 +175,7 @@ def test_trace_merge(tmp_path: Any) -> None:
     class Rec:
         seq, started, finished = 1, 100.0, 100.5
 
-        class fp:
-            op, dtype, count, reduce, root = int(Op.barrier), 0, 0, 0, 0
+        fp = Fingerprint(int(Op.barrier), 0, 0, 0, 0)
 
         site = _callsite.UNKNOWN
 
