@@ -5,7 +5,7 @@ rides with the data, so nothing compares the ranks' calls. Each rank instead sen
 call's fingerprint and call site to its ring neighbour (group rank + 1) as an empty
 collective frame on rankwise's own TCP connections. Each rank equal to the previous one
 proves all are equal, at one small frame per call and rank. The frame is a
-``Kind.COLL`` frame of a reserved step, so the router checks it exactly as it checks the
+``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks it exactly as it checks the
 message engine's frames: the same mismatch words (both calls with their file:line), the
 same divergence report, the same abort of every rank.
 
@@ -31,22 +31,21 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .._router import Fingerprint, Pending
-from .._wire import Kind, encode_header
+from ..core.router import Pending
 from ..errors import DistError, InvalidArgument
+from ..identity.calls import Fingerprint
+from ..wire.frames import Flag, Kind, encode_header
 from .base import Call
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
-__all__ = ["CHECK_ENV", "CHECK_MODES", "CHECK_STEP", "RingCheck", "check_mode"]
+__all__ = ["CHECK_ENV", "CHECK_MODES", "RingCheck", "check_mode"]
 
 log = logging.getLogger("rankwise")
 
 CHECK_ENV = "RANKWISE_CHECK"
 CHECK_MODES = ("async", "sync", "off")
-#: the step of a check frame: algorithms number their steps from 0, never this high
-CHECK_STEP = 0xFFFFFFFF
 _NOTHING = memoryview(bytearray())
 #: confirmed (fingerprint, call site) pairs remembered per group (``async`` first sight)
 _SEEN_MAX = 4096
@@ -84,9 +83,9 @@ class RingCheck:
         if self.mode == "off":
             return
         comm, gid, fp = self.comm, self.group.id, call.fp
-        pending = comm.router.post_coll((gid, call.seq, self.prev, CHECK_STEP), _NOTHING)
-        header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce, 0,
-                               fp.root, fp.count, 0, call.site.id, CHECK_STEP, 0)
+        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, Flag.CHECK), _NOTHING)
+        header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce,
+                               fp.flags | Flag.CHECK, fp.root, fp.count, 0, call.site.id, 0, 0)
         key = (fp, call.site.id)
         if not self.sync and key in self.seen:
             # confirmed before: the frame goes out once the data op is enqueued

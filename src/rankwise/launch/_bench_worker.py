@@ -312,7 +312,7 @@ def _start_rankwise(engine: str, base: Any, addr: str, rank: int, n: int) -> _To
         store = TCPStore(addr, port, is_master=False, timeout=timeout)
     os.environ["RANKWISE_ENGINE"] = engine  # read at init time by the engine selection
     rankwise.init_process_group("tcp", store=store, rank=rank, world_size=n, timeout=timeout)
-    from rankwise._world import current
+    from rankwise.api.world import current
 
     # a column is only worth its label if the group really runs on that engine
     running = getattr(getattr(current().default_group, "engine", None), "name", "tcp")
