@@ -42,15 +42,18 @@ def _seed(ws: int) -> int:
 
 
 def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, Any]]:
-    """Every rank's summary, or a failure that names the seed and the rank's error."""
-    out = []
-    for r in results:
-        returned = r.error_type is None and isinstance(r.value, dict)
-        if not returned or r.exitcode not in (0, _EXIT_ABORT):
-            pytest.fail(f"seed {seed}, world size {ws}: rank {r.rank} failed "
-                        f"({r.error_type}, exit {r.exitcode}): {r.message}\n{r.traceback}")
-        out.append(r.value)
-    return out
+    """Every rank's summary, or a failure that names the seed and every failed rank's
+    error (the first rank's alone often only says that another one left)."""
+    failed = [r for r in results if not (r.error_type is None and isinstance(r.value, dict)
+                                         and r.exitcode in (0, _EXIT_ABORT))]
+    if failed:
+        first = failed[0]
+        others = "".join(f"\n--- rank {r.rank} ({r.error_type}, exit {r.exitcode}): "
+                         f"{r.message}" for r in failed[1:])
+        pytest.fail(f"seed {seed}, world size {ws}: rank {first.rank} failed "
+                    f"({first.error_type}, exit {first.exitcode}): {first.message}{others}\n"
+                    f"{first.traceback}")
+    return [r.value for r in results]
 
 
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])

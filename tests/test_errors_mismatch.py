@@ -108,7 +108,7 @@ def _params() -> list[Any]:
 def test_mismatch_raises_on_every_rank_naming_both_calls(
         case: str, odd_op: str, rest_op: str, needles: tuple[str, ...], world: int, odd: int,
         timeout: float) -> None:
-    results = run_ranks(_mismatch, world, args=(case, odd), timeout=60,
+    results = run_ranks(_mismatch, world, args=(case, odd), timeout=120,
                         init_kwargs={"timeout": timeout})
     odd_line = line_of(__file__, f"# CALL:{case}-odd")
     rest_line = line_of(__file__, f"# CALL:{case}-rest")
