@@ -11,13 +11,18 @@ validate and unpack, then call these methods with lists of tensors and an option
 
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
-``_callsite.skip_directory``) and failure reports. Collectives run inline and return a
-completed ``Work`` (its future already holds the result: DDP's ``get_future().then()``
-works), or ``None`` when torch's Python wrapper said the call is synchronous
-(``opts.asyncOp`` false): every wrapper then skips ``work.wait()`` ("the backend has
-synced"), and the ~3 us of a Future and a Work per call are saved. C++ callers (DDP's
-reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get a Work.
-A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+``_callsite.skip_directory``) and failure reports. ``allreduce``, the call of every
+``torch.distributed.all_reduce`` and every DDP bucket, takes a shorter way to the same
+``launch``: the tensor's view is remembered between calls (``_views``) and the reduce op
+is read once, by its hash, so what the backend adds to rankwise's own call is about
+torch's Python wrapper and no more (``benchmarks/torch_backend.py``).
+
+Collectives run inline and return a completed ``Work`` (``_work.DoneWork``: its future,
+made when asked for, holds the result, so DDP's ``get_future().then()`` works), or
+``None`` when torch's Python wrapper said the call is synchronous (``opts.asyncOp``
+false): every wrapper then skips ``work.wait()`` ("the backend has synced"). C++ callers
+(DDP's reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get
+a Work. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
 """
 
 from __future__ import annotations
