@@ -36,6 +36,7 @@ from .. import _collectives as coll
 from .. import _p2p as p2p
 from .._buffers import ReduceOp, check_reducible, coerce_reduce_op
 from .._group import ProcessGroup as RankwiseGroup
+from .._reduce_op import make_premul_sum
 from .._wire import Op
 from .._world import maybe_current, resolve_group
 from ..errors import InvalidArgument
@@ -73,19 +74,24 @@ def _hash_is_the_op() -> bool:
 
 
 _HASH_IS_THE_OP = _hash_is_the_op()
+_PREMUL_SUM = int(tdist.ReduceOp.RedOpType.PREMUL_SUM)  # type: ignore[attr-defined]
 
 
 def _reduce_op(opts: Any) -> ReduceOp:
     """The rankwise operator of torch's ``opts.reduceOp`` (a pybind property: a new
-    object per access, ~0.5 us, so it is read once). Cached by the operator's number;
-    PREMUL_SUM is never cached (it raises: its factor does not come through)."""
+    object per access, ~0.5 us, so it is read once). Cached by the operator's number,
+    except PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``), whose factor may
+    change from call to call."""
     if opts is None:
         return ReduceOp.SUM
     red = opts.reduceOp
     key = hash(red) if _HASH_IS_THE_OP else int(red.op)
     found = _REDUCE_OPS.get(key)
     if found is None:
-        found = _REDUCE_OPS[key] = coerce_reduce_op(red.op)
+        kind = red.op
+        if int(kind) == _PREMUL_SUM:
+            return make_premul_sum(red.factor)
+        found = _REDUCE_OPS[key] = coerce_reduce_op(kind)
     return found
 
 
