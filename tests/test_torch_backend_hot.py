@@ -22,8 +22,10 @@ from rankwise.torch._work import DoneWork
 
 def test_a_tensor_seen_again_reuses_its_view() -> None:
     views, t = TensorViews(), torch.ones(3)
-    first = views.view(t, "tensor")
-    assert views.view(t, "tensor") is first and len(views) == 1
+    first, memo = views.view(t, "tensor")
+    memo["body"] = "kept"
+    again, kept = views.view(t, "tensor")
+    assert again is first and kept == {"body": "kept"} and len(views) == 1
     first.array[1] = 5.0  # the view is the tensor's memory
     assert t.tolist() == [1.0, 5.0, 1.0]
 
@@ -32,13 +34,14 @@ def test_a_changed_tensor_is_viewed_again() -> None:
     views, t = TensorViews(), torch.ones(4)
     views.view(t, "tensor")
     t.resize_(2)  # same storage and pointer, fewer elements
-    assert views.view(t, "tensor").numel == 2
+    buf, memo = views.view(t, "tensor")
+    assert buf.numel == 2 and memo == {}  # what was derived from the old view is gone
     t.set_(torch.zeros(6))  # other storage, more elements (numpy made the old one fixed)
-    assert views.view(t, "tensor").numel == 6
-    views.view(t, "tensor").array[0] = 7.0
+    assert views.view(t, "tensor")[0].numel == 6
+    views.view(t, "tensor")[0].array[0] = 7.0
     assert t[0].item() == 7.0
     t.data = torch.zeros(6, dtype=torch.int32)  # same shape, other dtype
-    assert views.view(t, "tensor").dtype.name == "int32"
+    assert views.view(t, "tensor")[0].dtype.name == "int32"
 
 
 def test_a_cached_tensor_that_turns_bad_is_refused() -> None:

@@ -135,10 +135,13 @@ class TorchProcessGroup(tdist.ProcessGroup):
         rop = _reduce_op(opts)
         g = resolve_group(self.group)
         assert g is not None  # torch makes a group only on its members
-        buf = self._views.view(tensors[0], "tensor")
-        check_reducible(buf.dtype, rop, "all_reduce")
-        coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
-                    coll.all_reduce_body(buf, rop), False, shape=buf.shape)
+        buf, memo = self._views.view(tensors[0], "tensor")
+        body = memo.get(rop)  # a view's checked body per op; PREMUL_SUM's factor varies
+        if body is None or rop.factor is not None:
+            check_reducible(buf.dtype, rop, "all_reduce")
+            body = memo[rop] = coll.all_reduce_body(buf, rop)
+        coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
+                    shape=buf.shape)
         return DoneWork(tensors) if opts.asyncOp else None
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
