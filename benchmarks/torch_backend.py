@@ -13,6 +13,7 @@ under; "beyond floor" is what rankwise's backend adds on top of it and of its ow
 
     python benchmarks/torch_backend.py                  # 2 ranks
     python benchmarks/torch_backend.py --ranks 2,4 --iters 2000 --blocks 10
+    python benchmarks/torch_backend.py --clock cpu      # CPU time: a loaded machine
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _noop_group(tdist: Any) -> Any:
     return tdist.new_group(backend=_NOOP)
 
 
-def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[float]]:
+def _bench(rank: int, world: int, iters: int, blocks: int,
+           clock: str) -> dict[str, list[float]]:
     import torch
     import torch.distributed as tdist
 
@@ -57,7 +59,7 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     noop = _noop_group(tdist)
     ops = {"rankwise": lambda: rankwise.all_reduce(t), "torch": lambda: tdist.all_reduce(t),
            "floor": lambda: tdist.all_reduce(t, group=noop)}
-    times = time_blocks(ops, iters, blocks, rankwise.barrier, warmup=300)
+    times = time_blocks(ops, iters, blocks, rankwise.barrier, warmup=300, clock=clock)
     tdist.destroy_process_group()  # leaves rankwise's world to run_ranks (not torch's)
     return times
 
@@ -68,7 +70,7 @@ def main() -> None:
           f"{'best rw':>8} {'best torch':>10} {'best ratio':>10} {'floor (us)':>10} "
           f"{'beyond floor':>12}")
     for n in [int(x) for x in args.ranks.split(",")]:
-        per_rank = run_blocks(_bench, n, (args.iters, args.blocks))
+        per_rank = run_blocks(_bench, n, (args.iters, args.blocks, args.clock))
         rw, tw, fl = (slowest_per_block(per_rank, k) for k in ("rankwise", "torch", "floor"))
         rw_m, tw_m, fl_m = (statistics.median(x) for x in (rw, tw, fl))
         print(f"{n:>5} {rw_m:>13.1f} {tw_m:>10.1f} {tw_m / rw_m:>14.3f} {min(rw):>8.1f} "

@@ -154,14 +154,20 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         return None
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "all_reduce")
-    arr = buf.array
+    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, all_reduce_body(buf, rop),
+                  async_op, shape=buf.shape, outputs=[tensor])
+
+
+def all_reduce_body(buf: Buffer, rop: ReduceOp) -> Body:
+    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer (the torch
+    backend keeps the body of a tensor it sees again, see ``rankwise.torch._views``)."""
+    arr, dtype = buf.array, buf.dtype
 
     def body(engine: Engine, call: Call) -> None:
-        premultiply(arr, buf.dtype, rop)
+        premultiply(arr, dtype, rop)
         engine.all_reduce(call, arr)
 
-    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, async_op,
-                  shape=buf.shape, outputs=[tensor])
+    return body
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,

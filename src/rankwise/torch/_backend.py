@@ -11,32 +11,37 @@ validate and unpack, then call these methods with lists of tensors and an option
 
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
-``identity.callsite.skip_directory``) and failure reports. Collectives run inline and return a
-completed ``Work`` (its future already holds the result: DDP's ``get_future().then()``
-works), or ``None`` when torch's Python wrapper said the call is synchronous
-(``opts.asyncOp`` false): every wrapper then skips ``work.wait()`` ("the backend has
-synced"), and the ~3 us of a Future and a Work per call are saved. C++ callers (DDP's
-reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get a Work.
-A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+``identity.callsite.skip_directory``) and failure reports. ``allreduce``, the call of every
+``torch.distributed.all_reduce`` and every DDP bucket, takes a shorter way to the same
+``launch``: the tensor's view is remembered between calls (``_views``) and the reduce op
+is read once, by its hash, so what the backend adds to rankwise's own call is about
+torch's Python wrapper and no more (``benchmarks/torch_backend.py``).
+
+Collectives run inline and return a completed ``Work`` (``core.work.DoneWork``: its future,
+made when asked for, holds the result, so DDP's ``get_future().then()`` works), or
+``None`` when torch's Python wrapper said the call is synchronous (``opts.asyncOp``
+false): every wrapper then skips ``work.wait()`` ("the backend has synced"). C++ callers
+(DDP's reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get
+a Work. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as tdist
-from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
-from torch.futures import Future
 
 from ..api import collectives as coll
 from ..api import p2p
-from ..api.world import maybe_current
+from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
-from ..core.work import Work as RankwiseWork
 from ..errors import InvalidArgument
-from ..wire.buffers import ReduceOp, coerce_reduce_op
+from ..wire.buffers import ReduceOp, check_reducible, coerce_reduce_op
+from ..wire.frames import Op
+from ..wire.reduce_op import make_premul_sum
+from ._views import TensorViews
+from ._work import DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
@@ -44,34 +49,49 @@ BACKEND_NAME = "rankwise"
 Tensors = list[torch.Tensor]
 
 
-def _done(result: Any) -> tdist.Work:
-    """A finished ``Work``; its future holds ``result`` (torch's convention: the tensors)."""
-    fut: Future[Any] = Future()
-    fut.set_result(result)
-    work: tdist.Work = _create_work_from_future(fut)
-    return work
-
-
 def _finish(opts: Any, result: Any) -> tdist.Work | None:
     """The return value of a collective that already ran (see the module docstring)."""
-    if opts is not None and not getattr(opts, "asyncOp", True):
+    if opts is not None and not opts.asyncOp:
         return None
-    return _done(result)
+    return DoneWork(result)
 
 
-_REDUCE_OPS: dict[Any, ReduceOp] = {}
+_REDUCE_OPS: dict[int, ReduceOp] = {}
+
+
+def _hash_is_the_op() -> bool:
+    """Whether torch's ``ReduceOp`` hashes to its ``RedOpType`` value (torch 2.x does), so
+    that ``hash(opts.reduceOp)`` alone names the operator: one pybind call (~0.3 us)
+    where ``.op`` and hashing the enum it returns take two (~0.8 us)."""
+    try:
+        kinds: Any = tdist.ReduceOp.RedOpType
+        premul: Any = getattr(tdist, "_make_nccl_premul_sum")  # noqa: B009 - not in stubs
+        plain = [k for k in kinds.__members__.values() if k != kinds.PREMUL_SUM]
+        return all(hash(tdist.ReduceOp(k)) == int(k) for k in plain) and \
+            hash(premul(2.0)) == int(kinds.PREMUL_SUM)
+    except (AttributeError, RuntimeError, TypeError):  # another torch: take the long way
+        return False
+
+
+_HASH_IS_THE_OP = _hash_is_the_op()
+_PREMUL_SUM = int(tdist.ReduceOp.RedOpType.PREMUL_SUM)  # type: ignore[attr-defined]
 
 
 def _reduce_op(opts: Any) -> ReduceOp:
-    """torch hands a ``ReduceOp`` object; its ``op`` is the ``RedOpType`` enum member
-    (hashable: the translation is cached, it runs on every call)."""
+    """The rankwise operator of torch's ``opts.reduceOp`` (a pybind property: a new
+    object per access, ~0.5 us, so it is read once). Cached by the operator's number,
+    except PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(f)``), whose factor may
+    change from call to call."""
     if opts is None:
         return ReduceOp.SUM
-    red = opts.reduceOp  # a pybind property: a new object per access (~0.5 us), read once
-    kind = getattr(red, "op", red)
-    found = _REDUCE_OPS.get(kind)
+    red = opts.reduceOp
+    key = hash(red) if _HASH_IS_THE_OP else int(red.op)
+    found = _REDUCE_OPS.get(key)
     if found is None:
-        found = _REDUCE_OPS[kind] = coerce_reduce_op(kind)
+        kind = red.op
+        if int(kind) == _PREMUL_SUM:
+            return make_premul_sum(red.factor)
+        found = _REDUCE_OPS[key] = coerce_reduce_op(kind)
     return found
 
 
@@ -82,38 +102,6 @@ def _one(tensors: Any, what: str) -> Any:
     return tensors[0]
 
 
-class _RecvWork(tdist.Work):
-    """A pending receive: ``wait`` finishes it (bounded by the group's timeout)."""
-
-    def __init__(self, inner: RankwiseWork, tensors: Tensors) -> None:
-        super().__init__()
-        self._inner, self._tensors = inner, tensors
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return bool(self._inner.wait(timeout if timeout else None))
-
-    def is_completed(self) -> bool:
-        return bool(self._inner.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._inner.is_success())
-
-    def exception(self) -> BaseException | None:
-        return self._inner.exception()
-
-    def source_rank(self) -> int:
-        return int(self._inner.source_rank())  # type: ignore[attr-defined]
-
-    def _source_rank(self) -> int:
-        return self.source_rank()
-
-    def get_future(self) -> Future[Any]:
-        self.wait()
-        fut: Future[Any] = Future()
-        fut.set_result(self._tensors)
-        return fut
-
-
 class TorchProcessGroup(tdist.ProcessGroup):
     """torch's view of one rankwise group (made by the backend's creator function)."""
 
@@ -122,6 +110,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
         self.group = group
         self._owns_world = owns_world
+        self._views = TensorViews()
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -136,10 +125,24 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # --- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
+        if opts is None or len(tensors) != 1:
+            rop = _reduce_op(opts)
+            for t in tensors:
+                coll.all_reduce(t, rop, group=self.group)
+            return _finish(opts, tensors)
+        # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
+        # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
         rop = _reduce_op(opts)
-        for t in tensors:
-            coll.all_reduce(t, rop, group=self.group)
-        return _finish(opts, tensors)
+        g = resolve_group(self.group)
+        assert g is not None  # torch makes a group only on its members
+        buf, memo = self._views.view(tensors[0], "tensor")
+        body = memo.get(rop)  # a view's checked body per op; PREMUL_SUM's factor varies
+        if body is None or rop.factor is not None:
+            check_reducible(buf.dtype, rop, "all_reduce")
+            body = memo[rop] = coll.all_reduce_body(buf, rop)
+        coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
+                    shape=buf.shape)
+        return DoneWork(tensors) if opts.asyncOp else None
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         return self.allreduce(tensors, opts)
@@ -238,17 +241,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
     # --- point to point -------------------------------------------------------------------
     def send(self, tensors: Tensors, dst: int, tag: int) -> tdist.Work:
         p2p.send(_one(tensors, "send"), group=self.group, tag=tag, group_dst=dst)
-        return _done(tensors)  # torch's send waits on it unconditionally
+        return DoneWork(tensors)  # torch's send waits on it unconditionally
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
         work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag, group_src=src)
         assert work is not None
-        return _RecvWork(work, tensors)
+        return RecvWork(work, tensors)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> tdist.Work:
         work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag)
         assert work is not None
-        return _RecvWork(work, tensors)
+        return RecvWork(work, tensors)
 
     # --- leaving --------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,0 +1,96 @@
+"""The ``torch.distributed.Work`` handles the backend returns.
+
+Why not ``_create_work_from_future`` for a call that already ran: it needs a torch
+``Future`` set with the result first, and the two cost ~3 us per call, about as much as
+the whole of torch's Python wrapper. :class:`DoneWork` is one small Python object whose
+future is made only when asked for (DDP's reducer asks, ``work.wait()`` does not).
+
+torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` and
+``get_future`` (``PyProcessGroup::PyWork``); everything else (``is_completed``,
+``exception``, ``result``, ``source_rank``) is answered here for Python callers.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as tdist
+from torch.futures import Future
+
+from ..core.work import Work as RankwiseWork
+
+__all__ = ["DoneWork", "RecvWork"]
+
+
+def _future_of(result: Any) -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_result(result)
+    return fut
+
+
+class DoneWork(tdist.Work):
+    """A call that completed inline; its future holds ``result`` (torch's convention:
+    the output tensors)."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self._result = result
+        self._future: Future[Any] | None = None
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def result(self) -> Any:
+        return self._result
+
+    def synchronize(self) -> None:
+        return None
+
+    def get_future(self) -> Future[Any]:
+        if self._future is None:
+            self._future = _future_of(self._result)
+        return self._future
+
+
+class RecvWork(tdist.Work):
+    """A pending receive: ``wait`` finishes it (bounded by the group's timeout)."""
+
+    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
+        super().__init__()
+        self._inner, self._tensors = inner, tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return bool(self._inner.wait(timeout if timeout else None))
+
+    def is_completed(self) -> bool:
+        return bool(self._inner.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._inner.is_success())
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception()
+
+    def result(self) -> Any:
+        self.wait()
+        return self._tensors
+
+    def source_rank(self) -> int:
+        return int(self._inner.source_rank())  # type: ignore[attr-defined]
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def get_future(self) -> Future[Any]:
+        self.wait()
+        return _future_of(self._tensors)
