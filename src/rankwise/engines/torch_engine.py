@@ -40,6 +40,18 @@ _OPS = {"SUM": tdist.ReduceOp.SUM, "AVG": tdist.ReduceOp.AVG,
         "BOR": tdist.ReduceOp.BOR, "BXOR": tdist.ReduceOp.BXOR}
 
 
+def _allreduce_options(op: Any) -> Any:
+    o = tdist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+#: one options object per reduce op, shared by every call: building one (and setting its
+#: pybind ``reduceOp``) cost more than the rest of the engine's per-call Python, and torch
+#: copies the options into each op it enqueues, so the objects are never changed after
+_ALLREDUCE_OPTS = {name: _allreduce_options(op) for name, op in _OPS.items()}
+
+
 def _t(a: Array) -> torch.Tensor:
     """Bytes for data movement: every dtype moves as uint8 (gloo lacks some types)."""
     return torch.from_numpy(a.reshape(-1).view(np.uint8))
@@ -108,6 +120,9 @@ class TorchEngine:
         #: this reference the Python overrides vanish under it
         self.store = store
         self.check = RingCheck(group, check)
+        #: without checks no frame of this group's calls ever arrives: the router need
+        #: not be told of each call (a lock and four dict updates per call)
+        self.framed = self.check.mode != "off"
         self.waiter = WorkWaiter(group.comm, self.name)
         group.comm.router.on_failure.append(self._abort)
 
@@ -148,15 +163,11 @@ class TorchEngine:
         self.check.flush()  # the op is enqueued: a deferred fingerprint goes out now
         self.waiter.wait(call, work)
 
-    def _op(self, call: Call) -> Any:
-        assert call.op is not None
-        return _OPS[call.op.name]
-
     def _all_reduce(self, call: Call, a: Array) -> None:
         """``a`` becomes the reduction over ranks (complex products via a gather:
         gloo reduces no complex numbers)."""
-        o = tdist.AllreduceOptions()
-        o.reduceOp = self._op(call)
+        assert call.op is not None
+        o = _ALLREDUCE_OPTS[call.op.name]
         if a.dtype.kind == "c" and call.op is not None and call.op.name not in ("SUM", "AVG"):
             parts = [np.empty_like(a) for _ in range(call.size)]
             parts[call.rank][...] = a
