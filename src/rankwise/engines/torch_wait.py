@@ -67,10 +67,14 @@ class WorkWaiter:
                 work.wait(_SLICE if call.deadline - now > SLICE else
                           timedelta(seconds=max(0.001, call.deadline - now)))
                 return
-            except RuntimeError as exc:
+            except RuntimeError:
                 if not work.is_completed():
                     continue  # a slice ran out: look at the control plane again
-                raise self._torch_error(call, exc) from None
+                try:  # done now: a slice that ran out as the op ended is no error of it
+                    work.wait()
+                except RuntimeError as err:
+                    raise self._torch_error(call, err) from None
+                return
 
     def _what(self, call: Call) -> str:
         return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "
