@@ -27,7 +27,7 @@ from typing import Any
 
 from ._callsite import UNKNOWN, CallSite, enabled
 from ._router import Fingerprint, Pending, Router
-from ._wire import Frame, Kind, encode_header
+from ._wire import Frame, Kind, decode_checks, encode_header
 from .checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
 from .checks.calls import describe_call, mismatch_advice
 from .checks.deadlock import DeadlockWatch, blocked_state
@@ -229,6 +229,11 @@ class Communicator:
             self.where.answer(frame)
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
+        elif frame.kind == Kind.CHECKS:
+            for f in decode_checks(frame, payload):  # each as the frame it stands for
+                target, token = self.on_header(f)
+                if target is not None:
+                    self.on_payload(f, token)
 
     def _doing(self) -> str:
         """``all_reduce #5 at data.py:12 in load`` — what this rank waits in now."""

@@ -153,15 +153,14 @@ class TorchEngine:
     def _run(self, call: Call, body: Callable[[], None]) -> None:
         """Check the call on the control plane, move the data, check again."""
         self.check.before(call)
-        try:
-            body()
-        finally:
-            self.check.flush()  # a body that enqueued no op (or failed) still sends it
+        body()
         self.check.after()
 
     def _wait(self, call: Call, work: Any) -> None:
-        self.check.flush()  # the op is enqueued: a deferred fingerprint goes out now
-        self.waiter.wait(call, work)
+        self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+        # an op that is not done within a grace period may wait for a batched fingerprint
+        # (a mismatch that hangs the data plane): send the batch then
+        self.waiter.wait(call, work, self.check.flush)
 
     def _all_reduce(self, call: Call, a: Array) -> None:
         """``a`` becomes the reduction over ranks (complex products via a gather:
@@ -248,6 +247,7 @@ class TorchEngine:
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
+        self.check.flush()  # the last calls' fingerprints: the next rank checks them too
         listeners = self.group.comm.router.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)
