@@ -39,13 +39,13 @@ CASES = [("barrier", 0, 3000), ("all_reduce", 4, 3000), ("all_reduce", 1 << 20, 
 
 
 def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
-    from rankwise import _callsite
-    from rankwise import _hugepages as hugepages
-    from rankwise._buffers import _NUMPY_NATIVE, ReduceOp
-    from rankwise._router import Fingerprint
-    from rankwise._wire import Op
     from rankwise.engines.shm import ShmGroup
+    from rankwise.identity import callsite as _callsite
+    from rankwise.identity.calls import Fingerprint
     from rankwise.store import FileStore
+    from rankwise.wire import hugepages
+    from rankwise.wire.buffers import _NUMPY_NATIVE, ReduceOp
+    from rankwise.wire.frames import Op
 
     g = ShmGroup(FileStore(path, size, timeout=60), "bench", rank, size, timeout=60,
                  slot_bytes=slot)

@@ -47,7 +47,7 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
 
     import rankwise
     import rankwise.torch  # registers the "rankwise" torch backend
-    from rankwise._world import current
+    from rankwise.api.world import current
     from rankwise.store.torch_views import TorchStoreView
 
     # rankwise is initialized by run_ranks; torch's default group then wraps its world

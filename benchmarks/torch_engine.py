@@ -33,7 +33,7 @@ def _bench(rank: int, world: int, iters: int, blocks: int) -> dict[str, list[flo
     import torch.distributed as tdist
 
     import rankwise
-    from rankwise._world import current
+    from rankwise.api.world import current
     from rankwise.store import PrefixStore
     from rankwise.store.torch_views import TorchStoreView
 

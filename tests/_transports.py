@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rankwise._wire import Frame
 from rankwise.store import HashStore
 from rankwise.transport.shm import ShmTransport
+from rankwise.wire.frames import Frame
 
 WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
 

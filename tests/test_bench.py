@@ -120,13 +120,15 @@ def test_tiny_real_run(tmp_path: Path) -> None:
     header = next(line for line in lines if line.startswith("op "))
     assert header.split() == ["op", "size", *(w for x in libs for w in (x, "us")),
                               *(w for x in libs for w in (x, "GB/s")),
+                              *(w for x in libs for w in (x, "sys%")),
                               *(f"{e}/gloo" for e in engines)]
     rows = [line.split() for line in lines if line.startswith("all_reduce")]
     assert [r[1:3] for r in rows] == [["4", "B"], ["1", "KiB"]]
-    for r in rows:  # latencies, bandwidths, then "ratio (low-high)" per engine
-        numbers = r[3:3 + 2 * len(libs)]
+    for r in rows:  # latencies, bandwidths, kernel shares, then "ratio (low-high)"
+        numbers = r[3:3 + 3 * len(libs)]
         assert all(float(x) >= 0 for x in numbers)
-        ratios = r[3 + 2 * len(libs):]
+        assert all(float(x) <= 100 for x in numbers[2 * len(libs):])  # a share, in percent
+        ratios = r[3 + 3 * len(libs):]
         for med, spread in zip(ratios[::2], ratios[1::2]):
             low, high = (float(x) for x in spread.strip("()").split("-"))
             assert float(med) > 0 and 0 < low <= high
@@ -138,6 +140,8 @@ def test_tiny_real_run(tmp_path: Path) -> None:
         cells = p["cells"]
         assert [(c["op"], c["bytes"]) for c in cells] == [("all_reduce", 4), ("all_reduce", K)]
         assert all(len(c["seconds"][lib]) == 2 for c in cells
+                   for lib in (f"rankwise-{p['engine']}", "gloo"))
+        assert all(0.0 <= c["kernel"][lib] <= 1.0 for c in cells
                    for lib in (f"rankwise-{p['engine']}", "gloo"))
     if has_plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -38,7 +38,7 @@ def test_views_alias_one_flat_buffer_in_the_given_order() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_large_buckets_are_zeroed_aliased_and_keep_their_dtype(dtype: torch.dtype) -> None:
-    # from 4 MiB a bucket's buffer comes from rankwise._hugepages (numpy, huge pages)
+    # from 4 MiB a bucket's buffer comes from rankwise.wire.hugepages (numpy, huge pages)
     params = [torch.ones(1 << 20, dtype=dtype), torch.ones(3, 1 << 19, dtype=dtype)]
     (bucket,) = build_buckets(params, order=[0, 1], caps=[1 << 30])
     assert bucket.buffer.nbytes >= 4 << 20 and bucket.buffer.dtype == dtype

@@ -19,12 +19,12 @@ import pytest
 from _loopback import connected_pair
 
 import rankwise as dist
-from rankwise._buffers import as_buffer
-from rankwise._comm import Communicator
-from rankwise._serialize import dumps, loads
-from rankwise._wire import Kind, Op, encode_header
+from rankwise.core.communicator import Communicator
 from rankwise.store.protocol import DEFAULT_LIMITS, read_request, read_response
 from rankwise.transport.tcp import TcpTransport
+from rankwise.wire.buffers import as_buffer
+from rankwise.wire.frames import Kind, Op, encode_header
+from rankwise.wire.serialize import dumps, loads
 
 SEED = int(os.environ.get("RANKWISE_FUZZ_SEED", "20261123"))
 

@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 
-from rankwise import _callsite
-from rankwise._wire import Op
-from rankwise.checks.calls import RZF_MARK, barrier_name_code, describe_call
 from rankwise.checks.report import (
     cycle_text,
     find_cycle,
@@ -24,7 +21,10 @@ from rankwise.checks.report import (
     stalled_mismatch,
 )
 from rankwise.diagnosis.trace import Tracer, merge
+from rankwise.identity import callsite as _callsite
+from rankwise.identity.calls import Fingerprint, barrier_name_code, describe_call
 from rankwise.testing import run_ranks
+from rankwise.wire.frames import Flag, Op
 
 
 def test_rank_list() -> None:
@@ -135,7 +135,7 @@ def test_named_barrier_descriptions() -> None:
     unknown = (1 << 32) | 0x1234
     assert describe_call(Op.barrier, 0, unknown, 0, 0, None) == "barrier(name=#00001234)"
     rzf = barrier_name_code("rank_zero_first@data.py:40")
-    assert describe_call(Op.barrier, 0, rzf, 0, RZF_MARK, None) == \
+    assert describe_call(Op.barrier, 0, rzf, 0, 0, None, flags=Flag.SYNC) == \
         "rank_zero_first(block at data.py:40)"
 
 
@@ -175,8 +175,7 @@ def test_trace_merge(tmp_path: Any) -> None:
     class Rec:
         seq, started, finished = 1, 100.0, 100.5
 
-        class fp:
-            op, dtype, count, reduce, root = int(Op.barrier), 0, 0, 0, 0
+        fp = Fingerprint(int(Op.barrier), 0, 0, 0, 0)
 
         site = _callsite.UNKNOWN
 

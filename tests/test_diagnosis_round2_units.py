@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
-from rankwise._callsite import CallSite, is_library
-from rankwise._wire import Op
-from rankwise.checks.calls import describe_call
 from rankwise.checks.groups import GroupEntry
+from rankwise.identity.calls import describe_call
+from rankwise.identity.callsite import CallSite, is_library
+from rankwise.wire.frames import Op
 
 TORCH = os.path.join(os.sep, "venv", "lib", "python3.11", "site-packages", "torch")
 USER = os.path.join(os.sep, "home", "me", "train.py")

@@ -1,6 +1,6 @@
 """Large buffers on huge pages: never changes contents, never fails, only whole pages.
 
-In-process tests of ``rankwise._hugepages``; whether the kernel grants huge pages is
+In-process tests of ``rankwise.wire.hugepages``; whether the kernel grants huge pages is
 read back from /proc/self/smaps where the machine allows it (skipped elsewhere).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankwise import _hugepages as hp
+from rankwise.wire import hugepages as hp
 
 
 def _huge_kib(address: int, nbytes: int) -> int:

@@ -195,7 +195,7 @@ def test_launcher_hands_workers_a_token_by_environment(tmp_path: Path) -> None:
 
 
 def test_token_from_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rankwise._auth import resolve_token
+    from rankwise.wire.auth import resolve_token
 
     path = tmp_path / "tok"
     path.write_text("from-a-file\n")
@@ -228,7 +228,7 @@ def test_store_bounds_its_total_size() -> None:
 # --- 6: the async worker ----------------------------------------------------------------------
 
 def test_async_worker_drops_closures_and_is_joined() -> None:
-    from rankwise import _work
+    from rankwise.core import work as _work
 
     class Payload:
         pass
@@ -253,8 +253,8 @@ def test_async_worker_drops_closures_and_is_joined() -> None:
 # --- 7: destroy vs an answer in flight; launcher SIGKILL --------------------------------------
 
 def test_settle_never_joins_an_unstarted_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rankwise._wire import Frame
     from rankwise.checks.where import WhereService
+    from rankwise.wire.frames import Frame
 
     class FakeTransport:
         def send(self, *args: Any) -> None:

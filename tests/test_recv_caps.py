@@ -19,11 +19,11 @@ import numpy as np
 from _loopback import connected_pair
 
 import rankwise as dist
-from rankwise import _world
-from rankwise._comm import Communicator
-from rankwise._wire import Kind, Op, encode_header
+from rankwise.api import world as _world
+from rankwise.core.communicator import Communicator
 from rankwise.testing import run_ranks
 from rankwise.transport.tcp import TcpTransport
+from rankwise.wire.frames import Kind, Op, encode_header
 
 MIB = 1 << 20
 CAPS = {"RANKWISE_PARKED_PER_PEER": str(16 * MIB), "RANKWISE_PARKED_TOTAL": str(32 * MIB)}

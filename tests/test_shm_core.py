@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rankwise import _callsite
-from rankwise._buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
-from rankwise._router import Fingerprint
-from rankwise._wire import Op
 from rankwise.engines.shm.layout import Layout
+from rankwise.identity import callsite as _callsite
+from rankwise.identity.calls import Fingerprint
 from rankwise.testing import run_ranks
+from rankwise.wire.buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
+from rankwise.wire.frames import Op
 
 SLOT = 65536  #: small slots, so modest sizes exercise chunking
 SIZES = [0, 1, 7, 4099, 70001]  #: 70001 float32 > 4 slots
@@ -115,7 +115,7 @@ def _np_reduce(xs: list[np.ndarray], opname: str, dcode: int) -> np.ndarray:
     d = dtype_by_code(dcode)
     assert d is not None
     acc = xs[0].copy()
-    from rankwise._buffers import divide_in_place, reduce_into
+    from rankwise.wire.buffers import divide_in_place, reduce_into
     for x in xs[1:]:
         reduce_into(acc, x, d, getattr(ReduceOp, opname))
     if opname == "AVG":
@@ -185,7 +185,7 @@ def test_bfloat16_all_reduce(tmp_path: Any) -> None:
 def w_bf16(rank: int, size: int, path: str) -> Any:
     import torch
 
-    from rankwise._buffers import as_buffer
+    from rankwise.wire.buffers import as_buffer
     g = _group(rank, size, path)
     t = torch.arange(50000, dtype=torch.bfloat16) * (rank + 1) / 7
     want = torch.zeros(50000)

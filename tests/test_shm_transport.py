@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from _transports import WAIT, Recorder, shm_world
 
-from rankwise._wire import HEADER, Kind, encode_header
 from rankwise.errors import DistNetworkError
 from rankwise.testing import run_ranks
+from rankwise.wire.frames import HEADER, Kind, encode_header
 
 SMALL_RING = 1 << 16
 

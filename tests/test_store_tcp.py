@@ -12,7 +12,6 @@ from datetime import timedelta
 
 import pytest
 
-from rankwise._auth import client_handshake
 from rankwise.errors import (
     AuthError,
     DistError,
@@ -23,6 +22,7 @@ from rankwise.errors import (
 )
 from rankwise.store import Limits, TCPStore, TCPStoreServer
 from rankwise.store.protocol import Op, encode_request
+from rankwise.wire.auth import client_handshake
 
 pytestmark = pytest.mark.timeout(60)
 

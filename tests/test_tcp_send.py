@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from rankwise._wire import HEADER, Kind, decode_header, encode_header
 from rankwise.transport.tcp import TcpTransport
+from rankwise.wire.frames import HEADER, Kind, decode_header, encode_header
 
 
 def _read_all(sock: socket.socket, n: int, out: list[bytes], gate: threading.Event) -> None:

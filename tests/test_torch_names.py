@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rankwise as dist
-from rankwise._unsupported import UNSUPPORTED
+from rankwise.api.unsupported import UNSUPPORTED
 from rankwise.testing import run_ranks
 
 _DATA = pathlib.Path(__file__).parent / "data" / "torch_distributed_names.json"

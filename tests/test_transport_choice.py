@@ -20,7 +20,7 @@ def w_job(rank: int, size: int, port: int, hosts: str) -> Any:
     """Init with host identity ``hosts[rank]``, then p2p with every peer, an all_reduce
     and an object all_gather; returns {peer: transport class name} as routed."""
     import rankwise as dist
-    from rankwise._world import current
+    from rankwise.api.world import current
     from rankwise.transport import factory
 
     host = hosts[rank]

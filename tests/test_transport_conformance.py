@@ -18,10 +18,10 @@ import pytest
 from _loopback import connected_pair
 from _transports import WAIT, Recorder, shm_world
 
-from rankwise._wire import DROP, HOLD, Kind, encode_header
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
 from rankwise.transport.tcp import TcpTransport
+from rankwise.wire.frames import DROP, HOLD, Kind, encode_header
 
 
 def _tcp_world(n: int) -> list[Any]:

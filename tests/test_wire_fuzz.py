@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 import rankwise as dist
-from rankwise import _wire
-from rankwise._serialize import dumps, loads
-from rankwise._wire import HEADER, MAX_CONTROL_PAYLOAD, MAX_PAYLOAD, Kind, Op, WireError
 from rankwise.testing import free_port, run_ranks
+from rankwise.wire import frames as _wire
+from rankwise.wire.frames import HEADER, MAX_CONTROL_PAYLOAD, MAX_PAYLOAD, Kind, Op, WireError
+from rankwise.wire.serialize import dumps, loads
 
 SEED = int(os.environ.get("RANKWISE_FUZZ_SEED", "20240611"))
 
@@ -35,7 +35,8 @@ def _valid_header(rng: random.Random) -> bytes:
     payload = rng.choice([0, 1, 56, 4096, 1 << 20])
     return _wire.encode_header(kind, group=rng.getrandbits(32), seq=rng.getrandbits(63),
                                op=rng.choice(list(Op)), dtype=rng.getrandbits(8),
-                               reduce=rng.getrandbits(8), root=rng.randrange(-1, 64),
+                               reduce=rng.getrandbits(8), flags=rng.choice([0, *_wire.Flag]),
+                               root=rng.randrange(-1, 64),
                                count=rng.randrange(-1, 1 << 40), tag=rng.randrange(-(1 << 62),
                                                                                   1 << 62),
                                site=rng.getrandbits(32), step=rng.getrandbits(32),
@@ -49,6 +50,7 @@ def _check_decoded(frame: _wire.Frame) -> None:
     if frame.kind not in (Kind.COLL, Kind.P2P, Kind.OBJ):
         assert frame.payload_len <= MAX_CONTROL_PAYLOAD, frame
     assert frame.count >= -1, frame
+    assert frame.flags & ~(_wire.CALL_FLAGS | _wire.LANE_FLAGS) == 0, frame
 
 
 def test_decode_header_only_raises_wire_error() -> None:
@@ -70,7 +72,7 @@ def test_decode_header_only_raises_wire_error() -> None:
             data = bytes(buf)
         elif mode == 3:  # a valid header with an absurd or negative field
             fields = list(HEADER.unpack(_valid_header(rng)))
-            idx = rng.choice([2, 5, 9, 10, 14])  # kind, op, root, count, payload_len
+            idx = rng.choice([2, 5, 8, 9, 10, 14])  # kind, op, flags, root, count, payload_len
             fmt = HEADER.format[1:][idx]
             lo, hi = {"B": (0, 255), "i": (-(2**31), 2**31 - 1), "q": (-(2**63), 2**63 - 1),
                       "Q": (0, 2**64 - 1)}[fmt]
@@ -166,8 +168,8 @@ def test_object_decoder_known_leaks() -> None:
 
 def _hostile_clients(port: int, marker: str, report: list[str]) -> None:
     """From the test process (a third party), throw garbage at the store at ``port``."""
-    from rankwise._auth import client_handshake
     from rankwise.store.protocol import Op as SOp
+    from rankwise.wire.auth import client_handshake
 
     rng = random.Random(SEED + 2)
     deadline = time.monotonic() + 15
@@ -276,7 +278,7 @@ def test_decode_checks_only_raises_wire_error() -> None:
     every entry it yields is a valid empty collective frame of the carrier's group, step
     and sender, and anything else is a ``WireError``."""
     rng = random.Random(SEED)
-    carrier = _wire.decode_header(_wire.encode_header(Kind.CHECKS, group=7, step=0xFFFFFFFF,
+    carrier = _wire.decode_header(_wire.encode_header(Kind.CHECKS, group=7, step=5,
                                                       payload_len=0), 0, 3)
     size = _wire.CHECK_ENTRY.size
     accepted = rejected = 0
@@ -286,7 +288,8 @@ def test_decode_checks_only_raises_wire_error() -> None:
         else:
             payload = b"".join(_wire.CHECK_ENTRY.pack(
                 rng.getrandbits(64), rng.choice(list(Op)), rng.getrandbits(8),
-                rng.getrandbits(8), rng.randint(-5, 5), rng.randint(-1, 1 << 40),
+                rng.getrandbits(8), rng.choice([_wire.Flag.CHECK, _wire.Flag.CHECK | 1]),
+                rng.randint(-5, 5), rng.randint(-1, 1 << 40),
                 rng.getrandbits(32)) for _ in range(rng.randrange(1, 4)))
         try:
             frames = _wire.decode_checks(carrier, payload)
@@ -297,6 +300,6 @@ def test_decode_checks_only_raises_wire_error() -> None:
         for f in frames:
             _check_decoded(f)
             assert (f.kind, f.group, f.step, f.src, f.payload_len) == \
-                (Kind.COLL, 7, 0xFFFFFFFF, 3, 0), f
+                (Kind.COLL, 7, 5, 3, 0), f
         accepted += 1
     assert accepted > 1000 and rejected > 1000, (accepted, rejected)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os as _os
 from typing import Any as _Any
 
-from ._collectives import (
+from .api.collectives import (
     all_gather,
     all_gather_into_tensor,
     all_reduce,
@@ -25,7 +25,7 @@ from ._collectives import (
     reduce_scatter_tensor,
     scatter,
 )
-from ._compat import (
+from .api.compat import (
     default_pg_timeout,
     get_backend_config,
     get_default_backend_for_device,
@@ -41,9 +41,8 @@ from ._compat import (
     reduce_op,
     supports_complex,
 )
-from ._grad_bucket import GradBucket
-from ._group import ProcessGroup
-from ._init import (
+from .api.grad_bucket import GradBucket
+from .api.init import (
     destroy_process_group,
     get_backend,
     get_rank,
@@ -53,7 +52,7 @@ from ._init import (
     is_initialized,
     new_group,
 )
-from ._objects import (
+from .api.objects import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
@@ -61,13 +60,12 @@ from ._objects import (
     scatter_object_list,
     send_object_list,
 )
-from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from ._reduce_op import ReduceOp
-from ._reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
-from ._subgroups import new_subgroups, new_subgroups_by_enumeration
-from ._unsupported import unsupported_error as _unsupported_error
-from ._work import Work
-from ._world import GroupMember
+from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .api.subgroups import new_subgroups, new_subgroups_by_enumeration
+from .api.unsupported import unsupported_error as _unsupported_error
+from .api.world import GroupMember
+from .core.group import ProcessGroup
+from .core.work import Work
 from .diagnosis import main_process_first, monitored_barrier, rank_zero_first, who_is_where
 from .errors import (
     AuthError,
@@ -81,6 +79,8 @@ from .errors import (
     RendezvousError,
     StoreError,
 )
+from .wire.reduce_op import ReduceOp
+from .wire.reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
 
 __version__ = "0.1.0"
 
@@ -98,7 +98,7 @@ class Backend:
 
 
 def get_process_group_ranks(group: _Any) -> list[int]:
-    from ._world import resolve_group
+    from .api.world import resolve_group
 
     g = resolve_group(group)
     if g is None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _hugepages as hugepages
-from .link import Array, Handle, Link
+from ..wire import hugepages
+from .link import Array, Handle, Lane, Link
 
 __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segments"]
 
@@ -31,7 +31,6 @@ __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segmen
 SEGMENT_BYTES = int(os.environ.get("RANKWISE_SEGMENT_BYTES", str(4 << 20)))
 #: chunks at least this big wait for the right neighbour's clear-to-send before step 0
 CTS_BYTES = int(os.environ.get("RANKWISE_CTS_BYTES", str(1 << 20)))
-_CTS_STEP = 0x7FFFFFFF
 _EMPTY = np.empty(0, np.uint8)
 
 
@@ -52,7 +51,7 @@ _local = threading.local()
 def scratch(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A per-thread buffer reused across calls: fresh multi-MiB allocations cost a page
     fault per 4 KiB on first touch, which showed up as ~10% of a large all_reduce. Large
-    ones sit on huge pages (see ``_hugepages``)."""
+    ones sit on huge pages (see ``wire.hugepages``)."""
     buf: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_local, "buf", None)
     if buf is None or buf.nbytes < nbytes:
         buf = hugepages.empty(max(nbytes, 1 << 16))
@@ -109,8 +108,8 @@ def _run_ring(link: Link, chunks: list[Array], reduce_steps: int, gather_steps: 
         # Without this, a neighbour that finished the previous call early sends all of
         # step 0 before we posted: it gets parked and copied once more (measured: 64 MiB
         # all_reduce on 2 ranks 1.3x slower than gloo). One empty message fixes it.
-        cts = link.post(right, np.empty(0, np.uint8), _CTS_STEP)
-        link.send(left, _EMPTY, _CTS_STEP)
+        cts = link.post(right, np.empty(0, np.uint8), 0, Lane.CTS)
+        link.send(left, _EMPTY, 0, Lane.CTS)
         link.wait(cts)
     for k, seg in enumerate(segs[out_chunk(0)]):
         link.send(right, seg, k)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import ring
 from .agree import Agreement, others
-from .link import Array, Link, recv
+from .link import Array, Lane, Link, recv
 
 __all__ = ["broadcast", "reduce"]
 
@@ -107,9 +107,6 @@ def _powers_below(n: int) -> list[int]:
     return out
 
 
-_GATHER_STEP = 1 << 20
-
-
 def _reduce_large(link: Link, data: Array, root: int) -> None:
     """Ring reduce-scatter on a copy, then every rank sends its reduced chunk to the
     root: each rank moves ~2x the message instead of the tree's log2(n) x."""
@@ -117,8 +114,8 @@ def _reduce_large(link: Link, data: Array, root: int) -> None:
     chunks = [work[a:b] for a, b in ring.chunk_bounds(work.size, link.size)]
     ring.reduce_scatter(link, chunks)  # chunk r of rank r is final (AVG divided)
     if link.rank != root:
-        link.send(root, chunks[link.rank], _GATHER_STEP)
+        link.send(root, chunks[link.rank], 0, Lane.GATHER)
         return
-    handles = [link.post(r, chunks[r], _GATHER_STEP) for r in range(link.size) if r != root]
+    handles = [link.post(r, chunks[r], 0, Lane.GATHER) for r in range(link.size) if r != root]
     for h in handles:
         link.wait(h)

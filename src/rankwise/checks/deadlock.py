@@ -35,12 +35,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._work import in_flight
+from ..core.work import in_flight
 from ..errors import DeadlockError
 from .report import rank_list
 
 if TYPE_CHECKING:
-    from .._comm import Communicator
+    from ..core.communicator import Communicator
 
 __all__ = ["CONFIRM_GAP", "DeadlockWatch", "blocked_state", "cycle_of", "find_deadlock",
            "wait_edges", "wait_lines"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .._callsite import CallSite
 from ..errors import CollectiveMismatch, DistTimeout
+from ..identity.callsite import CallSite
 from .report import rank_list
 
 __all__ = ["GroupEntry", "agree_on_group"]

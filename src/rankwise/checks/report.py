@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any
 
-from .._callsite import stack_of
-from .calls import describe_call
+from ..identity.calls import describe
+from ..identity.callsite import stack_of
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
            "reported_shape", "stalled_mismatch"]
@@ -68,10 +68,10 @@ def _state(comm: Any, now: float) -> str:
             # the op is in a foreign engine's hands: started here, waiting on its peers
             # (or, on a GPU, on its kernel), not on anything rankwise still has to do
             what = "kernel" if a.engine.startswith("nccl") else "op"
-            text = (f"enqueued {comm._call_of(a)} #{a.seq} of {gname} on {a.engine} at "
+            text = (f"enqueued {comm.call_of(a)} #{a.seq} of {gname} on {a.engine} at "
                     f"{where}, {what} not finished after {max(0.0, now - a.enqueued):.1f}s")
         else:
-            text = f"in {comm._call_of(a)} #{a.seq} of {gname} at {where} for {since:.1f}s"
+            text = f"in {comm.call_of(a)} #{a.seq} of {gname} at {where} for {since:.1f}s"
         if a.waiting_for >= 0:
             text += f", waiting for rank {a.waiting_for}"
         if a.patient:
@@ -112,7 +112,7 @@ def build_report(comm: Any) -> dict[str, Any]:
         "patient": bool(a.patient),
         "site": a.site.short if a.op else "",
         "chain": a.site.chain if a.op else "",
-        "call": comm._call_of(a) if a.op and a.kind != "recv" else "",
+        "call": comm.call_of(a) if a.op and a.kind != "recv" else "",
         "fp": _fingerprint_of(comm, a) if a.op and a.kind != "recv" else "",
         "enqueued": bool(a.op and a.enqueued),
     }
@@ -143,13 +143,13 @@ def build_report(comm: Any) -> dict[str, Any]:
 def _describe(fp: Any) -> str:
     """The call as ranks compare it (element counts, not shapes): the key that says
     whether two ranks' calls agree; the "call" text next to it is for the reader."""
-    return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None)
+    return describe(fp)
 
 
 def _fingerprint_of(comm: Any, a: Any) -> str:
     group = comm.groups.get(a.group)
     record = group.record_of(a.seq) if group is not None else None
-    return _describe(record.fp) if record is not None else comm._call_of(a)
+    return _describe(record.fp) if record is not None else comm.call_of(a)
 
 
 def reported_shape(reports: dict[int, dict[str, Any]], rank: int, group: int, seq: int

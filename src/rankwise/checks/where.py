@@ -14,11 +14,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._wire import Frame, Kind, encode_header
 from ..errors import DistError
+from ..wire.frames import Frame, Kind, encode_header
 
 if TYPE_CHECKING:
-    from .._comm import Communicator
+    from ..core.communicator import Communicator
 
 __all__ = ["WhereService"]
 
@@ -122,8 +122,9 @@ class WhereService:
                 result[p] = answers[p]
             elif p in comm.last_reports:  # it failed, and sent its report with the abort
                 result[p] = comm.last_reports[p]
-            elif p in comm.departures:
-                result[p] = {"rank": p, "state": f"exited: {comm.departures[p]}", "gone": True}
+            elif p in comm.departures.bye:
+                result[p] = {"rank": p, "state": f"exited: {comm.departures.bye[p]}",
+                             "gone": True}
             elif gone is not None:
                 result[p] = {"rank": p, "state": f"gone: {gone}", "gone": True}
             else:

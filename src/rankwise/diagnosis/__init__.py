@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from .._callsite import enabled, set_enabled
+from ..api.world import current
+from ..identity.callsite import enabled, set_enabled
 from .sync import main_process_first, monitored_barrier, rank_zero_first
 
 __all__ = ["enabled", "main_process_first", "monitored_barrier", "rank_zero_first",
@@ -19,7 +20,5 @@ __all__ = ["enabled", "main_process_first", "monitored_barrier", "rank_zero_firs
 
 def who_is_where(timeout: float = 2.0) -> str:
     """Ask every rank where it is now and return the table (bounded by ``timeout``)."""
-    from .._world import current
-
     comm = current().comm
     return comm.where_table(f"asked by rank {comm.rank}", timeout)

@@ -29,15 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from .._callsite import capture
-from .._collectives import launch
-from .._group import seconds
-from .._wire import Op
-from .._world import resolve_group
-from ..checks.calls import RZF_MARK, barrier_name_code
+from ..api.collectives import launch
+from ..api.world import resolve_group
 from ..checks.report import rank_list
+from ..core.group import seconds
 from ..engines.base import Call, Engine
 from ..errors import DistError, DistTimeout
+from ..identity.calls import barrier_name_code
+from ..identity.callsite import capture
+from ..wire.frames import Flag, Op
 
 __all__ = ["main_process_first", "monitored_barrier", "rank_zero_first"]
 
@@ -109,7 +109,7 @@ def _block_barrier(g: Any, code: int, limit: float | None) -> None:
             call.patient = True
         engine.barrier(call)
 
-    launch(g, Op.barrier, None, code, None, RZF_MARK, body, False)
+    launch(g, Op.barrier, None, code, None, 0, body, False, flags=Flag.SYNC)
 
 
 def _leader_failed(g: Any, exc: BaseException, label: str) -> None:

@@ -20,6 +20,10 @@ import os
 import threading
 from typing import Any
 
+from ..identity.calls import describe
+from ..wire.buffers import dtype_by_code
+from ..wire.frames import Op
+
 __all__ = ["MAX_EVENTS", "Tracer", "main", "merge"]
 
 MAX_EVENTS = 1_000_000  #: per rank; later spans are counted, not kept (bounded memory)
@@ -50,10 +54,6 @@ class Tracer:
         self.events.append(event)
 
     def collective(self, group: Any, record: Any) -> None:
-        from .._buffers import dtype_by_code
-        from .._wire import Op
-        from ..checks.calls import describe_call
-
         fp = record.fp
         d = dtype_by_code(fp.dtype) if fp.dtype else None
         nbytes = fp.count * d.storage.itemsize if d is not None and fp.count > 0 else 0
@@ -64,7 +64,7 @@ class Tracer:
             "dur": max(0.0, record.finished - record.started) * 1e6,
             "args": {"seq": record.seq, "group": group.name, "bytes": nbytes,
                      "peers": list(group.ranks) if len(group.ranks) <= 64 else len(group.ranks),
-                     "call": describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, None),
+                     "call": describe(fp),
                      "site": record.site.chain},
         })
 

@@ -17,8 +17,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TypeVar
 
-from .._auth import NotRankwiseEndpoint, client_handshake, resolve_token
 from ..errors import AuthError, DistError
+from ..wire.auth import NotRankwiseEndpoint, client_handshake, resolve_token
 
 __all__ = ["GpuProbes", "NetProbes", "PortState", "bounded"]
 

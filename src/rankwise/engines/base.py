@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy.typing as npt
 
-from .._buffers import DType, ReduceOp
+from ..wire.buffers import DType, ReduceOp
 
 if TYPE_CHECKING:
-    from .._callsite import CallSite
-    from .._group import CallRecord, ProcessGroup
-    from .._router import Fingerprint
+    from ..core.group import CallRecord, ProcessGroup
+    from ..identity.calls import Fingerprint
+    from ..identity.callsite import CallSite
 
 __all__ = ["Array", "Call", "Engine"]
 

@@ -16,18 +16,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import algorithms as alg
-from .._buffers import DType, ReduceOp, divide_in_place, reduce_into
-from .._comm import Communicator
-from .._router import Pending
-from .._wire import HEADER, MAGIC, VERSION, Kind
+from ..algorithms.link import Lane
+from ..core.communicator import Communicator
+from ..core.router import Pending
+from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ..wire.frames import HEADER, MAGIC, VERSION, Flag, Kind
 from .base import Array, Call
 
 if TYPE_CHECKING:
-    from .._group import CallRecord, ProcessGroup
+    from ..core.group import CallRecord, ProcessGroup
 
 __all__ = ["MessageEngine", "OpLink"]
 
 _pack = HEADER.pack
+
+#: the header flag of each lane an algorithm may send on (``Lane`` stays free of wire bits)
+_LANE_FLAGS = {Lane.DATA: 0, Lane.CTS: int(Flag.CTS), Lane.GATHER: int(Flag.GATHER)}
 
 #: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
 RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
@@ -88,18 +92,23 @@ class OpLink:
         self.quiet = False
         fp = self.fp
         #: every header field of this call's frames but the step and the payload length
-        self.head = (MAGIC, VERSION, Kind.COLL, group.id, seq, fp.op, fp.dtype, fp.reduce, 0,
-                     fp.root, fp.count, 0, self.site.id)
+        self.head = (MAGIC, VERSION, Kind.COLL, group.id, seq, fp.op, fp.dtype, fp.reduce,
+                     fp.flags, fp.root, fp.count, 0, self.site.id)
 
-    def send(self, peer: int, data: np.ndarray[Any, Any], step: int) -> None:
+    def send(self, peer: int, data: np.ndarray[Any, Any], step: int,
+             lane: Lane = Lane.DATA) -> None:
         # the header is packed here rather than in Communicator.send: this runs for every
         # frame of every collective, and one pack of prepared fields is the cheapest way
         n = data.nbytes
-        self.comm.send_frame(self.group.ranks[peer], _pack(*self.head, step, n),
+        head = self.head
+        if lane:  # rare (one clear-to-send, a final gather): re-flag a copy of the fields
+            head = (*head[:8], head[8] | _LANE_FLAGS[lane], *head[9:])
+        self.comm.send_frame(self.group.ranks[peer], _pack(*head, step, n),
                              data.view(np.uint8).data if n else None, self.deadline, self.site)
 
-    def post(self, peer: int, out: np.ndarray[Any, Any], step: int) -> Pending:
-        key = (self.group.id, self.seq, self.group.ranks[peer], step)
+    def post(self, peer: int, out: np.ndarray[Any, Any], step: int,
+             lane: Lane = Lane.DATA) -> Pending:
+        key = (self.group.id, self.seq, self.group.ranks[peer], step, _LANE_FLAGS[lane])
         return self.comm.router.post_coll(key, out.view(np.uint8).data)
 
     def wait(self, handle: Any) -> None:

@@ -5,7 +5,7 @@ rides with the data, so nothing compares the ranks' calls. Each rank instead sen
 call's fingerprint and call site to its ring neighbour (group rank + 1) as an empty
 collective frame on rankwise's own TCP connections. Each rank equal to the previous one
 proves all are equal, at one small frame per call and rank. The frame is a
-``Kind.COLL`` frame of a reserved step, so the router checks it exactly as it checks the
+``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks it exactly as it checks the
 message engine's frames: the same mismatch words (both calls with their file:line), the
 same divergence report, the same abort of every rank.
 
@@ -41,23 +41,21 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from .._router import Fingerprint, Pending
-from .._wire import CHECK_ENTRY, Kind, encode_header
+from ..core.router import Pending
 from ..errors import DistError, InvalidArgument
+from ..identity.calls import Fingerprint
+from ..wire.frames import CHECK_ENTRY, Flag, Kind, encode_header
 from .base import Call
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
-__all__ = ["BATCH", "BATCH_AGE", "CHECK_ENV", "CHECK_MODES", "CHECK_STEP", "RingCheck",
-           "check_mode"]
+__all__ = ["BATCH", "BATCH_AGE", "CHECK_ENV", "CHECK_MODES", "RingCheck", "check_mode"]
 
 log = logging.getLogger("rankwise")
 
 CHECK_ENV = "RANKWISE_CHECK"
 CHECK_MODES = ("async", "sync", "off")
-#: the step of a check frame: algorithms number their steps from 0, never this high
-CHECK_STEP = 0xFFFFFFFF
 _NOTHING = memoryview(bytearray())
 #: confirmed (fingerprint, call site) pairs remembered per group (``async`` first sight)
 _SEEN_MAX = 4096
@@ -105,11 +103,12 @@ class RingCheck:
         if self.mode == "off":
             return
         comm, gid, fp, site = self.comm, self.group.id, call.fp, call.site.id
-        pending = comm.router.post_coll((gid, call.seq, self.prev, CHECK_STEP), _NOTHING)
+        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, Flag.CHECK), _NOTHING)
         key = (fp, site)
         if not self.sync and key in self.seen:
             # confirmed before: the fingerprint joins the batch (see the module's doc)
-            entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.root, fp.count, site)
+            entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.flags | Flag.CHECK,
+                                fp.root, fp.count, site)
             if self.deferred is None:
                 self.deferred = bytearray(entry)
                 self._since = time.monotonic()
@@ -118,8 +117,8 @@ class RingCheck:
             self._last = call
             return
         self.flush()  # the batch first: the next rank judges calls in order
-        header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce, 0,
-                               fp.root, fp.count, 0, site, CHECK_STEP, 0)
+        header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce,
+                               fp.flags | Flag.CHECK, fp.root, fp.count, 0, site, 0, 0)
         comm.send_frame(self.next, header, None, call.deadline, call.site)
         self._wait(call, pending)
         if not self.sync:
@@ -148,7 +147,7 @@ class RingCheck:
         call = self._last
         if deferred is not None and call is not None:
             header = encode_header(Kind.CHECKS, self.group.id, call.seq, site=call.site.id,
-                                   step=CHECK_STEP, payload_len=len(deferred))
+                                   payload_len=len(deferred))
             try:  # a fresh deadline: a batch may be sent long after its last call began
                 self.comm.send_frame(self.next, header, memoryview(deferred),
                                      time.monotonic() + self.group.timeout, call.site)

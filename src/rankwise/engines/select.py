@@ -30,7 +30,7 @@ from ..errors import DistError, InvalidArgument
 from .base import Engine
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
 __all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_missing",
            "host_identity", "requested_engine"]

@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._callsite import CallSite
-from ..checks.calls import describe_call, mismatch_advice
 from ..checks.report import mismatch_report, reported_shape
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
+from ..identity.calls import describe, describe_call, mismatch_advice
+from ..identity.callsite import CallSite
 from .base import Array, Call
 from .select import EngineUnavailable
 from .shm import ShmGroup, ShmUnavailable
 from .shm.errors import ShmCallMismatch
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
 __all__ = ["ShmEngine"]
 
@@ -70,9 +70,10 @@ class ShmEngine:
         seen = self.core.ch.last_call_of(index)
         if seen is None:
             return ""
-        (op, dtype, count, reduce, root, site_id), text = seen
+        (op, dtype, count, reduce, root, site_id, flags), text = seen
         site = CallSite.decode(site_id, text) if text else None
-        return (f"{describe_call(op, dtype, count, reduce, root, site)} (on shared memory "
+        described = describe_call(op, dtype, count, reduce, root, site, flags=flags)
+        return (f"{described} (on shared memory "
                 f"in {self.group.name})")
 
     @classmethod
@@ -132,16 +133,15 @@ class ShmEngine:
         cause = None
         if exc.rank is not None:
             cause = self.comm.router.wait_for_cause(exc.rank, 1.0)
-        return self.comm._as_of_now(cause) if cause is not None else exc
+        return self.comm.as_of_now(cause) if cause is not None else exc
 
     def _mismatch(self, call: Call, exc: ShmCallMismatch) -> CollectiveMismatch:
         """The same words as a mismatch found in a frame header, plus the divergence
         report (every rank's recent calls) when the ranks can still be asked."""
-        op, dtype, count, reduce, root, site_id = exc.theirs
+        op, dtype, count, reduce, root, site_id, flags = exc.theirs
         their_site = CallSite.decode(site_id, exc.their_site) if exc.their_site else None
         fp = call.fp
-        ours = describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, call.site,
-                             call.record.shape)
+        ours = describe(fp, call.site, call.record.shape)
         peer = self.group.ranks[exc.peer]
         reports: dict[int, dict[str, Any]] = {}
         try:
@@ -151,11 +151,12 @@ class ShmEngine:
             report = f"(the divergence report failed: {err!r})"
         # the segment holds element counts; the peer's shape comes from its report
         theirs = describe_call(op, dtype, count, reduce, root, their_site,
-                               reported_shape(reports, peer, self.group.id, call.seq))
+                               reported_shape(reports, peer, self.group.id, call.seq),
+                               flags=flags)
         message = (f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
                    f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
                    + (f"{exc.detail}. " if exc.detail else "")
-                   + mismatch_advice(fp.op, fp.root, op, root))
+                   + mismatch_advice(fp.flags, flags))
         full = message + ("\n\n" + report if report else "")
         self.comm.tell_mismatch(full)
         return CollectiveMismatch(full)

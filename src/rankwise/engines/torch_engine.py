@@ -28,7 +28,7 @@ from .torch_splits import check_splits
 from .torch_wait import WorkWaiter
 
 if TYPE_CHECKING:
-    from .._group import ProcessGroup
+    from ..core.group import ProcessGroup
 
 __all__ = ["TorchEngine"]
 

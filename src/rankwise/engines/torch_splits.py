@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .._callsite import CallSite
-from ..checks.calls import describe_call, mismatch_advice
 from ..errors import CollectiveMismatch
+from ..identity.calls import describe, mismatch_advice
+from ..identity.callsite import CallSite
 from .base import Array, Call
 
 __all__ = ["SITE_BYTES", "check_splits"]
@@ -60,11 +60,11 @@ def _mismatch(call: Call, rows: list[Array], head: int, src: int, dst: int, sent
         site_id = int(rows[r][:head].view(np.int64)[2 * call.size])
         text = bytes(rows[r][head:]).rstrip(b"\0").decode("utf-8", "replace")
         site = CallSite.decode(site_id, text)
-        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root, site)
+        return describe(fp, site)
 
     return CollectiveMismatch(
         f"collective mismatch in {group.name}, collective #{call.seq}: rank "
         f"{group.ranks[src]} called {side(src)}, but rank {group.ranks[dst]} called "
         f"{side(dst)}. rank {group.ranks[src]} sends {sent} bytes to rank "
         f"{group.ranks[dst]}, which expects {expected} bytes (uneven split sizes?). "
-        + mismatch_advice(fp.op, fp.root, fp.op, fp.root))
+        + mismatch_advice(fp.flags, fp.flags))

@@ -22,7 +22,7 @@ from ..errors import DistError, DistTimeout, PeerFailure
 from .base import Call
 
 if TYPE_CHECKING:
-    from .._comm import Communicator
+    from ..core.communicator import Communicator
 
 __all__ = ["GRACE", "SLICE", "WorkWaiter"]
 

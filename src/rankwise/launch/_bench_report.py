@@ -53,6 +53,8 @@ def summarize(run: dict[str, Any]) -> list[dict[str, Any]]:
 
     ``latency[lib]``: median seconds; gloo and MPI pool their rounds from every pass.
     ``ratio[(engine_label, ref)]``: (median ratio, lowest, highest) from that pass only.
+    ``kernel[lib]``: the kernel's share of the CPU the busiest rank spent in that library's
+    rounds (gloo and MPI: their last pass).
     """
     n = int(run["world_size"])
     rows: dict[tuple[str, int], dict[str, Any]] = {}
@@ -60,7 +62,8 @@ def summarize(run: dict[str, Any]) -> list[dict[str, Any]]:
         for cell in p["cells"]:
             key = (cell["op"], int(cell["bytes"]))
             row = rows.setdefault(key, {"op": key[0], "bytes": key[1], "samples": {},
-                                        "ratio": {}})
+                                        "ratio": {}, "kernel": {}})
+            row["kernel"].update(cell.get("kernel", {}))  # runs saved before it had none
             secs: dict[str, list[float]] = cell["seconds"]
             for label, values in secs.items():
                 row["samples"].setdefault(label, []).extend(values)
@@ -105,7 +108,8 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
             # then share it with the rank's main thread, and latencies say more about that
             lines.append(f"note: rank 0 was pinned to {allowed} of {cpus} CPUs (mpirun binds "
                          "by default; pass --bind-to none to compare the libraries unpinned)")
-        lines.append("latency: median us per call; busbw: GB/s (nccl-tests); ratio: rankwise "
+        lines.append("latency: median us per call; busbw: GB/s (nccl-tests); sys%: the "
+                     "kernel's share of the CPU spent (busiest rank); ratio: rankwise "
                      "time / other's, <1 = rankwise faster (lowest-highest single round)")
         if len({m for m, _ in pairs}) > 1:  # several passes: gloo/MPI columns are pooled
             lines.append("gloo/MPI columns pool every pass; each ratio pairs an engine with "
@@ -113,12 +117,14 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
         head = f"{'op':<14} {'size':>9} "
         head += " ".join(f"{_short(x) + ' us':>10}" for x in libs) + "  "
         head += " ".join(f"{_short(x) + ' GB/s':>10}" for x in libs) + "  "
+        head += " ".join(f"{_short(x) + ' sys%':>10}" for x in libs) + "  "
         head += " ".join(f"{_short(m) + '/' + r:>16}" for m, r in pairs)
         lines.append(head.rstrip())
         for row in rows:
             line = f"{row['op']:<14} {human_size(row['bytes']) if row['bytes'] else '-':>9} "
             line += " ".join(_num(row["latency"].get(x), 1e6, 1) for x in libs) + "  "
             line += " ".join(_num(row["busbw"].get(x), 1.0, 3) for x in libs) + "  "
+            line += " ".join(_num(row["kernel"].get(x), 100.0, 0) for x in libs) + "  "
             line += " ".join(_ratio(row["ratio"].get(p)) for p in pairs)
             lines.append(line.rstrip())
         lines.append("")

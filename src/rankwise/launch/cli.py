@@ -160,8 +160,8 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
 
 def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | None:
     """``--token-file``, else ``--token``, ``$RANKWISE_TOKEN``, ``$RANKWISE_TOKEN_FILE``."""
-    from .._auth import read_token_file
     from ..errors import AuthError
+    from ..wire.auth import read_token_file
 
     path = ns.token_file or (None if ns.token or os.environ.get("RANKWISE_TOKEN")
                              else os.environ.get("RANKWISE_TOKEN_FILE"))

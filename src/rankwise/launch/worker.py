@@ -87,7 +87,7 @@ def write_error_file(
 
 def raised_at(tb: TracebackType | None) -> str:
     """``train.py:41 in step``: the innermost frame of the user's code in ``tb`` ("" if none)."""
-    from .._callsite import stack_of  # not at import: the launcher itself never needs it
+    from ..identity.callsite import stack_of  # not at import: the launcher itself never needs it
 
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import _hugepages as hugepages
+from ..wire import hugepages
 
 __all__ = ["FIRST_BUCKET_BYTES", "Bucket", "assign_buckets", "build_buckets"]
 
@@ -98,7 +98,7 @@ def build_buckets(
 def _zeros(numel: int, like: torch.Tensor) -> torch.Tensor:
     """A zeroed flat buffer for ``numel`` elements of ``like``'s dtype and device. On the
     CPU a large one sits on huge pages: every step all-reduces it, and the kernel copies
-    it in and out of sockets faster (see ``rankwise._hugepages``)."""
+    it in and out of sockets faster (see ``rankwise.wire.hugepages``)."""
     nbytes = numel * like.element_size()
     if like.device.type != "cpu" or nbytes < hugepages.MIN_BYTES:
         return torch.zeros(numel, dtype=like.dtype, device=like.device)

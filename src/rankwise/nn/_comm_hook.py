@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rankwise._grad_bucket import GradBucket
+from rankwise.api.grad_bucket import GradBucket
 from rankwise.errors import InvalidArgument
 from rankwise.nn._errors import DDPError
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rankwise._grad_bucket import GradBucket
+from rankwise.api.grad_bucket import GradBucket
 from rankwise.nn._buckets import FIRST_BUCKET_BYTES, Bucket, build_buckets
 from rankwise.nn._comm import comm
 from rankwise.nn._comm_hook import CommHook

@@ -29,8 +29,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._auth import recv_exact
 from ..errors import InvalidArgument, StoreError
+from ..wire.auth import recv_exact
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -25,8 +25,8 @@ import time
 import weakref
 from datetime import timedelta
 
-from .._auth import client_handshake, resolve_token
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
+from ..wire.auth import client_handshake, resolve_token
 from .base import DEFAULT_TIMEOUT, Store
 from .protocol import (
     DEFAULT_LIMITS,

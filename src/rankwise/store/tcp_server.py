@@ -9,7 +9,7 @@ Design (why it looks like this):
 * One daemon thread per connection (jobs have at most a few hundred ranks). A thread
   blocked in ``get``/``wait`` sleeps on the shared ``KVTable`` condition, so one slow
   waiter never delays another client (no head-of-line blocking) and nothing spins.
-* Every connection passes the ``_auth`` handshake first; failures are logged at debug
+* Every connection passes the ``wire.auth`` handshake first; failures are logged at debug
   level only (a port scanner should not fill the job's log) and the server goes on.
 * Every request is decoded by ``protocol.read_request`` with bounded lengths; an
   invalid frame drops that client only.
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .._auth import ForeignClient, resolve_token, server_handshake
 from ..errors import AuthError, DistError, DistNetworkError, InvalidArgument, StoreError
+from ..wire.auth import ForeignClient, resolve_token, server_handshake
 from .base import AUTH_FAILURES_KEY
 from .foreign import ForeignKnock, describe_foreign_client
 from .protocol import (

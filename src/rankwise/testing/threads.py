@@ -3,7 +3,7 @@
 Why: the router, the fingerprint checks and every collective algorithm run here through
 the public API exactly as in a real job, but without sockets, processes or a store, so
 a test takes milliseconds (torchft tests its process groups with ranks as threads the
-same way). Each thread gets its own world (``_world.set_thread_world``).
+same way). Each thread gets its own world (``api.world.set_thread_world``).
 
 Limits: the default group only (no ``new_group``: there is no store), no ``async_op``
 (the async worker is one per process and would serialize the ranks' calls), and the
@@ -19,9 +19,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._comm import Communicator
-from .._group import ProcessGroup
-from .._world import World, set_thread_world
+from ..api.world import World, set_thread_world
+from ..core.communicator import Communicator
+from ..core.group import ProcessGroup
+from ..diagnosis.recorders import attach_recorders
 from ..transport.memory import MemoryHub
 
 __all__ = ["ThreadRankError", "run_threads"]
@@ -39,6 +40,7 @@ class ThreadRankError(AssertionError):
 
 def _world(rank: int, n: int, hub: MemoryHub, timeout: float) -> World:
     comm = Communicator(rank, n, hub.transports[rank])
+    attach_recorders(comm)
     group = ProcessGroup(comm, 0, list(range(n)), timeout, "memory",
                          "the default group (WORLD)")
     world = World(comm, group, None, None, "memory", timeout)

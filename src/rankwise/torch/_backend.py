@@ -11,7 +11,7 @@ validate and unpack, then call these methods with lists of tensors and an option
 
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
-``_callsite.skip_directory``) and failure reports. Collectives run inline and return a
+``identity.callsite.skip_directory``) and failure reports. Collectives run inline and return a
 completed ``Work`` (its future already holds the result: DDP's ``get_future().then()``
 works), or ``None`` when torch's Python wrapper said the call is synchronous
 (``opts.asyncOp`` false): every wrapper then skips ``work.wait()`` ("the backend has
@@ -30,13 +30,13 @@ import torch.distributed as tdist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
-from .. import _collectives as coll
-from .. import _p2p as p2p
-from .._buffers import ReduceOp, coerce_reduce_op
-from .._group import ProcessGroup as RankwiseGroup
-from .._work import Work as RankwiseWork
-from .._world import maybe_current
+from ..api import collectives as coll
+from ..api import p2p
+from ..api.world import maybe_current
+from ..core.group import ProcessGroup as RankwiseGroup
+from ..core.work import Work as RankwiseWork
 from ..errors import InvalidArgument
+from ..wire.buffers import ReduceOp, coerce_reduce_op
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
@@ -254,7 +254,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def shutdown(self) -> None:
         """torch's ``destroy_process_group``: the default group takes rankwise's world
         with it (peers learn where this rank left); a subgroup only forgets itself."""
-        from .._init import destroy_process_group
+        from ..api.init import destroy_process_group
 
         if maybe_current() is None:
             return

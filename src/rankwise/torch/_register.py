@@ -25,12 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from .. import _init
-from .._auth import resolve_token
-from .._callsite import skip_directory
-from .._world import current, maybe_current
+from ..api import init as _init
+from ..api.world import current, maybe_current
 from ..errors import InvalidArgument
+from ..identity.callsite import skip_directory
 from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
+from ..wire.auth import resolve_token
 from ._backend import BACKEND_NAME, TorchProcessGroup
 
 __all__ = ["install"]

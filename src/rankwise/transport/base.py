@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .._wire import Frame
 from ..errors import DistError
+from ..wire.frames import Frame
 
 __all__ = ["FrameHandler", "NoDriving", "Transport"]
 

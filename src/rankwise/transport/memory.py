@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from .._wire import DROP, HEADER, HOLD, WireError, decode_header
 from ..errors import DistError, DistNetworkError
+from ..wire.frames import DROP, HEADER, HOLD, WireError, decode_header
 from .base import FrameHandler, NoDriving
 
 __all__ = ["MemoryHub", "MemoryTransport"]

@@ -3,7 +3,7 @@
 Each rank listens on an ephemeral port of the interface that reaches the master
 (loopback when the master is local), publishes ``host:port`` in the rendezvous store,
 then connects to every lower rank and accepts every higher one. Every connection
-passes the token handshake (``_auth``) and a hello that names the job and the rank, so
+passes the token handshake (``wire.auth``) and a hello that names the job and the rank, so
 a stray or stale process (an earlier attempt of a restarted job, another job on the same
 ports) is refused instead of silently joining.
 """
@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Protocol
 
-from .._auth import client_handshake, recv_exact, server_handshake
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
+from ..wire.auth import client_handshake, recv_exact, server_handshake
 
 __all__ = ["HANDSHAKE_TIMEOUT", "Mesh", "exited_peers", "local_address_for"]
 

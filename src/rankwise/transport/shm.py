@@ -36,13 +36,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .._wire import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from ..engines.shm.errors import ShmUnavailable
 from ..engines.shm.futex import fence, futex_wait, futex_wake, supported
 from ..engines.shm.liveness import PidWatch
 from ..engines.shm.segment import Segment, StoreLike, open_segment
 from ..engines.shm.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..errors import DistError, DistNetworkError, DistTimeout
+from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler, NoDriving
 from .shm_ring import CLOSED, DOORBELL, LIVE, PID, SLEEPING, STATE, RingLayout, RingView
 

@@ -19,7 +19,7 @@ own, whenever it waits — for a frame, for room to send, or for a send lock —
 guarantee "every receiver always drains" still holds.
 
 The one bound on draining: the handler may answer a header with ``HOLD`` (no room to
-park a frame nobody has asked for, see ``_router``). Reading that peer then stops, its
+park a frame nobody has asked for, see ``core.router``). Reading that peer then stops, its
 sender waits by TCP flow control, and ``resume(rank)`` tries the frame again. The I/O
 thread never dies silently: any exception in it fails every waiter (``on_fatal``).
 """
@@ -37,8 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .._wire import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from ..errors import DistError, DistNetworkError, DistTimeout
+from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler
 
 __all__ = ["TcpTransport"]

@@ -32,15 +32,16 @@ import os
 import time
 from collections.abc import Callable
 
-from ... import _callsite
-from ..._buffers import dtype_name, reduce_op_by_code
-from ..._wire import Op
 from ...errors import DistError, DistTimeout, PeerFailure
-from .errors import ShmCallMismatch
+from ...identity import callsite as _callsite
+from ...wire.buffers import dtype_name, reduce_op_by_code
+from ...wire.frames import Op
+from .errors import CallTuple, ShmCallMismatch
 from .futex import fence, futex_wait, futex_wake
 from .layout import (
     FP_COUNT,
     FP_DTYPE,
+    FP_FLAGS,
     FP_OP,
     FP_REDUCE,
     FP_ROOT,
@@ -66,8 +67,8 @@ from .waiting import policy_for
 
 __all__ = ["Call", "Channel"]
 
-#: (op, dtype code, element count, reduce-op code, root, call-site id)
-Call = tuple[int, int, int, int, int, int]
+#: (op, dtype code, element count, reduce-op code, root, call-site id, call flags)
+Call = CallTuple
 
 _LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
 
@@ -75,7 +76,7 @@ _LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
 def _describe(rank: int, call: Call | None, site: str) -> str:
     if call is None:
         return f"rank {rank}: <no call>"
-    op, dt, count, red, root, _ = call
+    op, dt, count, red, root, _, _ = call
     try:
         name = Op(op).name
     except ValueError:
@@ -152,6 +153,7 @@ class Channel:
             base = self._fp[self.rank][s & 1]
             w[base + FP_OP], w[base + FP_DTYPE], w[base + FP_COUNT] = call[0], call[1], call[2]
             w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE] = call[3], call[4], call[5]
+            w[base + FP_FLAGS] = call[6]
             w[base + FP_SEQ] = s
         w[self._me_seq] = s
         self.seq = s
@@ -257,7 +259,7 @@ class Channel:
         base = self._fp[r][s & 1]
         w = self.w
         call = (w[base + FP_OP], w[base + FP_DTYPE], w[base + FP_COUNT],
-                w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE])
+                w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE], w[base + FP_FLAGS])
         return call, int(w[base + FP_SEQ])
 
     def last_call_of(self, r: int) -> tuple[Call, str] | None:
@@ -299,7 +301,7 @@ class Channel:
                 raise DistError(f"shared-memory protocol out of step: rank {self.names[r]}'s "
                                 f"fingerprint is for round {seq}, expected {s}")
             same = theirs[:2] == mine[:2] and theirs[3:5] == mine[3:5] and (
-                vary_count or theirs[2] == mine[2])
+                vary_count or theirs[2] == mine[2]) and theirs[6] == mine[6]
             if not same:
                 raise ShmCallMismatch(
                     "ranks made different collective calls at the same point (shared-memory "

@@ -12,8 +12,8 @@ from ...errors import CollectiveMismatch, DistError
 
 __all__ = ["ShmCallMismatch", "ShmUnavailable"]
 
-#: (op, dtype code, element count, reduce-op code, root, call-site id)
-CallTuple = tuple[int, int, int, int, int, int]
+#: (op, dtype code, element count, reduce-op code, root, call-site id, call flags)
+CallTuple = tuple[int, int, int, int, int, int, int]
 
 
 class ShmUnavailable(DistError):

@@ -9,8 +9,8 @@ Integration contract (every method):
 
 - buffers are flat, C-contiguous numpy arrays in the storage dtype (``Buffer.array``);
   results are written in place; a method returns when this rank's part is done.
-- ``fp`` is the call's ``rankwise._router.Fingerprint``: ``op``, ``dtype``, ``reduce``
-  and ``root`` are compared across ranks (``fp.root`` is *the* root of rooted calls);
+- ``fp`` is the call's ``rankwise.core.router.Fingerprint``: ``op``, ``dtype``, ``reduce``
+  ``root`` and ``flags`` are compared across ranks (``fp.root`` is *the* root of rooted calls);
   the element count compared is the one the engine sees in the buffers (``fp.count`` is
   not used). ``site`` is the ``CallSite`` shown when calls disagree.
 - ``deadline`` is a ``time.monotonic()`` instant.
@@ -34,11 +34,11 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
-from ... import _callsite
-from ..._buffers import DType, ReduceOp, divide_in_place, reduce_into
-from ..._router import Fingerprint
-from ..._wire import Op
 from ...errors import DistError, InvalidArgument
+from ...identity import callsite as _callsite
+from ...identity.calls import Fingerprint
+from ...wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
+from ...wire.frames import Op
 from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
@@ -109,7 +109,7 @@ class ShmGroup:
                                           for r in range(size)]
         self._region = self.slot_bytes // size // _ALIGN * _ALIGN
         self._closed = False
-        self._current: Call = (0, 0, 0, 0, -1, 0)  #: the call in progress
+        self._current: Call = (0, 0, 0, 0, -1, 0, 0)  #: the call in progress
 
     @property
     def closed(self) -> bool:
@@ -130,7 +130,7 @@ class ShmGroup:
                             f"{self.ch.broken}") from self.ch.broken
         if site.id != self.ch._site_id:
             self.ch.set_site(site.id, site.encode())
-        call = (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id)
+        call = (fp.op, fp.dtype, count, fp.reduce, fp.root, site.id, fp.flags)
         self._current = call
         return call
 

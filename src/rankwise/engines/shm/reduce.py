@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..._buffers import _UFUNCS, DType, ReduceOp, reduce_into
+from ...wire.buffers import _UFUNCS, DType, ReduceOp, reduce_into
 
 __all__ = ["reduce_rows"]
 

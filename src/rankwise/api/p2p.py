@@ -13,15 +13,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._buffers import Buffer, as_buffer, dtype_name
-from ._callsite import capture
-from ._comm import Activity
-from ._group import ProcessGroup
-from ._router import Fingerprint, Pending
-from ._wire import Kind, Op
-from ._work import Work, completed_work
-from ._world import resolve_group
-from .errors import DistError, InvalidArgument
+from ..core.communicator import Activity
+from ..core.group import ProcessGroup
+from ..core.router import Pending
+from ..core.work import Work, completed_work
+from ..errors import DistError, InvalidArgument
+from ..identity.calls import Fingerprint
+from ..identity.callsite import capture
+from ..wire.buffers import Buffer, as_buffer, dtype_name
+from ..wire.frames import Kind, Op
+from .world import resolve_group
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 

@@ -1,6 +1,6 @@
 """Object collectives (``all_gather_object`` ...) on top of the tensor collectives.
 
-Objects are encoded by the safe serializer (``_serialize``), never pickled unless every
+Objects are encoded by the safe serializer (``wire.serialize``), never pickled unless every
 rank opted in. Sizes are exchanged first, then the bytes, padded to the largest, through
 the same fingerprinted collectives as tensors, so a rank that calls the wrong object
 collective is caught like any other mismatch. ``send_object_list``/``recv_object_list``
@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from ._buffers import as_buffer
-from ._callsite import capture
-from ._collectives import _root, launch
-from ._group import ProcessGroup
-from ._p2p import _peer
-from ._serialize import dumps, loads, pickle_allowed
-from ._wire import Kind, Op
-from ._world import resolve_group
-from .errors import CollectiveMismatch, InvalidArgument
+from ..core.group import ProcessGroup
+from ..errors import CollectiveMismatch, InvalidArgument
+from ..identity.callsite import capture
+from ..wire.buffers import as_buffer
+from ..wire.frames import Kind, Op
+from ..wire.serialize import dumps, loads, pickle_allowed
+from .collectives import _root, launch
+from .p2p import _peer
+from .world import resolve_group
 
 __all__ = [
     "all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list",

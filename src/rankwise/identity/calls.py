@@ -8,16 +8,36 @@ train.py:42"), and none of them may import the API to do it.
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple, Protocol
 
-from .._buffers import dtype_name, reduce_op_by_code
-from .._callsite import CallSite
-from .._wire import Op
+from ..wire.buffers import dtype_name, reduce_op_by_code
+from ..wire.frames import CALL_FLAGS, Flag, Frame, Op
+from .callsite import CallSite
 
-__all__ = ["BARRIER_NAMES", "RZF_MARK", "barrier_name_code", "describe_call", "mismatch_advice"]
+__all__ = ["BARRIER_NAMES", "CallFields", "Fingerprint", "barrier_name_code", "describe",
+           "describe_call", "mismatch_advice"]
 
-#: ``root`` of the barrier that ``rank_zero_first`` makes: a plain barrier (root 0) that
-#: meets it is a mismatch, so "only rank 0 entered the rank-0-first block" fails at once
-RZF_MARK = 0x525A
+class Fingerprint(NamedTuple):
+    """What must agree across ranks for one collective call.
+
+    A named tuple, not a frozen dataclass: one is built per call, and the tuple is made
+    in C (~0.3 us) where the dataclass's ``__init__`` set each field through
+    ``object.__setattr__`` (~1 us)."""
+
+    op: int
+    dtype: int
+    reduce: int
+    root: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
+    flags: int = 0  #: the call flags (``wire.frames.CALL_FLAGS``), e.g. SYNC on a block's barrier
+
+    def differs(self, f: Frame) -> bool:
+        if (f.op, f.dtype, f.reduce, f.root, f.flags & CALL_FLAGS) != \
+                (self.op, self.dtype, self.reduce, self.root, self.flags):
+            return True
+        return self.count != -1 and f.count != -1 and f.count != self.count
+
+
 #: names of named barriers seen by this process, by their fingerprint code
 BARRIER_NAMES: dict[int, str] = {}
 
@@ -31,16 +51,43 @@ def barrier_name_code(name: str) -> int:
 
 
 
+class CallFields(Protocol):
+    """What a call is compared by: a ``Fingerprint`` has these fields, so does a ``Frame``
+    (the header of a peer's call)."""
+
+    @property
+    def op(self) -> int: ...
+    @property
+    def dtype(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def reduce(self) -> int: ...
+    @property
+    def root(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+
+
+def describe(call: CallFields, site: CallSite | None = None,
+             shape: tuple[int, ...] | None = None) -> str:
+    """``describe_call`` of a fingerprint or a frame header."""
+    return describe_call(call.op, call.dtype, call.count, call.reduce, call.root, site, shape,
+                         flags=call.flags)
+
+
 def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
-                  site: CallSite | None, shape: tuple[int, ...] | None = None) -> str:
+                  site: CallSite | None, shape: tuple[int, ...] | None = None, *,
+                  flags: int = 0) -> str:
     """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``; with the user's
     tensor's ``shape`` (when it is not flat): ``all_reduce(float32[2, 2], op=SUM)``.
-    Shapes are only shown: ranks agree when their element counts do."""
+    Shapes are only shown: ranks agree when their element counts do. ``flags``: the
+    call's header flags (``Flag.SYNC``: the barrier of a rank-0-first block)."""
     name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
     args = []
     if op == Op.barrier and count > 0:
         label = BARRIER_NAMES.get(count)
-        if root == RZF_MARK:
+        if flags & Flag.SYNC:
             name = "rank_zero_first"
             args.append("the barrier of a rank-0-first block" if label is None
                         else f"block at {label.partition('@')[2] or label}")
@@ -60,12 +107,13 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     return f"{name}({', '.join(args)}){where}"
 
 
-def mismatch_advice(op_a: int, root_a: int, op_b: int, root_b: int) -> str:
-    """What to do about a mismatch between calls (op_a, root_a) and (op_b, root_b),
-    whichever engine found it; names the rank-0-first trap when one side is its barrier."""
+def mismatch_advice(flags_a: int, flags_b: int) -> str:
+    """What to do about a mismatch between calls whose header flags are ``flags_a`` and
+    ``flags_b``, whichever engine found it; names the rank-0-first trap when one side is
+    its barrier (``Flag.SYNC``)."""
     advice = ("Every rank of a group must make the same collective calls in the same order, "
               "with the same op, dtype, element count, root and reduce op.")
-    if (op_a == Op.barrier and root_a == RZF_MARK) or (op_b == Op.barrier and root_b == RZF_MARK):
+    if (flags_a | flags_b) & Flag.SYNC:
         advice += (
             "\nThis is the rank-0-first trap: a rank_zero_first/main_process_first block "
             "was entered by some ranks only (for example from an `if rank == 0:` branch "

@@ -7,7 +7,8 @@ used, and failing every waiter at once when something goes wrong is the same log
 every transport (tcp, in-memory).
 
 Three namespaces never mix:
-- collectives, matched exactly by (group, seq, src, step);
+- collectives, matched exactly by (group, seq, src, step, lane) (``coll_key``; the lane
+  is the frame's lane flags, ``wire.frames.LANE_FLAGS``);
 - user point-to-point, matched by (src or any, tag) in arrival order, as MPI does;
 - library-internal object messages (``Kind.OBJ``), matched like p2p but separately, so
   that ``recv(src=None)`` can never swallow a library message.
@@ -29,34 +30,23 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from ._buffers import dtype_by_code
-from ._wire import DROP, HOLD, Frame, Kind, Op, WireError
-from .errors import DistError, DistTimeout
+from ..errors import DistError, DistTimeout
+from ..identity.calls import Fingerprint
+from ..wire.buffers import dtype_by_code
+from ..wire.frames import DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
 
-__all__ = ["Fingerprint", "Pending", "Router"]
+__all__ = ["CollKey", "Pending", "Router", "coll_key"]
+
+#: (group, seq, source global rank, step, lane flags): one message of one collective call
+CollKey = tuple[int, int, int, int, int]
 
 
-class Fingerprint(NamedTuple):
-    """What must agree across ranks for one collective call.
-
-    A named tuple, not a frozen dataclass: one is built per call, and the tuple is made
-    in C (~0.3 us) where the dataclass's ``__init__`` set each field through
-    ``object.__setattr__`` (~1 us)."""
-
-    op: int
-    dtype: int
-    reduce: int
-    root: int
-    count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
-
-    def differs(self, f: Frame) -> bool:
-        if (f.op, f.dtype, f.reduce, f.root) != (self.op, self.dtype, self.reduce, self.root):
-            return True
-        return self.count != -1 and f.count != -1 and f.count != self.count
+def coll_key(frame: Frame) -> CollKey:
+    """The receive a collective frame belongs to."""
+    return (frame.group, frame.seq, frame.src, frame.step, frame.flags & LANE_FLAGS)
 
 
 class Pending:
@@ -149,7 +139,8 @@ def call_bytes(fp: Fingerprint) -> int | None:
 class _GroupState:
     calls: dict[int, Fingerprint] = field(default_factory=dict)
     #: per call, the header fields (op, dtype, reduce, flags, root, count) a matching frame
-    #: carries, compared in one step on the hot path; absent where counts may differ
+    #: carries, compared in one step on the hot path; absent where counts may differ.
+    #: A frame of another lane (lane flags set) misses it and takes the full path.
     wire: dict[int, tuple[int, ...]] = field(default_factory=dict)
     early: dict[int, list[Frame]] = field(default_factory=dict)
 
@@ -178,8 +169,8 @@ class Router:
         self._held: set[int] = set()
         #: the transport's "read from this peer again" (set by whoever owns both)
         self.resume: Callable[[int], None] | None = None
-        self._coll_posted: dict[tuple[int, int, int, int], Pending] = {}
-        self._coll_arrived: dict[tuple[int, int, int, int], _Arrival] = {}
+        self._coll_posted: dict[CollKey, Pending] = {}
+        self._coll_arrived: dict[CollKey, _Arrival] = {}
         self._p2p_posted: dict[int, list[Pending]] = {Kind.P2P: [], Kind.OBJ: []}
         self._p2p_arrived: dict[int, deque[_Arrival]] = {Kind.P2P: deque(), Kind.OBJ: deque()}
         self._groups: dict[int, _GroupState] = {}
@@ -224,11 +215,11 @@ class Router:
             state.calls[seq] = fp
             state.calls.pop(seq - keep, None)
             if fp.count != -1:
-                state.wire[seq] = (fp.op, fp.dtype, fp.reduce, 0, fp.root, fp.count)
+                state.wire[seq] = (fp.op, fp.dtype, fp.reduce, fp.flags, fp.root, fp.count)
             state.wire.pop(seq - keep, None)
             bad = [f for f in state.early.pop(seq, ()) if fp.differs(f)]
             for f in bad:  # parked before we made the call: never deliver it
-                gone = self._coll_arrived.pop((f.group, f.seq, f.src, f.step), None)
+                gone = self._coll_arrived.pop(coll_key(f), None)
                 if gone is not None:
                     self._unpark_locked(gone)
             held = self._take_held()
@@ -248,7 +239,7 @@ class Router:
 
     # --- posting receives (caller threads) -------------------------------------------
 
-    def post_coll(self, key: tuple[int, int, int, int], buffer: memoryview) -> Pending:
+    def post_coll(self, key: CollKey, buffer: memoryview) -> Pending:
         pending = Pending(buffer, key[2])
         copy_from: _Arrival | None = None
         with self._lock:
@@ -332,7 +323,8 @@ class Router:
         The common case first: the frame matches our call and its receive is posted
         with the right size. Anything else (early, parked, mismatched) takes the full path.
         """
-        key = (frame.group, frame.seq, frame.src, frame.step)
+        # coll_key(frame), inlined: this runs for every collective frame
+        key = (frame.group, frame.seq, frame.src, frame.step, frame.flags & LANE_FLAGS)
         with self._lock:
             state = self._groups.get(frame.group)
             if state is not None and state.wire.get(frame.seq) == frame[3:9]:
@@ -343,7 +335,7 @@ class Router:
                     self._coll_posted[key] = pending
         return self._coll_header(frame, key)
 
-    def _coll_header(self, frame: Frame, key: tuple[int, int, int, int]
+    def _coll_header(self, frame: Frame, key: CollKey
                      ) -> tuple[memoryview | None, object]:
         n = frame.payload_len
         pending: Pending | None = None
@@ -507,7 +499,7 @@ class Router:
             arrival.complete = True
             waiter = arrival.waiter
             if waiter is not None and frame.kind == Kind.COLL:
-                self._coll_arrived.pop((frame.group, frame.seq, frame.src, frame.step), None)
+                self._coll_arrived.pop(coll_key(frame), None)
             elif waiter is not None:
                 try:
                     self._p2p_arrived[frame.kind].remove(arrival)
@@ -536,7 +528,7 @@ class Router:
         if pending.nbytes != frame.payload_len and frame.kind == Kind.COLL:
             # a collective's sizes disagree: that is a mismatch between the two calls, and
             # the waiter fails with the mismatch (it stays posted until the router fails)
-            key = (frame.group, frame.seq, frame.src, frame.step)
+            key = coll_key(frame)
             with self._lock:
                 state = self._groups.get(frame.group)
                 fp = state.calls.get(frame.seq) if state is not None else None

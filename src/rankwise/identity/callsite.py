@@ -23,7 +23,8 @@ from types import FrameType
 __all__ = ["CallSite", "calling", "capture", "enabled", "is_library", "set_enabled", "site_text",
            "skip_directory", "stack_of"]
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: rankwise's own frames: everything under the package root (this file is one level down)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: frames of the standard library's context-manager plumbing are skipped too: a barrier
 #: made inside ``@contextmanager`` code should point at the user's ``with`` line, not at
 #: ``contextlib.py:144 in __exit__``

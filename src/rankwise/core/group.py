@@ -14,14 +14,13 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ._callsite import CallSite
-from ._comm import Communicator
-from ._router import Fingerprint
-from ._work import Work
-from .checks.calls import describe_call
-from .engines.base import Engine
-from .engines.message import MessageEngine
-from .errors import InvalidArgument
+from ..engines.base import Engine
+from ..engines.message import MessageEngine
+from ..errors import InvalidArgument
+from ..identity.calls import Fingerprint, describe
+from ..identity.callsite import CallSite
+from .communicator import Communicator
+from .work import Work
 
 __all__ = ["CallRecord", "ProcessGroup", "seconds"]
 
@@ -38,9 +37,7 @@ class CallRecord:
     shape: tuple[int, ...] | None = None  #: the user's tensor's, shown in messages
 
     def describe(self, site: bool = True) -> str:
-        fp = self.fp
-        return describe_call(fp.op, fp.dtype, fp.count, fp.reduce, fp.root,
-                             self.site if site else None, self.shape)
+        return describe(self.fp, self.site if site else None, self.shape)
 
 
 class ProcessGroup:

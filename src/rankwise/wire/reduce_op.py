@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = ["ReduceOp", "coerce_reduce_op", "make_premul_sum", "reduce_op_by_code"]
 

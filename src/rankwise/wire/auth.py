@@ -29,7 +29,7 @@ import os
 import secrets
 import socket
 
-from .errors import AuthError, DistNetworkError
+from ..errors import AuthError, DistNetworkError
 
 __all__ = ["NotRankwiseEndpoint", "client_handshake", "read_token_file", "recv_exact", "resolve_token",
            "server_handshake"]

@@ -11,9 +11,9 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from ._init import new_group
-from ._world import GroupMember, current
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
+from .init import new_group
+from .world import GroupMember, current
 
 __all__ = ["new_subgroups", "new_subgroups_by_enumeration"]
 

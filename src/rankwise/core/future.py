@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = ["Future"]
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ._future import Future
-from .errors import DistTimeout
+from ..errors import DistTimeout
+from .future import Future
 
 __all__ = ["Work", "completed_work", "in_flight", "run_async"]
 

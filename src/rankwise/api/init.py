@@ -26,16 +26,21 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ._auth import resolve_token
-from ._callsite import capture
-from ._comm import Communicator
-from ._group import ProcessGroup, seconds
-from ._world import GroupMember, World, current, maybe_current, set_world
-from .checks.groups import GroupEntry, agree_on_group
-from .engines.select import choose_engine, cuda_missing, host_identity, requested_engine
-from .errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
-from .transport.factory import open_transport, requested_transport
-from .transport.mesh import exited_peers, local_address_for
+from ..checks.groups import GroupEntry, agree_on_group
+from ..core.communicator import Communicator
+from ..core.group import ProcessGroup, seconds
+from ..core.work import stop_worker
+from ..diagnosis.dump import install_signal_dumps
+from ..diagnosis.recorders import attach_recorders
+from ..engines.select import choose_engine, cuda_missing, host_identity, requested_engine
+from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
+from ..identity.callsite import capture
+from ..launch.env import detect_env, uses_agent_store
+from ..store import FileStore, PrefixStore, TCPStore
+from ..transport.factory import open_transport, requested_transport
+from ..transport.mesh import exited_peers, local_address_for
+from ..wire.auth import resolve_token
+from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
     "destroy_process_group",
@@ -93,7 +98,6 @@ def _from_cluster_env(rank: int, world_size: int, addr: str | None, port: int | 
     (``launch.env.detect_env``), shared with the launcher that writes them."""
     if rank != -1 and world_size != -1 and addr is not None and port is not None:
         return rank, world_size, addr, port
-    from .launch.env import detect_env
 
     env = detect_env(os.environ)
     if env is None:
@@ -165,7 +169,6 @@ def init_process_group(
             store = _open_store(spec, timeout_s, secret)
         stage = "rendezvous"
 
-        from .store import PrefixStore
 
         scoped = PrefixStore(f"rankwise/{restart}", store)
         job = _rendezvous(scoped, rank, world_size, timeout_s,
@@ -174,12 +177,13 @@ def init_process_group(
         transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
-            from .doctor import explain_init_failure
+            from ..doctor import explain_init_failure
 
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
     comm = Communicator(rank, world_size, transport)
+    attach_recorders(comm)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
     world = World(comm, default, store, scoped, backend_name, timeout_s)
@@ -188,8 +192,6 @@ def init_process_group(
     set_world(world)
     _install_hooks()
     if comm.dumper is not None:
-        from .diagnosis.dump import install_signal_dumps
-
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s)
 
@@ -241,7 +243,6 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
 
 
 def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
-    from .store import FileStore, TCPStore
 
     if spec.scheme == "file":
         return FileStore(spec.path, spec.world_size)
@@ -270,7 +271,6 @@ def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
 
 
 def _agent() -> bool:
-    from .launch.env import uses_agent_store
 
     return uses_agent_store(os.environ)
 
@@ -391,7 +391,6 @@ def _leave(world: World, where: str, linger: bool = False) -> None:
     """Say goodbye and release everything. ``linger``: an explicit, healthy
     destroy_process_group, after which the store's host waits for the others to leave
     (at exit after an exception nobody waits: the others may be stuck or dead)."""
-    from ._work import stop_worker
 
     clean = linger and world.comm.router.failure is None
     world.comm.goodbye(where)
@@ -432,7 +431,6 @@ def is_available() -> bool:
 
 
 def get_backend(group: Any = None) -> str:
-    from ._world import resolve_group
 
     g = resolve_group(group)
     if g is None:
@@ -441,14 +439,12 @@ def get_backend(group: Any = None) -> str:
 
 
 def get_rank(group: Any = None) -> int:
-    from ._world import resolve_group
 
     g = resolve_group(group)
     return -1 if g is None else g.group_rank
 
 
 def get_world_size(group: Any = None) -> int:
-    from ._world import resolve_group
 
     g = resolve_group(group)
     return -1 if g is None else g.size()
@@ -525,7 +521,6 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
 
 
 def _at_exit() -> None:
-    from ._work import stop_worker
 
     world = maybe_current()
     if world is not None and not world.comm.closed:

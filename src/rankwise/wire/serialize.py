@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = ["dumps", "loads", "pickle_allowed"]
 

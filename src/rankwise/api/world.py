@@ -11,9 +11,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._comm import Communicator
-from ._group import ProcessGroup
-from .errors import InvalidArgument
+from ..core.communicator import Communicator
+from ..core.group import ProcessGroup
+from ..errors import InvalidArgument
 
 __all__ = ["GroupMember", "World", "current", "resolve_group"]
 

@@ -17,12 +17,15 @@ import struct
 from typing import NamedTuple
 
 __all__ = [
+    "CALL_FLAGS",
     "CHECK_ENTRY",
     "DROP",
     "HEADER",
     "HOLD",
+    "LANE_FLAGS",
     "MAX_CONTROL_PAYLOAD",
     "MAX_PAYLOAD",
+    "Flag",
     "Frame",
     "Kind",
     "Op",
@@ -97,6 +100,35 @@ class Op(enum.IntEnum):
     object_sizes = 20
 
 
+class Flag(enum.IntFlag):
+    """Bits of the header's ``flags`` byte: markers that say what kind of frame this is,
+    so that no other field has to carry a magic value for them (a root or a step number
+    that a real call might one day use).
+
+    Two families, told apart by what the receiver does with them:
+
+    - *call* flags (``CALL_FLAGS``) are part of the call's identity and compared like its
+      op and root: ``SYNC`` marks the barrier of a ``rank_zero_first`` block, so a plain
+      barrier that meets it is a mismatch, named as the rank-0-first trap;
+    - *lane* flags (``LANE_FLAGS``) tell apart messages of one call that are not numbered
+      data steps; they are part of the matching key, not of the identity: ``CTS`` is the
+      ring's clear-to-send, ``GATHER`` the reduced chunks sent to a reduce's root,
+      ``CHECK`` a fingerprint-only frame of a foreign engine's ring check.
+    """
+
+    SYNC = 0x01
+    CTS = 0x10
+    GATHER = 0x20
+    CHECK = 0x40
+
+
+#: flags compared as part of the call (``Fingerprint.flags``)
+CALL_FLAGS = int(Flag.SYNC)
+#: flags that select a message lane within one call (part of the router's key)
+LANE_FLAGS = int(Flag.CTS | Flag.GATHER | Flag.CHECK)
+#: any other bit is a corrupt or newer peer
+_UNKNOWN_FLAGS = 0xFF & ~(CALL_FLAGS | LANE_FLAGS)
+
 _KINDS = frozenset(int(k) for k in Kind)
 _OPS = frozenset(int(o) for o in Op)
 
@@ -167,14 +199,15 @@ def decode_header(data: bytes | bytearray | memoryview, offset: int = 0,
         raise WireError(f"header must be {HEADER.size} bytes, got {len(data) - offset}")
     fields = _unpack_from(data, offset)
     if fields[0] != MAGIC or fields[1] != VERSION or fields[2] not in _DATA_KINDS \
-            or fields[5] not in _OPS or fields[14] > MAX_PAYLOAD or fields[10] < -1:
+            or fields[5] not in _OPS or fields[14] > MAX_PAYLOAD or fields[10] < -1 \
+            or fields[8] & _UNKNOWN_FLAGS:
         _validate(fields)
     return _tuple_new(Frame, fields[2:] + (src,))
 
 
 #: one fingerprint of a ``Kind.CHECKS`` frame: seq u64, op u8, dtype u8, reduce u8,
-#: root i32, count i64, site u32
-CHECK_ENTRY = struct.Struct("<QBBBiqI")
+#: flags u8, root i32, count i64, site u32
+CHECK_ENTRY = struct.Struct("<QBBBBiqI")
 
 
 def decode_checks(frame: Frame, payload: bytes) -> list[Frame]:
@@ -184,17 +217,18 @@ def decode_checks(frame: Frame, payload: bytes) -> list[Frame]:
         raise WireError(f"a checks frame of {len(payload)} bytes is not a whole number of "
                         f"{CHECK_ENTRY.size}-byte entries")
     out = []
-    for seq, op, dtype, reduce, root, count, site in CHECK_ENTRY.iter_unpack(payload):
-        if op not in _OPS or count < -1:
-            raise WireError(f"bad checks entry for call #{seq}: op {op}, count {count}")
-        out.append(_tuple_new(Frame, (Kind.COLL, frame.group, seq, op, dtype, reduce, 0, root,
-                                      count, 0, site, frame.step, 0, frame.src)))
+    for seq, op, dtype, reduce, flags, root, count, site in CHECK_ENTRY.iter_unpack(payload):
+        if op not in _OPS or count < -1 or flags & _UNKNOWN_FLAGS:
+            raise WireError(f"bad checks entry for call #{seq}: op {op}, count {count}, "
+                            f"flags 0x{flags:02x}")
+        out.append(_tuple_new(Frame, (Kind.COLL, frame.group, seq, op, dtype, reduce, flags,
+                                      root, count, 0, site, frame.step, 0, frame.src)))
     return out
 
 
 def _validate(fields: tuple[int, ...]) -> None:
     """The slow path of ``decode_header``: name what is wrong, or accept a control frame."""
-    (magic, version, kind, _group, _seq, op, _dtype, _reduce, _flags, _root, count, _tag,
+    (magic, version, kind, _group, _seq, op, _dtype, _reduce, flags, _root, count, _tag,
      _site, _step, payload_len) = fields
     if magic != MAGIC:
         raise WireError(f"bad magic 0x{magic:04x}: the peer is not speaking rankwise")
@@ -210,3 +244,5 @@ def _validate(fields: tuple[int, ...]) -> None:
         raise WireError(f"control frame of {payload_len} bytes exceeds {MAX_CONTROL_PAYLOAD}")
     if count < -1:
         raise WireError(f"negative element count {count}")
+    if flags & _UNKNOWN_FLAGS:
+        raise WireError(f"unknown flag bits 0x{flags & _UNKNOWN_FLAGS:02x}")

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _hugepages as hugepages
-from ._reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
+from . import hugepages
+from .reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
 
 __all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "coerce_reduce_op", "dtype_by_code",
            "premultiply", "reduce_into", "reduce_op_by_code"]

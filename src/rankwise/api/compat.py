@@ -12,10 +12,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from ._init import BACKENDS, DEFAULT_TIMEOUT
-from ._reduce_op import ReduceOp, coerce_reduce_op
-from ._world import current
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
+from ..wire.reduce_op import ReduceOp, coerce_reduce_op
+from .init import BACKENDS, DEFAULT_TIMEOUT, get_backend
+from .world import current
 
 __all__ = [
     "default_pg_timeout", "get_backend_config", "get_default_backend_for_device",
@@ -66,8 +66,6 @@ def get_default_backend_for_device(device: Any) -> str:
 
 def get_backend_config(group: Any = None) -> str:
     """torch's ``"device:backend"`` form of ``get_backend(group)``."""
-    from ._init import get_backend
-
     name = get_backend(group)
     return name if ":" in name else f"cpu:{name}"
 

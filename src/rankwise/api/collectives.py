@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ._buffers import (
+from ..core.communicator import Activity
+from ..core.group import ProcessGroup
+from ..core.work import Work, run_async
+from ..engines.base import Call, Engine
+from ..errors import InvalidArgument
+from ..identity.calls import Fingerprint, barrier_name_code
+from ..identity.callsite import capture
+from ..wire.buffers import (
     Buffer,
     DType,
     ReduceOp,
@@ -23,16 +30,8 @@ from ._buffers import (
     coerce_reduce_op,
     premultiply,
 )
-from ._callsite import capture
-from ._comm import Activity
-from ._group import ProcessGroup
-from ._router import Fingerprint
-from ._wire import Op
-from ._work import Work, run_async
-from ._world import resolve_group
-from .checks.calls import barrier_name_code
-from .engines.base import Call, Engine
-from .errors import InvalidArgument
+from ..wire.frames import Op
+from .world import resolve_group
 
 __all__ = [
     "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
@@ -49,15 +48,17 @@ _OP_NAMES = {op: op.name for op in Op}
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
            engine: Engine | None = None, shape: tuple[int, ...] | None = None,
-           outputs: list[Any] | None = None) -> Work | None:
+           outputs: list[Any] | None = None, flags: int = 0) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
     for messages only (the fingerprint compares element counts, as before).
-    ``outputs``: the user's output tensors, the value of the ``Work``'s future."""
+    ``outputs``: the user's output tensors, the value of the ``Work``'s future.
+    ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
+    of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
-                     root, count)
+                     root, count, flags)
     runner = group.engine if engine is None else engine
     seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
     call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
