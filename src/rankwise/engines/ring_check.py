@@ -66,6 +66,8 @@ BATCH = 16
 BATCH_AGE = 0.05
 _BATCH_BYTES = BATCH * CHECK_ENTRY.size
 _pack_entry = CHECK_ENTRY.pack
+#: a plain int: ``int | Flag`` runs IntFlag's ``__ror__`` in Python, per call
+_CHECK = int(Flag.CHECK)
 
 
 def check_mode() -> str:
@@ -103,11 +105,11 @@ class RingCheck:
         if self.mode == "off":
             return
         comm, gid, fp, site = self.comm, self.group.id, call.fp, call.site.id
-        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, Flag.CHECK), _NOTHING)
+        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, _CHECK), _NOTHING)
         key = (fp, site)
         if not self.sync and key in self.seen:
             # confirmed before: the fingerprint joins the batch (see the module's doc)
-            entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.flags | Flag.CHECK,
+            entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.flags | _CHECK,
                                 fp.root, fp.count, site)
             if self.deferred is None:
                 self.deferred = bytearray(entry)
@@ -118,7 +120,7 @@ class RingCheck:
             return
         self.flush()  # the batch first: the next rank judges calls in order
         header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce,
-                               fp.flags | Flag.CHECK, fp.root, fp.count, 0, site, 0, 0)
+                               fp.flags | _CHECK, fp.root, fp.count, 0, site, 0, 0)
         comm.send_frame(self.next, header, None, call.deadline, call.site)
         self._wait(call, pending)
         if not self.sync:
