@@ -137,3 +137,51 @@ def test_a_neighbour_that_left_after_the_op_is_not_a_failure() -> None:
     for res in results:
         assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
         assert res.value == [2.0, 2.0]
+
+
+
+#: calls each rank makes after the divergence, at most, before the mismatch must be known
+_AFTER = 200
+
+
+def _confirmed_calls_diverge(rank: int, world: int, warm: int) -> tuple[int, str, str]:
+    """Both all_reduce calls are confirmed during ``warm`` steps (their fingerprints then
+    travel batched); then rank 1 takes the MAX branch while rank 0 keeps summing: equal
+    sizes, so gloo completes both silently and only the ring check can tell. Returns the
+    calls that returned after the divergence, and the error's type and message."""
+    a = np.ones(4, np.float32)
+    done = 0
+    try:
+        for i in range(warm + _AFTER):
+            if (i % 2 == 1) if i < warm else rank == 1:
+                dist.all_reduce(a, op=dist.ReduceOp.MAX)  # CALL:confirmed-max
+            else:
+                dist.all_reduce(a)  # CALL:confirmed-sum
+            done += i >= warm
+            a[:] = 1.0
+    except dist.DistError as exc:
+        return done, type(exc).__name__, str(exc)
+    return done, "", ""  # the mismatch went unnoticed
+
+
+def test_a_mismatch_between_confirmed_calls_is_reported_within_a_batch() -> None:
+    """Confirmed calls send their fingerprints in batches (``ring_check``): a mismatch
+    the data plane accepts silently still raises CollectiveMismatch on every rank, naming
+    both calls and the first mismatched collective, at most BATCH calls after it."""
+    from _error_cases import line_of
+
+    from rankwise.engines.ring_check import BATCH
+
+    warm = 6
+    results = run_ranks(_confirmed_calls_diverge, 2, args=(warm,), timeout=150,
+                        init_kwargs={"backend": "torch-gloo"},
+                        env={"RANKWISE_CHECK": "async"})
+    me = __file__.rsplit("/", 1)[-1]
+    needles = ("op=MAX", "op=SUM", f"{me}:{line_of(__file__, '# CALL:confirmed-max')}",
+               f"{me}:{line_of(__file__, '# CALL:confirmed-sum')}", f"collective #{warm + 1}:")
+    for res in results:
+        assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
+        done, error, message = res.value
+        assert error == "CollectiveMismatch", (res.rank, done, error, message)
+        assert all(n.lower() in message.lower() for n in needles), (needles, message)
+        assert done <= BATCH, (res.rank, done, message)

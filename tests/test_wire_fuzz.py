@@ -271,3 +271,35 @@ def test_store_survives_garbage_and_the_job_goes_on(tmp_path: Any) -> None:
         assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
         seen, summed, total = r.value
         assert seen == ["0", "7"] and summed == [3.0] * 8 and total in (1, 2), r.value
+
+
+def test_decode_checks_only_raises_wire_error() -> None:
+    """A ``Kind.CHECKS`` payload (batched ring-check fingerprints) is hostile bytes too:
+    every entry it yields is a valid empty collective frame of the carrier's group, step
+    and sender, and anything else is a ``WireError``."""
+    rng = random.Random(SEED)
+    carrier = _wire.decode_header(_wire.encode_header(Kind.CHECKS, group=7, step=5,
+                                                      payload_len=0), 0, 3)
+    size = _wire.CHECK_ENTRY.size
+    accepted = rejected = 0
+    for i in range(5_000):
+        if i % 2:
+            payload = rng.randbytes(rng.choice([size, 2 * size, rng.randrange(4 * size)]))
+        else:
+            payload = b"".join(_wire.CHECK_ENTRY.pack(
+                rng.getrandbits(64), rng.choice(list(Op)), rng.getrandbits(8),
+                rng.getrandbits(8), rng.choice([_wire.Flag.CHECK, _wire.Flag.CHECK | 1]),
+                rng.randint(-5, 5), rng.randint(-1, 1 << 40),
+                rng.getrandbits(32)) for _ in range(rng.randrange(1, 4)))
+        try:
+            frames = _wire.decode_checks(carrier, payload)
+        except WireError:
+            rejected += 1
+            continue
+        assert len(frames) * size == len(payload)
+        for f in frames:
+            _check_decoded(f)
+            assert (f.kind, f.group, f.step, f.src, f.payload_len) == \
+                (Kind.COLL, 7, 5, 3, 0), f
+        accepted += 1
+    assert accepted > 1000 and rejected > 1000, (accepted, rejected)

@@ -31,7 +31,7 @@ from ..checks.report import build_report, format_where
 from ..checks.where import WhereService
 from ..identity.callsite import CallSite
 from ..transport.base import Transport
-from ..wire.frames import Frame, Kind
+from ..wire.frames import Frame, Kind, decode_checks
 from .activity import Activity, CallLog
 from .departures import Departures
 from .mismatches import Mismatches
@@ -147,6 +147,11 @@ class Communicator:
             self.where.answer(frame)
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
+        elif frame.kind == Kind.CHECKS:
+            for f in decode_checks(frame, payload):  # each as the frame it stands for
+                target, token = self.on_header(f)
+                if target is not None:
+                    self.on_payload(f, token)
 
     # --- who is where -----------------------------------------------------------------------
 

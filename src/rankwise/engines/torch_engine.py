@@ -40,6 +40,18 @@ _OPS = {"SUM": tdist.ReduceOp.SUM, "AVG": tdist.ReduceOp.AVG,
         "BOR": tdist.ReduceOp.BOR, "BXOR": tdist.ReduceOp.BXOR}
 
 
+def _allreduce_options(op: Any) -> Any:
+    o = tdist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+#: one options object per reduce op, shared by every call: building one (and setting its
+#: pybind ``reduceOp``) cost more than the rest of the engine's per-call Python, and torch
+#: copies the options into each op it enqueues, so the objects are never changed after
+_ALLREDUCE_OPTS = {name: _allreduce_options(op) for name, op in _OPS.items()}
+
+
 def _t(a: Array) -> torch.Tensor:
     """Bytes for data movement: every dtype moves as uint8 (gloo lacks some types)."""
     return torch.from_numpy(a.reshape(-1).view(np.uint8))
@@ -108,6 +120,9 @@ class TorchEngine:
         #: this reference the Python overrides vanish under it
         self.store = store
         self.check = RingCheck(group, check)
+        #: without checks no frame of this group's calls ever arrives: the router need
+        #: not be told of each call (a lock and four dict updates per call)
+        self.framed = self.check.mode != "off"
         self.waiter = WorkWaiter(group.comm, self.name)
         group.comm.router.on_failure.append(self._abort)
 
@@ -138,25 +153,20 @@ class TorchEngine:
     def _run(self, call: Call, body: Callable[[], None]) -> None:
         """Check the call on the control plane, move the data, check again."""
         self.check.before(call)
-        try:
-            body()
-        finally:
-            self.check.flush()  # a body that enqueued no op (or failed) still sends it
+        body()
         self.check.after()
 
     def _wait(self, call: Call, work: Any) -> None:
-        self.check.flush()  # the op is enqueued: a deferred fingerprint goes out now
-        self.waiter.wait(call, work)
-
-    def _op(self, call: Call) -> Any:
-        assert call.op is not None
-        return _OPS[call.op.name]
+        self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+        # an op that is not done within a grace period may wait for a batched fingerprint
+        # (a mismatch that hangs the data plane): send the batch then
+        self.waiter.wait(call, work, self.check.flush)
 
     def _all_reduce(self, call: Call, a: Array) -> None:
         """``a`` becomes the reduction over ranks (complex products via a gather:
         gloo reduces no complex numbers)."""
-        o = tdist.AllreduceOptions()
-        o.reduceOp = self._op(call)
+        assert call.op is not None
+        o = _ALLREDUCE_OPTS[call.op.name]
         if a.dtype.kind == "c" and call.op is not None and call.op.name not in ("SUM", "AVG"):
             parts = [np.empty_like(a) for _ in range(call.size)]
             parts[call.rank][...] = a
@@ -237,6 +247,7 @@ class TorchEngine:
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
+        self.check.flush()  # the last calls' fingerprints: the next rank checks them too
         listeners = self.group.comm.router.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)

@@ -14,6 +14,7 @@ control plane's account when one comes within a second.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +24,15 @@ from .base import Call
 if TYPE_CHECKING:
     from ..core.communicator import Communicator
 
-__all__ = ["SLICE", "WorkWaiter"]
+__all__ = ["GRACE", "SLICE", "WorkWaiter"]
 
 #: seconds between two looks at the control plane while a torch op is in flight
 SLICE = 0.2
 _SLICE = timedelta(seconds=SLICE)
+#: seconds an op may take before ``wait``'s ``on_slow`` runs (once): longer than a small
+#: op takes, short enough that a hang it may explain is found at once
+GRACE = 0.005
+_GRACE = timedelta(seconds=GRACE)
 
 
 class WorkWaiter:
@@ -40,9 +45,10 @@ class WorkWaiter:
         #: cleanly: destroying it joins threads that stay blocked in that op)
         self.stuck = False
 
-    def wait(self, call: Call, work: Any) -> None:
+    def wait(self, call: Call, work: Any, on_slow: Callable[[], None] | None = None) -> None:
         """Return when ``work`` is done; raise the control plane's failure, a timeout
-        with the who-is-where table, or the torch op's own error."""
+        with the who-is-where table, or the torch op's own error. ``on_slow`` runs once
+        if the op is not done within ``GRACE`` seconds."""
         comm = self.comm
         router = comm.router
         activity = comm.activity  # who-is-where: the op is torch's now, not ours
@@ -64,13 +70,21 @@ class WorkWaiter:
                 comm.warn_slow(lambda: self._what(call))
                 continue
             try:
-                work.wait(_SLICE if call.deadline - now > SLICE else
+                work.wait(_GRACE if on_slow is not None else _SLICE
+                          if call.deadline - now > SLICE else
                           timedelta(seconds=max(0.001, call.deadline - now)))
                 return
-            except RuntimeError as exc:
+            except RuntimeError:
                 if not work.is_completed():
+                    if on_slow is not None:
+                        slow, on_slow = on_slow, None
+                        slow()
                     continue  # a slice ran out: look at the control plane again
-                raise self._torch_error(call, exc) from None
+                try:  # done now: a slice that ran out as the op ended is no error of it
+                    work.wait()
+                except RuntimeError as err:
+                    raise self._torch_error(call, err) from None
+                return
 
     def _what(self, call: Call) -> str:
         return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "

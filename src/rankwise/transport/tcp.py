@@ -449,6 +449,12 @@ class TcpTransport:
                 conn.end = end + n
                 budget -= n
                 self._parse(conn)
+                if n < limit - end:
+                    # a short read drained the socket: another recv would only raise
+                    # BlockingIOError (a system call and an exception per wake-up, for
+                    # each small frame); the level-triggered selector calls again when
+                    # more arrives
+                    return True
             return True
         except BlockingIOError:
             return True

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 __all__ = [
     "CALL_FLAGS",
+    "CHECK_ENTRY",
     "DROP",
     "HEADER",
     "HOLD",
@@ -29,6 +30,7 @@ __all__ = [
     "Kind",
     "Op",
     "WireError",
+    "decode_checks",
     "decode_header",
 ]
 
@@ -67,6 +69,9 @@ class Kind(enum.IntEnum):
     WHERE = 6  #: "where are you?" request (payload: request id)
     HERE = 7  #: answer to WHERE (payload: JSON state report)
     OBJ = 8  #: library-internal p2p for object send/recv, never matches user recv
+    #: fingerprints of several collective calls at once (payload: ``CHECK_ENTRY`` each),
+    #: each judged as the empty collective frame it stands for (``engines/ring_check``)
+    CHECKS = 9
 
 
 class Op(enum.IntEnum):
@@ -198,6 +203,27 @@ def decode_header(data: bytes | bytearray | memoryview, offset: int = 0,
             or fields[8] & _UNKNOWN_FLAGS:
         _validate(fields)
     return _tuple_new(Frame, fields[2:] + (src,))
+
+
+#: one fingerprint of a ``Kind.CHECKS`` frame: seq u64, op u8, dtype u8, reduce u8,
+#: flags u8, root i32, count i64, site u32
+CHECK_ENTRY = struct.Struct("<QBBBBiqI")
+
+
+def decode_checks(frame: Frame, payload: bytes) -> list[Frame]:
+    """The frames a ``Kind.CHECKS`` frame stands for: empty collective frames of its
+    group, step and sender, one per entry. Hostile bytes raise ``WireError``."""
+    if len(payload) % CHECK_ENTRY.size:
+        raise WireError(f"a checks frame of {len(payload)} bytes is not a whole number of "
+                        f"{CHECK_ENTRY.size}-byte entries")
+    out = []
+    for seq, op, dtype, reduce, flags, root, count, site in CHECK_ENTRY.iter_unpack(payload):
+        if op not in _OPS or count < -1 or flags & _UNKNOWN_FLAGS:
+            raise WireError(f"bad checks entry for call #{seq}: op {op}, count {count}, "
+                            f"flags 0x{flags:02x}")
+        out.append(_tuple_new(Frame, (Kind.COLL, frame.group, seq, op, dtype, reduce, flags,
+                                      root, count, 0, site, frame.step, 0, frame.src)))
+    return out
 
 
 def _validate(fields: tuple[int, ...]) -> None:
