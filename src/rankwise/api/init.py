@@ -393,6 +393,8 @@ def _leave(world: World, where: str, linger: bool = False) -> None:
     (at exit after an exception nobody waits: the others may be stuck or dead)."""
 
     clean = linger and world.comm.router.failure is None
+    for group in list(world.groups.values()):
+        group.engine.settle()  # ahead of the goodbye: a peer stops reading after it
     world.comm.goodbye(where)
     stop_worker()
     for group in list(world.groups.values()):

@@ -109,5 +109,12 @@ class Engine(Protocol):
     def barrier(self, call: Call) -> None:
         """Return once every rank of the group has entered the same barrier."""
 
+    def settle(self) -> None:
+        """Send what this engine still owes its peers, before this rank's goodbye.
+
+        Why before: a peer reads our goodbye and stops listening; anything sent after it
+        (the torch engine's last batch of fingerprints) would never be checked, and a
+        mismatch in a job's last calls would pass unreported."""
+
     def close(self) -> None:
         """Release the engine's resources (the group is being destroyed)."""

@@ -200,5 +200,8 @@ class MessageEngine:
     def barrier(self, call: Call) -> None:
         self._run(call, 0, alg.doubling.barrier)
 
+    def settle(self) -> None:
+        """Nothing owed: every frame went out with its call."""
+
     def close(self) -> None:
         """Nothing of its own: the communicator owns the connections."""

@@ -244,10 +244,14 @@ class TorchEngine:
     def barrier(self, call: Call) -> None:
         self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions())))
 
+    def settle(self) -> None:
+        """The last confirmed calls' fingerprints, ahead of the goodbye."""
+        self.check.flush()
+
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
-        self.check.flush()  # the last calls' fingerprints: the next rank checks them too
+        self.check.flush()  # a group destroyed alone: its last calls are checked too
         listeners = self.group.comm.router.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)
