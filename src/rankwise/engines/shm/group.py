@@ -44,7 +44,7 @@ from .channel import Call, Channel
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
 from .layout import Layout
-from .reduce import Reducer, reduce_rows, rows_reducer
+from .reduce import Reducer, reduce_pair, reduce_rows, rows_reducer
 from .segment import StoreLike, open_segment
 from .waiting import usable_cpus
 
@@ -279,7 +279,7 @@ class ShmGroup:
 
     def _pipelined(self, call: Call, a: Array, dtype: DType, op: ReduceOp, deadline: float,
                    root: int | None) -> None:
-        """Large (all_)reduce: one round per chunk, plus one.
+        """Large (all_)reduce: one round per chunk, plus one (2 rounds up to a slot).
 
         A slot holds an input area (the chunk's parts that the peers reduce) and, after
         it, a result area (the part this rank reduced from the previous chunk). Round t
@@ -292,9 +292,14 @@ class ShmGroup:
         n, me, S = self.size, self.rank, self.slot_bytes
         item = st.itemsize
         part_quant = max(1, _ALIGN // item)
-        per_chunk = (S * n // (n + 1)) // item
-        per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
-        res = per_chunk * item  # byte offset of the result area (64-aligned)
+        if a.nbytes <= S:
+            # one chunk: no next chunk's input shares the next-parity slot, so the result
+            # area starts at its beginning and the input may fill a whole slot (2 rounds)
+            per_chunk, res = a.size, 0
+        else:
+            per_chunk = (S * n // (n + 1)) // item
+            per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
+            res = per_chunk * item  # byte offset of the result area (64-aligned)
         starts = list(range(0, a.size, per_chunk))
         spans: list[list[tuple[int, int]]] = []
         for c0 in starts:
@@ -319,12 +324,14 @@ class ShmGroup:
                 lo, hi = spans[t][me]
                 mine = a[c0 + lo:c0 + hi]
                 acc = self._slots[me][1 - p][res:res + (hi - lo) * item].view(st)
-                for r in range(n):
-                    x = mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
-                    if r == 0:
-                        np.copyto(acc, x)
-                    else:
-                        reduce_into(acc, x, dtype, op)
+                xs = [mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
+                      for r in range(n)]
+                if n == 1:
+                    np.copyto(acc, mine)
+                else:
+                    reduce_pair(acc, xs[0], xs[1], dtype, op)
+                for x in xs[2:]:
+                    reduce_into(acc, x, dtype, op)
                 if op.name == "AVG":
                     divide_in_place(acc, dtype, n)
             if t >= 1 and gather:

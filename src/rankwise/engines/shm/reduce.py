@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from ..._buffers import _UFUNCS, DType, ReduceOp, reduce_into
 
-__all__ = ["Reducer", "reduce_rows", "rows_reducer"]
+__all__ = ["Reducer", "reduce_pair", "reduce_rows", "rows_reducer"]
 
 _BITWISE = frozenset(("BAND", "BOR", "BXOR"))
 
@@ -35,6 +35,28 @@ Reducer = Callable[[npt.NDArray[Any], npt.NDArray[Any]], None]
 @np.errstate(all="ignore")  # inf/nan propagate silently, as in torch
 def _quiet(fn: Any, rows: npt.NDArray[Any], out: npt.NDArray[Any]) -> None:
     fn.reduce(rows, axis=0, out=out)
+
+
+@np.errstate(all="ignore")
+def _quiet_pair(fn: Any, x: npt.NDArray[Any], y: npt.NDArray[Any],
+                out: npt.NDArray[Any]) -> None:
+    fn(x, y, out=out)
+
+
+def reduce_pair(out: npt.NDArray[Any], x: npt.NDArray[Any], y: npt.NDArray[Any], d: DType,
+                op: ReduceOp) -> None:
+    """``out = x op y`` in one pass (AVG: the sum): the first step of a rank-order
+    reduction, the same bits as copying ``x`` to ``out`` and ``reduce_into(out, y)``
+    without the copy's pass over memory. ``out`` must not overlap ``x`` or ``y``."""
+    if d.kind in ("float", "complex", "int", "uint"):
+        fn: Any = _UFUNCS[op.name]["int" if op.name in _BITWISE else "num"]
+        if d.kind in ("float", "complex"):
+            _quiet_pair(fn, x, y, out)
+        else:
+            fn(x, y, out=out)
+        return
+    np.copyto(out, x)
+    reduce_into(out, y, d, op)
 
 
 def _make(d: DType, op: ReduceOp) -> Reducer:
