@@ -541,3 +541,33 @@ def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
     finally:
         g0.close()
         g1.close()
+
+
+def w_spin_adapts(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    spins = []
+    for _ in range(12):
+        if rank == 1:  # a peer that always arrives late: rank 0's spin never ends a wait
+            end = time.monotonic() + 0.002
+            while time.monotonic() < end:
+                pass
+        g.barrier(_fp(Op.barrier), site, _deadline())
+        spins.append(g.ch._spin)
+    policy = g.ch.policy.spin_s
+    g.close()
+    return policy, spins
+
+
+def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> None:
+    """A rank whose spins never end a wait (its peer is 2 ms late every time, as when
+    the peer shares its core) stops spinning the policy's full budget."""
+    monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "50")
+    vals = _ok(run_ranks(w_spin_adapts, 2, args=(str(tmp_path / "s"),), init=False,
+                         timeout=60))
+    policy, spins = vals[0]
+    assert policy == pytest.approx(50e-6)
+    assert all(0 < s <= policy for s in spins)
+    # halved after every wait it did not end: 50 us down to the 2 us floor within 5 rounds
+    # (a round where load lines the ranks up by chance may double it once)
+    assert min(spins) <= 4e-6 and spins[-1] <= policy / 4, spins

@@ -70,6 +70,9 @@ __all__ = ["Call", "Channel"]
 Call = tuple[int, int, int, int, int, int]
 
 _LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
+#: the least spin once spinning stopped paying (a 2-rank round trip on separate cores
+#: is a few microseconds; a peer descheduled on our core costs the whole spin per round)
+_MIN_SPIN = 2e-6
 
 
 def _describe(rank: int, call: Call | None, site: str) -> str:
@@ -118,6 +121,8 @@ class Channel:
         self._site_id = -1
         self._site_text = ""
         self.policy = policy_for(size)
+        #: the current spin budget: adapts between ``_MIN_SPIN`` and ``policy.spin_s``
+        self._spin = self.policy.spin_s
         self.broken: BaseException | None = None
         #: called once when a wait passes ``slow_after`` seconds (the integrator logs a
         #: who-is-where table there; if that finds the cause, ``check`` raises it)
@@ -175,7 +180,10 @@ class Channel:
         ``deadline``, PeerFailure when a rank we wait for died, failed or closed.
 
         Polls the peers' words only (ours is ``s`` already): spin, then yield, each
-        bounded by the policy, then futex sleeps that check liveness and the deadline."""
+        bounded by the policy, then futex sleeps that check liveness and the deadline.
+        The spin adapts: halved after each wait it did not end, doubled (up to the
+        policy's) after one it did, so ranks that end up sharing a core under outside
+        load stop burning the time slice their peer needs."""
         w = self.w
         seqs = self._peer_seq
         for i in seqs:
@@ -186,14 +194,19 @@ class Channel:
         pol = self.policy
         monotonic = time.monotonic
         now = monotonic()
-        spin_end = now + pol.spin_s
+        spin_end = now + self._spin
         while now < spin_end:
             for i in seqs:
                 if w[i] < s:
                     break
             else:
+                # the peers ran while we spun: on cores of their own, spinning pays
+                self._spin = min(pol.spin_s, 2 * self._spin)
                 return
             now = monotonic()
+        # the spin was wasted (a peer may share our core and cannot run while we spin):
+        # spin less next time, down to a probe that notices when peers run beside us again
+        self._spin = min(pol.spin_s, max(_MIN_SPIN, 0.5 * self._spin))
         yield_end = now + pol.yield_s
         sched_yield = os.sched_yield
         while now < yield_end:
