@@ -63,6 +63,7 @@ OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
 _ALIGN = 64  #: region boundaries inside a slot, in bytes
+_SKEW = 2048 + 64  #: half a page and a line between a part's inputs and its result
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,13 @@ class _SmallPlan:
 
 
 _PLANS = 256  #: cached small plans per group (a program with more shapes rebuilds)
+
+
+def _parts(m: int, n: int, quant: int) -> list[tuple[int, int]]:
+    """Rank j's part of an m-element chunk: ``[lo, hi)``, boundaries on ``quant``."""
+    q = -(-m // n)  # ceil(m / n) ...
+    q = -(-q // quant) * quant  # ... aligned: still <= the chunk's share of a slot
+    return [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
 
 
 def _env_int(name: str) -> int | None:
@@ -292,21 +300,22 @@ class ShmGroup:
         n, me, S = self.size, self.rank, self.slot_bytes
         item = st.itemsize
         part_quant = max(1, _ALIGN // item)
-        if a.nbytes <= S:
-            # one chunk: no next chunk's input shares the next-parity slot, so the result
-            # area starts at its beginning and the input may fill a whole slot (2 rounds)
-            per_chunk, res = a.size, 0
+        spans = [_parts(a.size, n, part_quant)]
+        # one chunk: no next chunk's input shares the next-parity slot, so the input may
+        # fill the whole slot: 2 rounds. Each part's result sits _SKEW bytes off where its
+        # inputs sit in the peers' slots: slots lie at a power-of-two stride, and equal
+        # offsets put the n inputs and the result in the same cache sets (4 ranks, 2 MiB
+        # slots, 1 MiB: 0.7 ms with the skew, 2 ms without)
+        result_at = [lo * item + _SKEW if hi * item + _SKEW <= S else lo * item - _SKEW
+                     for lo, hi in spans[0]]
+        if a.nbytes <= S and min(result_at) >= 0:
+            starts = [0]
         else:
             per_chunk = (S * n // (n + 1)) // item
             per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
-            res = per_chunk * item  # byte offset of the result area (64-aligned)
-        starts = list(range(0, a.size, per_chunk))
-        spans: list[list[tuple[int, int]]] = []
-        for c0 in starts:
-            m = min(per_chunk, a.size - c0)
-            q = -(-m // n)  # ceil(m / n) ...
-            q = -(-q // part_quant) * part_quant  # ... aligned: still <= per_chunk / n
-            spans.append([(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)])
+            result_at = [per_chunk * item] * n  # after the input area (64-aligned)
+            starts = list(range(0, a.size, per_chunk))
+            spans = [_parts(min(per_chunk, a.size - c0), n, part_quant) for c0 in starts]
         gather = root is None or root == me
         for t in range(len(starts) + 1):
             p = self._parity()
@@ -323,7 +332,8 @@ class ShmGroup:
                 c0 = starts[t]
                 lo, hi = spans[t][me]
                 mine = a[c0 + lo:c0 + hi]
-                acc = self._slots[me][1 - p][res:res + (hi - lo) * item].view(st)
+                at = result_at[me]
+                acc = self._slots[me][1 - p][at:at + (hi - lo) * item].view(st)
                 xs = [mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
                       for r in range(n)]
                 if n == 1:
@@ -337,7 +347,8 @@ class ShmGroup:
             if t >= 1 and gather:
                 c0 = starts[t - 1]
                 for j, (lo, hi) in enumerate(spans[t - 1]):
-                    a[c0 + lo:c0 + hi] = self._slots[j][p][res:res + (hi - lo) * item].view(st)
+                    at = result_at[j]
+                    a[c0 + lo:c0 + hi] = self._slots[j][p][at:at + (hi - lo) * item].view(st)
 
     def all_gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
                    outs: Sequence[Array], deadline: float) -> None:
