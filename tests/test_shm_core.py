@@ -60,8 +60,9 @@ def _deadline() -> float:
 
 # --- workers (module level: spawned processes import them) ---------------------------
 
-def w_reductions(rank: int, size: int, path: str, cases: list[tuple[str, str, int]]) -> Any:
-    g = _group(rank, size, path)
+def w_reductions(rank: int, size: int, path: str, cases: list[tuple[str, str, int]],
+                 slot: int = SLOT) -> Any:
+    g = _group(rank, size, path, slot_bytes=slot)
     site = _callsite.capture()
     out = []
     for dname, opname, n in cases:
@@ -140,8 +141,25 @@ def test_reductions_match_numpy_and_are_identical(size: int, tmp_path: Any) -> N
                                     ("int32", "PRODUCT"), ("int64", "BXOR"), ("bool", "SUM"),
                                     ("uint8", "MIN")]
              for n in (SIZES if d == "float32" else [0, 5, 40000])]
-    vals = _ok(run_ranks(w_reductions, size, args=(str(tmp_path / "s"), cases), init=False,
-                         timeout=120))
+    _check_reductions(size, cases, SLOT, tmp_path)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_all_reduce_path_with_larger_slots(size: int, tmp_path: Any) -> None:
+    """Slots of 256 KiB: one round (<= 64 KiB, cached views reused across calls and
+    shapes), two rounds (one chunk up to a slot), and the chunked pipeline (> a slot),
+    with 3 ranks splitting chunks unevenly."""
+    cases = [(d, o, n) for d, o in [("float32", "SUM"), ("float64", "AVG"), ("bool", "MAX"),
+                                    ("int16", "MIN")]
+             for n in (3, 16384 // np.dtype(d).itemsize, 3, 50001, 262144 // np.dtype(d).itemsize,
+                       300001)]
+    _check_reductions(size, cases, 256 << 10, tmp_path)
+
+
+def _check_reductions(size: int, cases: list[tuple[str, str, int]], slot: int,
+                      tmp_path: Any) -> None:
+    vals = _ok(run_ranks(w_reductions, size, args=(str(tmp_path / "s"), cases, slot),
+                         init=False, timeout=120))
     for k, (dname, opname, n) in enumerate(cases):
         d = _NUMPY_NATIVE[np.dtype(dname)]
         want = _np_reduce([_data(r, n, d.storage) for r in range(size)], opname, d.code)
@@ -523,3 +541,33 @@ def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
     finally:
         g0.close()
         g1.close()
+
+
+def w_spin_adapts(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    site = _callsite.capture()
+    spins = []
+    for _ in range(12):
+        if rank == 1:  # a peer that always arrives late: rank 0's spin never ends a wait
+            end = time.monotonic() + 0.002
+            while time.monotonic() < end:
+                pass
+        g.barrier(_fp(Op.barrier), site, _deadline())
+        spins.append(g.ch._spin)
+    policy = g.ch.policy.spin_s
+    g.close()
+    return policy, spins
+
+
+def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> None:
+    """A rank whose spins never end a wait (its peer is 2 ms late every time, as when
+    the peer shares its core) stops spinning the policy's full budget."""
+    monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "50")
+    vals = _ok(run_ranks(w_spin_adapts, 2, args=(str(tmp_path / "s"),), init=False,
+                         timeout=60))
+    policy, spins = vals[0]
+    assert policy == pytest.approx(50e-6)
+    assert all(0 < s <= policy for s in spins)
+    # halved after every wait it did not end: 50 us down to the 2 us floor within 5 rounds
+    # (a round where load lines the ranks up by chance may double it once)
+    assert min(spins) <= 4e-6 and spins[-1] <= policy / 4, spins

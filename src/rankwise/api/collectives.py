@@ -110,9 +110,17 @@ def _equal_sizes(bufs: list[Buffer], numel: int, what: str) -> None:
             raise InvalidArgument(f"{what}[{i}] has {b.numel} elements, expected {numel}")
 
 
+#: (dtype code, reduce-op code) pairs already found reducible: the check's answer
+#: depends on nothing else, and a training loop asks the same question every step
+_REDUCIBLE: set[tuple[int, int]] = set()
+
+
 def _reduce_op(op: Any, buf: Buffer, what: str) -> ReduceOp:
     rop = coerce_reduce_op(op)
-    check_reducible(buf.dtype, rop, what)
+    key = (buf.dtype.code, rop.code)
+    if key not in _REDUCIBLE:
+        check_reducible(buf.dtype, rop, what)
+        _REDUCIBLE.add(key)
     return rop
 
 

@@ -101,9 +101,10 @@ class ProcessGroup:
         ``frames``: the call's data moves in frames (message engine), so the router must
         know the call to check frames that arrive before or for it; calls on another
         engine skip that bookkeeping."""
-        if self.comm.router.failure is not None:
+        router = self.comm.router
+        if router.failure is not None:
             self.comm.await_diagnosis()
-        self.comm.router.check_alive()
+            router.check_alive()
         self.seq += 1
         seq = self.seq
         record = CallRecord(seq, fp, site, time.time(), 0.0, shape)

@@ -144,7 +144,24 @@ def _torch_dtype(t: Any, what: str) -> DType:
 
 
 def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
-    # Runs for every tensor of every call: each check is one cheap attribute test, and
+    # The common case in one step: ``numpy()`` itself refuses what the checks below
+    # name (GPU, quantized, sparse, requires-grad, conjugated, bfloat16 and other dtypes
+    # numpy lacks), so a plain dense CPU tensor is accepted by its view alone; anything
+    # else takes the checks, which say what is wrong.
+    if not t.requires_grad:
+        try:
+            arr = t.numpy()
+        except (TypeError, RuntimeError):
+            pass
+        else:
+            d = _NUMPY_NATIVE.get(arr.dtype)
+            if d is not None and arr.flags.c_contiguous:
+                return Buffer(arr.reshape(-1), d, tuple(t.shape), t)
+    return _checked_torch(torch, t, what, writable)
+
+
+def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
+    # Every tensor the fast path above refused: each check is one cheap attribute test, and
     # the tensor is viewed through numpy without an intermediate torch view unless
     # autograd requires one (``numpy()`` refuses tensors that require grad).
     if not t.is_cpu:

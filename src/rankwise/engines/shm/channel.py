@@ -71,6 +71,9 @@ __all__ = ["Call", "Channel"]
 Call = CallTuple
 
 _LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
+#: the least spin once spinning stopped paying (a 2-rank round trip on separate cores
+#: is a few microseconds; a peer descheduled on our core costs the whole spin per round)
+_MIN_SPIN = 2e-6
 
 
 def _describe(rank: int, call: Call | None, site: str) -> str:
@@ -111,12 +114,16 @@ class Channel:
         self._futex = [lay.record_word(r, R_FUTEX) for r in range(size)]
         self._fp = [[lay.record_word(r, R_FP[p]) for p in (0, 1)] for r in range(size)]
         self._peers = [r for r in range(size) if r != rank]
+        self._peer_seq = [self._seq[r] for r in self._peers]  #: what a wait polls
+        self._peer_fp = [self._fp[r] for r in self._peers]
         self._me_seq = self._seq[rank]
         self.seq = int(self.w[self._me_seq])  # 0 for a fresh segment
         self._live = PidWatch()
         self._site_id = -1
         self._site_text = ""
         self.policy = policy_for(size)
+        #: the current spin budget: adapts between ``_MIN_SPIN`` and ``policy.spin_s``
+        self._spin = self.policy.spin_s
         self.broken: BaseException | None = None
         #: called once when a wait passes ``slow_after`` seconds (the integrator logs a
         #: who-is-where table there; if that finds the cause, ``check`` raises it)
@@ -172,27 +179,46 @@ class Channel:
 
     def wait(self, s: int, deadline: float, what: Callable[[], str]) -> None:
         """Return once every rank published round ``s``; raise DistTimeout at
-        ``deadline``, PeerFailure when a rank we wait for died, failed or closed."""
+        ``deadline``, PeerFailure when a rank we wait for died, failed or closed.
+
+        Polls the peers' words only (ours is ``s`` already): spin, then yield, each
+        bounded by the policy, then futex sleeps that check liveness and the deadline.
+        The spin adapts: halved after each wait it did not end, doubled (up to the
+        policy's) after one it did, so ranks that end up sharing a core under outside
+        load stop burning the time slice their peer needs."""
         w = self.w
-        seqs = self._seq
+        seqs = self._peer_seq
         for i in seqs:
             if w[i] < s:
                 break
         else:
             return
         pol = self.policy
-        now = time.monotonic()
-        spin_end = now + pol.spin_s
+        monotonic = time.monotonic
+        now = monotonic()
+        spin_end = now + self._spin
         while now < spin_end:
-            if all(w[i] >= s for i in seqs):
+            for i in seqs:
+                if w[i] < s:
+                    break
+            else:
+                # the peers ran while we spun: on cores of their own, spinning pays
+                self._spin = min(pol.spin_s, 2 * self._spin)
                 return
-            now = time.monotonic()
+            now = monotonic()
+        # the spin was wasted (a peer may share our core and cannot run while we spin):
+        # spin less next time, down to a probe that notices when peers run beside us again
+        self._spin = min(pol.spin_s, max(_MIN_SPIN, 0.5 * self._spin))
         yield_end = now + pol.yield_s
+        sched_yield = os.sched_yield
         while now < yield_end:
-            os.sched_yield()
-            if all(w[i] >= s for i in seqs):
+            sched_yield()
+            for i in seqs:
+                if w[i] < s:
+                    break
+            else:
                 return
-            now = time.monotonic()
+            now = monotonic()
         self._sleep_until(s, deadline, what)
 
     def _sleep_until(self, s: int, deadline: float, what: Callable[[], str]) -> None:
@@ -292,7 +318,21 @@ class Channel:
 
     def check_calls(self, s: int, mine: Call, vary_count: bool = False) -> None:
         """Compare every rank's fingerprint for round ``s`` with ours (all ranks do the
-        same comparisons, so all raise together). ``vary_count``: counts may differ."""
+        same comparisons, so all raise together). ``vary_count``: counts may differ.
+
+        Hot path: word by word, no tuples; any difference goes to ``_disagree``."""
+        w = self.w
+        op, dtype, count, reduce, root, _ = mine
+        par = s & 1
+        for fps in self._peer_fp:
+            base = fps[par]
+            if w[base + FP_SEQ] != s or w[base + FP_OP] != op or w[base + FP_DTYPE] != dtype \
+                    or w[base + FP_REDUCE] != reduce or w[base + FP_ROOT] != root \
+                    or (w[base + FP_COUNT] != count and not vary_count):
+                self._disagree(s, mine, vary_count)
+
+    def _disagree(self, s: int, mine: Call, vary_count: bool) -> None:
+        """Raise for the first rank whose fingerprint for round ``s`` differs from ours."""
         for r in range(self.size):
             if r == self.rank:
                 continue
@@ -308,6 +348,9 @@ class Channel:
                     f"round {s}):\n  {_describe(self.names[self.rank], mine, self._site_text)}"
                     f"\n  {_describe(self.names[r], theirs, self.peer_site(r))}",
                     peer=r, theirs=theirs, their_site=self.peer_site_text(r), mine=mine)
+        # the words changed between the two reads: only a foreign writer does that
+        raise DistError(f"shared-memory fingerprints for round {s} changed while being read; "
+                        "the segment is shared with a foreign group")
 
     # --- failure and shutdown --------------------------------------------------------
 
