@@ -322,12 +322,13 @@ class Channel:
 
         Hot path: word by word, no tuples; any difference goes to ``_disagree``."""
         w = self.w
-        op, dtype, count, reduce, root, _ = mine
+        op, dtype, count, reduce, root, _, flags = mine
         par = s & 1
         for fps in self._peer_fp:
             base = fps[par]
             if w[base + FP_SEQ] != s or w[base + FP_OP] != op or w[base + FP_DTYPE] != dtype \
                     or w[base + FP_REDUCE] != reduce or w[base + FP_ROOT] != root \
+                    or w[base + FP_FLAGS] != flags \
                     or (w[base + FP_COUNT] != count and not vary_count):
                 self._disagree(s, mine, vary_count)
 
