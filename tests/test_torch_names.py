@@ -80,16 +80,31 @@ def test_launcher_facts_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_premul_sum_needs_a_finite_factor_and_a_float_tensor() -> None:
+    from rankwise.wire import buffers
+
     with pytest.raises(dist.InvalidArgument, match="needs its factor"):
-        dist._buffers.coerce_reduce_op(dist.ReduceOp.PREMUL_SUM)
+        buffers.coerce_reduce_op(dist.ReduceOp.PREMUL_SUM)
     for bad in (float("nan"), "2", True):
         with pytest.raises(dist.InvalidArgument, match="finite real factor"):
             dist.ReduceOp.premul_sum(bad)
     op = dist._make_nccl_premul_sum(np.float64(0.5))  # torch's spelling
     assert op.factor == 0.5 and op == dist.ReduceOp.PREMUL_SUM
     with pytest.raises(dist.InvalidArgument, match="floating-point"):
-        dist._buffers.check_reducible(dist._buffers.as_buffer(np.zeros(2, np.int32), "t").dtype,
-                                      op, "all_reduce")
+        buffers.check_reducible(buffers.as_buffer(np.zeros(2, np.int32), "t").dtype,
+                                op, "all_reduce")
+
+
+def test_torch_reduce_op_objects_keep_their_kind_and_factor() -> None:
+    """torch's own ``ReduceOp`` objects (what ``opts.reduceOp`` and torch's
+    ``_make_nccl_premul_sum(f)`` give) name the same operator to rankwise's API."""
+    tdist = pytest.importorskip("torch.distributed")
+    from rankwise.wire import buffers
+
+    op = buffers.coerce_reduce_op(tdist._make_nccl_premul_sum(0.25))
+    assert op == dist.ReduceOp.PREMUL_SUM and op.factor == 0.25
+    assert buffers.coerce_reduce_op(tdist.ReduceOp(tdist.ReduceOp.MAX)) == dist.ReduceOp.MAX
+    with pytest.raises(dist.InvalidArgument, match="finite real factor"):
+        buffers.coerce_reduce_op(tdist._make_nccl_premul_sum(float("inf")))
 
 
 def _names_in_a_job(rank: int, n: int) -> dict[str, Any]:

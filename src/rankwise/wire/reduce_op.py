@@ -85,6 +85,11 @@ def coerce_reduce_op(op: Any) -> ReduceOp:
             raise InvalidArgument("ReduceOp.PREMUL_SUM needs its factor: pass "
                                   "ReduceOp.premul_sum(factor)")
         return op
+    kind = getattr(op, "op", None)  # a torch ReduceOp object (``opts.reduceOp``, torch's
+    if kind is not None and not isinstance(op, str):  # _make_nccl_premul_sum(f)): its kind
+        if getattr(kind, "name", None) == "PREMUL_SUM":
+            return make_premul_sum(getattr(op, "factor", None))
+        return coerce_reduce_op(kind)
     name = getattr(op, "name", None) or (op if isinstance(op, str) else None)
     if name is None:
         text = str(op)  # torch: "RedOpType.SUM" or "ReduceOp.SUM"
