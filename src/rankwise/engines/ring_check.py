@@ -5,9 +5,9 @@ rides with the data, so nothing compares the ranks' calls. Each rank instead sen
 call's fingerprint and call site to its ring neighbour (group rank + 1) as an empty
 collective frame on rankwise's own TCP connections. Each rank equal to the previous one
 proves all are equal, at one small frame per call and rank. The frame is a
-``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks it exactly as it checks the
-message engine's frames: the same mismatch words (both calls with their file:line), the
-same divergence report, the same abort of every rank.
+``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks
+it exactly as it checks the message engine's frames: the same mismatch words (both
+calls with their file:line), the same divergence report, the same abort of every rank.
 
 ``RANKWISE_CHECK``:
 - ``async`` (default): send and go on; the neighbour's frame is matched whenever it
@@ -25,9 +25,10 @@ same divergence report, the same abort of every rank.
   more than the 4-byte op itself on two cores. The batch goes out once the data op is
   enqueued if it holds ``BATCH`` calls or its oldest is ``BATCH_AGE`` old, when a data
   op has not finished within ``torch_wait.GRACE`` (a mismatch that hangs the data
-  plane is found in milliseconds), before any first-sight frame, and when the group
-  is closed. So a mismatch between confirmed calls that the data plane silently
-  accepts (equal sizes, different reduce ops) is reported at most ``BATCH`` calls or
+  plane is found in milliseconds), before any first-sight frame, before this rank's
+  goodbye (``Engine.settle``) and when the group is closed. So a mismatch between
+  confirmed calls that the data plane silently accepts (equal sizes, different reduce
+  ops) is reported at most ``BATCH`` calls or
   ``BATCH_AGE`` seconds after it: ``sync`` is for those who need it before the data.
 - ``sync``: wait for the neighbour's fingerprint before the data op starts, so no
   mismatched op ever runs: one control round trip per call.

@@ -167,7 +167,7 @@ class TorchEngine:
         gloo reduces no complex numbers)."""
         assert call.op is not None
         o = _ALLREDUCE_OPTS[call.op.name]
-        if a.dtype.kind == "c" and call.op is not None and call.op.name not in ("SUM", "AVG"):
+        if a.dtype.kind == "c" and call.op.name not in ("SUM", "AVG"):
             parts = [np.empty_like(a) for _ in range(call.size)]
             parts[call.rank][...] = a
             self._wait(call, self.pg.allgather([[_t(p) for p in parts]], [_t(a).clone()]))
