@@ -39,6 +39,7 @@ from launch_scripts.helpers import (
 )
 
 import rankwise
+from rankwise.launch.watchdog import RUN_DIR_PREFIX, remove_run_dir
 from rankwise.testing import run_ranks
 
 FAULT = str(SCRIPTS / "fault_worker.py")
@@ -304,19 +305,21 @@ def test_sigkilled_launcher_takes_grandchildren_along(tmp_path: Path) -> None:
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
     e = env()
     e.update(FAULT_RANK="1", FAULT_KIND="grandchild", FAULT_PLACE="init", FAULT_TIMEOUT="60",
-             FAULT_MARKER=marker)
+             FAULT_MARKER=marker, TMPDIR=str(tmp_path))  # the launcher's run dir lands here
     proc = subprocess.Popen(launcher_cmd("-n", "2", "--no-prefix", FAULT), env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         read_lines_until(proc, lambda s: "grandchild started" in s, 1, timeout=40)
         assert len(marked_processes(marker)) >= 3  # two workers and a grandchild at least
+        assert _run_dirs(tmp_path)  # the launcher's scratch directory exists while it runs
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while marked_processes(marker) and time.monotonic() < deadline:
+        while (marked_processes(marker) or _run_dirs(tmp_path)) and time.monotonic() < deadline:
             threading.Event().wait(0.1)
         left = marked_processes(marker)
         assert not left, f"processes of the job survived the launcher: {left}"
+        assert not _run_dirs(tmp_path), "the killed launcher's run directory was left behind"
     finally:
         for pid in marked_processes(marker):
             try:
@@ -325,6 +328,24 @@ def test_sigkilled_launcher_takes_grandchildren_along(tmp_path: Path) -> None:
                 pass
         if proc.poll() is None:
             proc.kill()
+
+
+def _run_dirs(where: Path) -> list[Path]:
+    return list(where.glob(f"{RUN_DIR_PREFIX}*"))
+
+
+def test_watchdog_removes_only_run_dirs(tmp_path: Path) -> None:
+    """A wrong argument must never cost a user's directory."""
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    assert not remove_run_dir(str(mine)) and (mine / "keep.txt").exists()
+    link = tmp_path / f"{RUN_DIR_PREFIX}link"
+    link.symlink_to(mine)
+    assert not remove_run_dir(str(link)) and (mine / "keep.txt").exists()
+    run = tmp_path / f"{RUN_DIR_PREFIX}abc"
+    (run / "attempt_0").mkdir(parents=True)
+    assert remove_run_dir(str(run)) and not run.exists()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
-from .watchdog import MARKER_ENV
+from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
 
@@ -149,13 +149,14 @@ def resolve_job_token(opts: JobOptions) -> tuple[str | None, str]:
     return None, "none"
 
 
-def _start_watchdog(marker: str) -> subprocess.Popen[bytes] | None:
-    """The process that kills whatever of the job outlives the launcher (``watchdog.py``)."""
+def _start_watchdog(marker: str, run_dir: str) -> subprocess.Popen[bytes] | None:
+    """The process that kills whatever of the job outlives the launcher and removes
+    ``run_dir`` (``watchdog.py``)."""
     if not sys.platform.startswith("linux"):
         return None
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
     try:
-        return subprocess.Popen([sys.executable, "-I", script, marker], stdin=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, "-I", script, marker, run_dir], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as exc:
@@ -179,7 +180,7 @@ def _stop_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
 
 def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
-    run_dir = tempfile.mkdtemp(prefix="rankwise-run-")
+    run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
     server: Any | None = None
     peers: StorePeers | None = None
     notices: _ExitNotices | None = None
@@ -212,7 +213,7 @@ def run_job(opts: JobOptions) -> int:
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
         alarm.marker = marker
-        watchdog = _start_watchdog(marker)
+        watchdog = _start_watchdog(marker, run_dir)
         base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
         if opts.token:
             # the environment, never the command line: /proc/<pid>/environ is readable by

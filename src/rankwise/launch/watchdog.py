@@ -10,20 +10,26 @@ Ctrl-C does not reach it first) with a pipe on its stdin and a per-job marker th
 worker inherits in its environment (``RANKWISE_JOB_MARKER``). The launcher never writes to
 the pipe; when the launcher exits or is killed, the kernel closes it, the read below
 returns, and the watchdog SIGKILLs every process of this user whose environment carries
-the marker, until none is left (bounded). It runs as a plain script (``python -I
-watchdog.py MARKER``), so it starts fast and never imports the package.
+the marker, until none is left (bounded), then removes the job's scratch directory (the
+launcher's own ``finally`` never runs when it is SIGKILLed, and each killed job would
+leave a ``rankwise-run-*`` directory in the temp folder). It runs as a plain script
+(``python -I watchdog.py MARKER [RUN_DIR]``), so it starts fast and never imports the
+package.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
 
-__all__ = ["MARKER_ENV", "kill_marked", "marked_processes"]
+__all__ = ["MARKER_ENV", "RUN_DIR_PREFIX", "kill_marked", "marked_processes", "remove_run_dir"]
 
 MARKER_ENV = "RANKWISE_JOB_MARKER"
+#: the launcher's scratch directories are named so; the watchdog removes nothing else
+RUN_DIR_PREFIX = "rankwise-run-"
 
 
 def marked_processes(marker: str) -> list[int]:
@@ -63,9 +69,20 @@ def kill_marked(marker: str, within: float = 10.0) -> list[int]:
     return killed
 
 
+def remove_run_dir(path: str) -> bool:
+    """Remove the launcher's scratch directory ``path``; refuse anything not named like
+    one (a wrong argument must never delete a user's directory). True if it was removed."""
+    if not os.path.basename(os.path.normpath(path)).startswith(RUN_DIR_PREFIX) \
+            or os.path.islink(path) or not os.path.isdir(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.exists(path)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or not argv[1]:
-        print("usage: watchdog.py MARKER (stdin: a pipe from the launcher)", file=sys.stderr)
+    if len(argv) not in (2, 3) or not argv[1]:
+        print("usage: watchdog.py MARKER [RUN_DIR] (stdin: a pipe from the launcher)",
+              file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end tells us to act
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -75,6 +92,8 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     kill_marked(argv[1])
+    if len(argv) == 3:  # after the kill: no worker writes into it any more
+        remove_run_dir(argv[2])
     return 0
 
 
