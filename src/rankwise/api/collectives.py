@@ -103,7 +103,8 @@ def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:
 
 
 def _device(b: Buffer) -> str:
-    return str(getattr(b.original, "device", "cpu"))
+    where = getattr(b.original, "device", None)
+    return "the host (numpy)" if where is None else str(where)
 
 
 def _list(xs: Any, n: int, what: str, writable: bool) -> list[Buffer]:

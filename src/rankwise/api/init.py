@@ -35,7 +35,6 @@ from ..diagnosis.recorders import attach_recorders
 from ..engines.backends import parse_backend
 from ..engines.nccl import nccl_missing, resolve_device
 from ..engines.select import choose_engine, host_identity, requested_engine
-from ..wire.device import tensor_path
 from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from ..identity.callsite import capture
 from ..launch.env import detect_env, uses_agent_store
@@ -43,6 +42,7 @@ from ..store import FileStore, PrefixStore, TCPStore
 from ..transport.factory import open_transport, requested_transport
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
+from ..wire.device import tensor_path
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [

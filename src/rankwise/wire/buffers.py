@@ -211,7 +211,7 @@ def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
                                   "or run under torch.no_grad()")
         plain = t.detach()
     if not t.is_cpu or device.CPU_TENSORS:
-        return Buffer(plain.reshape(-1), device.device_dtype(d), tuple(t.shape), t)
+        return Buffer(device.flat(plain), device.device_dtype(d), tuple(t.shape), t)
     if d.kind in ("bfloat16", "opaque"):
         view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[d.storage.itemsize]
         arr = plain.reshape(-1).view(view_as).numpy().view(d.storage)

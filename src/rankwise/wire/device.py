@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgument
 
-__all__ = ["TENSOR_PATH_ENV", "concat", "device_dtype", "flat_copy", "host_empty",
+__all__ = ["TENSOR_PATH_ENV", "concat", "device_dtype", "flat", "flat_copy", "host_empty",
            "is_tensor", "same_memory", "tensor_path", "to_host", "to_tensor"]
 
 TENSOR_PATH_ENV = "RANKWISE_TENSOR_PATH"
@@ -58,6 +58,15 @@ def device_dtype(d: Any) -> Any:
     if v is None:
         v = _DEVICE_DTYPES[d.code] = dataclasses.replace(d, tensor=True)
     return v
+
+
+def flat(t: Any) -> Any:
+    """A contiguous tensor as 1-D with stride 1 (a tensor of 0 or 1 elements may carry
+    any stride, and byte views need 1)."""
+    f = t.reshape(-1)
+    if f.stride(0) != 1:
+        f = f.as_strided((f.numel(),), (1,), f.storage_offset())
+    return f
 
 
 def _torch() -> Any:
