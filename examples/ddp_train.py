@@ -73,7 +73,11 @@ def backend_for(engine: str, device: str) -> str:
     """The backend string: CPU tensors on ``engine``; with ``--device cuda``, CUDA tensors
     on NCCL (rankwise's own engine) or on torch's gloo (``--engine torch-gloo``)."""
     if device == "cuda" and engine == "rankwise":
-        return "cpu:gloo,cuda:nccl"
+        if torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
+            return "cpu:gloo,cuda:nccl"
+        # ranks would share a GPU, which NCCL refuses: gloo stages CUDA tensors through
+        # host memory instead
+        return "gloo"
     return BACKENDS[engine]
 
 

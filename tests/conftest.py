@@ -18,6 +18,11 @@ ENGINES = ("tcp", "shm")
 #: misuse, diagnosis catalogue): each torch-gloo case pays torch's import and a torch
 #: group per process, too much to spend on every suite in CI
 TORCH_ENGINES = ("torch-gloo",)
+#: added by ``pytest.mark.tensor_paths`` (suites whose programs pass torch tensors): the
+#: tensor path without a GPU (``RANKWISE_TENSOR_PATH``, see ``rankwise.wire.device``):
+#: torch tensors go to the NCCL engine's class on torch's gloo, or are staged through
+#: host copies onto rankwise's own engine, exactly as CUDA tensors would be
+TENSOR_PATHS = {"nccl-stand-in": "device", "staged": "staged"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,6 +45,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params: list[object] = list(ENGINES)
     if metafunc.definition.get_closest_marker("torch_engines") is not None:
         params += [pytest.param(e, marks=pytest.mark.torch) for e in TORCH_ENGINES]
+    if metafunc.definition.get_closest_marker("tensor_paths") is not None:
+        params += [pytest.param(e, marks=pytest.mark.torch) for e in TENSOR_PATHS]
     metafunc.parametrize("engine", params, indirect=True)
 
 
@@ -47,7 +54,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test once per engine: child processes inherit ``RANKWISE_ENGINE``, and
     ``shm`` is forced (an error, not a silent fallback to tcp, if it cannot be used)."""
-    if request.param in TORCH_ENGINES:
+    if request.param in TORCH_ENGINES or request.param in TENSOR_PATHS:
         pytest.importorskip("torch.distributed")
-    monkeypatch.setenv("RANKWISE_ENGINE", request.param)
+    path = TENSOR_PATHS.get(request.param)
+    if path is not None:
+        monkeypatch.setenv("RANKWISE_TENSOR_PATH", path)
+        monkeypatch.setenv("RANKWISE_ENGINE", "auto")
+    else:
+        monkeypatch.setenv("RANKWISE_ENGINE", request.param)
     return str(request.param)

@@ -59,6 +59,7 @@ def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, 
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
+@pytest.mark.tensor_paths
 def test_rankwise_matches_gloo(ws: int) -> None:
     seed = _seed(ws)
     results = run_ranks(differential_worker, ws, args=(seed, N_CASES, free_port()),
@@ -98,6 +99,7 @@ def test_cases_cover_every_op(ws: int) -> None:
 
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
+@pytest.mark.tensor_paths
 def test_p2p_is_scoped_by_group() -> None:
     results = run_ranks(cross_group_p2p, 3, args=(free_port(),), timeout=45)
     for r in results:

@@ -127,13 +127,11 @@ def test_ddp_train_example_keeps_replicas_identical(choice: str, moved_by: str) 
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(strict=True, reason="the NCCL / CUDA data plane is not built yet (issue "
-                   "13): init_process_group('cpu:gloo,cuda:nccl') refuses; remove this mark "
-                   "when it lands")
 @pytest.mark.timeout(300)
 def test_ddp_train_example_on_cuda() -> None:
     """Issue 13's acceptance: ``--device cuda`` under ``rankwise run``, one rank per GPU
-    (two ranks share GPU 0 on a one-GPU machine), replicas identical."""
+    on NCCL (two ranks share GPU 0 on a one-GPU machine: the example then picks gloo,
+    which stages CUDA tensors through the host), replicas identical."""
     out = _run(["-m", "rankwise", "run", "-n", "2", "examples/ddp_train.py", *_DDP_SHORT,
                 "--device", "cuda"], timeout=280)
     _ddp_train_passes(out, 2, "tcp|shm|nccl")

@@ -54,10 +54,11 @@ def test_named_gaps_of_the_issue_are_real() -> None:
         assert name not in UNSUPPORTED and callable(getattr(dist, name)) or name == "reduce_op"
     assert dist.reduce_op.SUM == dist.ReduceOp.SUM
     assert dist.get_default_backend_for_device("cpu") == "gloo"
-    with pytest.raises(dist.InvalidArgument, match="CPU tensors only"):
-        dist.get_default_backend_for_device("cuda:0")
-    assert (dist.is_gloo_available(), dist.is_nccl_available(), dist.is_mpi_available()) == \
-        (True, False, False)
+    nccl = dist.is_nccl_available()  # where torch has NCCL and a CUDA device
+    assert dist.get_default_backend_for_device("cuda:0") == ("nccl" if nccl else "gloo")
+    with pytest.raises(dist.InvalidArgument, match="CPU and CUDA tensors only"):
+        dist.get_default_backend_for_device("mps")
+    assert (dist.is_gloo_available(), dist.is_mpi_available()) == (True, False)
     assert dist.is_backend_available("gloo") and not dist.is_backend_available("nccl")
     assert dist.supports_complex(dist.ReduceOp.SUM) and not dist.supports_complex("max")
     assert dist.default_pg_timeout.total_seconds() > 0

@@ -18,6 +18,7 @@ from ..core.communicator import Activity
 from ..core.group import ProcessGroup
 from ..core.work import Work, run_async
 from ..engines.base import Call, Engine
+from ..engines.device import device_engine
 from ..errors import InvalidArgument
 from ..identity.calls import Fingerprint, barrier_name_code
 from ..identity.callsite import capture
@@ -30,6 +31,7 @@ from ..wire.buffers import (
     coerce_reduce_op,
     premultiply,
 )
+from ..wire.device import concat, flat_copy, same_memory
 from ..wire.frames import Op
 from .world import resolve_group
 
@@ -59,7 +61,9 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     site = capture()
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count, flags)
-    runner = group.engine if engine is None else engine
+    if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
+        engine = group.engine if dtype is None or not dtype.tensor else device_engine(group)
+    runner = engine
     seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
     call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
     if async_op:
@@ -91,8 +95,16 @@ def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
 def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:
     for i, b in enumerate(bufs):
         if b.dtype != ref.dtype:
+            if b.dtype.tensor != ref.dtype.tensor:
+                raise InvalidArgument(f"{what}[{i}] is on {_device(b)} but the input is on "
+                                      f"{_device(ref)}; all tensors of one call share a device")
             raise InvalidArgument(f"{what}[{i}] has dtype {b.dtype.name} but the input has "
                                   f"{ref.dtype.name}; all tensors of one call share a dtype")
+
+
+def _device(b: Buffer) -> str:
+    where = getattr(b.original, "device", None)
+    return "the host (numpy)" if where is None else str(where)
 
 
 def _list(xs: Any, n: int, what: str, writable: bool) -> list[Buffer]:
@@ -207,7 +219,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
     slots = [b.array for b in outs]
 
     def body(engine: Engine, call: Call) -> None:
-        if not np.shares_memory(slots[call.rank], mine.array):
+        if not same_memory(slots[call.rank], mine.array):
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
@@ -230,7 +242,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     slots = [out.array[i * mine.numel:(i + 1) * mine.numel] for i in range(n)]
 
     def body(engine: Engine, call: Call) -> None:
-        if not np.shares_memory(slots[call.rank], mine.array):
+        if not same_memory(slots[call.rank], mine.array):
             slots[call.rank][...] = mine.array
         engine.all_gather(call, slots)
 
@@ -293,7 +305,7 @@ def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: 
     _same_dtype(ins, out, "input_list")
     _equal_sizes(ins, out.numel, "input_list")
     rop = _reduce_op(op, out, "reduce_scatter")
-    work = np.concatenate([b.array for b in ins]) if ins else out.array.copy()
+    work = concat([b.array for b in ins]) if ins else flat_copy(out.array)
     return _reduce_scatter(g, Op.reduce_scatter, out, work, rop, async_op)
 
 
@@ -309,7 +321,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         raise InvalidArgument(f"input has {inp.numel} elements; it needs world size "
                               f"({g.size()}) x output size ({out.numel})")
     rop = _reduce_op(op, out, "reduce_scatter_tensor")
-    return _reduce_scatter(g, Op.reduce_scatter_tensor, out, inp.array.copy(), rop, async_op)
+    return _reduce_scatter(g, Op.reduce_scatter_tensor, out, flat_copy(inp.array), rop,
+                           async_op)
 
 
 def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, Any],
@@ -377,9 +390,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None,
     outs = _splits(out, output_split_sizes, g.size(), "output")
     ins = _splits(inp, input_split_sizes, g.size(), "input")
     me = g.group_rank
-    if outs[me].size != ins[me].size:
-        raise InvalidArgument(f"output split {me} has {outs[me].size} elements but input "
-                              f"split {me} has {ins[me].size}")
+    if len(outs[me]) != len(ins[me]):
+        raise InvalidArgument(f"output split {me} has {len(outs[me])} elements but input "
+                              f"split {me} has {len(ins[me])}")
     return launch(g, Op.all_to_all_single, inp.dtype, -1, None, 0,
                   lambda engine, call: engine.all_to_all(call, outs, ins), async_op)
 

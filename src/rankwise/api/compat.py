@@ -3,7 +3,7 @@ the process was launched, its node-local rank, the default timeout, deprecated a
 
 Each answers for rankwise, not for torch: ``is_gloo_available()`` is True because
 ``backend="gloo"`` works here (rankwise's engines serve it), ``is_nccl_available()`` is
-False because rankwise moves CPU tensors only.
+True where rankwise's NCCL engine can run (torch with NCCL and a CUDA device).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    return False  # GPU tensors are not moved by rankwise
+    from ..engines.nccl import nccl_missing
+
+    return nccl_missing() is None
 
 
 def is_mpi_available() -> bool:
@@ -51,7 +53,9 @@ def is_xccl_available() -> bool:
 
 
 def is_backend_available(backend: str) -> bool:
-    return isinstance(backend, str) and backend.lower() in BACKENDS
+    if not isinstance(backend, str):
+        return False
+    return backend.lower() in BACKENDS or (backend.lower() == "nccl" and is_nccl_available())
 
 
 def get_default_backend_for_device(device: Any) -> str:
@@ -60,8 +64,10 @@ def get_default_backend_for_device(device: Any) -> str:
     kind = str(getattr(device, "type", device)).split(":", 1)[0].lower()
     if kind == "cpu":
         return "gloo"
-    raise InvalidArgument(f"device {device!r}: rankwise moves CPU tensors only; use "
-                          "device 'cpu' (backend 'gloo')")
+    if kind == "cuda":
+        return "nccl" if is_nccl_available() else "gloo"  # gloo: staged through the host
+    raise InvalidArgument(f"device {device!r}: rankwise moves CPU and CUDA tensors only; "
+                          "use device 'cpu' (backend 'gloo') or 'cuda'")
 
 
 def get_backend_config(group: Any = None) -> str:

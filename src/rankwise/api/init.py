@@ -32,7 +32,9 @@ from ..core.group import ProcessGroup, seconds
 from ..core.work import stop_worker
 from ..diagnosis.dump import install_signal_dumps
 from ..diagnosis.recorders import attach_recorders
-from ..engines.select import choose_engine, cuda_missing, host_identity, requested_engine
+from ..engines.backends import parse_backend
+from ..engines.nccl import nccl_missing, resolve_device
+from ..engines.select import choose_engine, host_identity, requested_engine
 from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
 from ..identity.callsite import capture
 from ..launch.env import detect_env, uses_agent_store
@@ -40,6 +42,7 @@ from ..store import FileStore, PrefixStore, TCPStore
 from ..transport.factory import open_transport, requested_transport
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
+from ..wire.device import tensor_path
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
@@ -53,7 +56,8 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
-#: what init_process_group accepts; every one runs on rankwise's own engines
+#: the plain backend names init_process_group accepts on every machine (``"nccl"`` and
+#: the ``"cpu:gloo,cuda:nccl"`` forms too where NCCL can run: ``engines.backends``)
 BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp", "torch-gloo", "cpu:torch-gloo"))
 _TRUE = ("1", "true", "True", "yes")
 
@@ -66,19 +70,15 @@ def _check_backend(backend: str | None) -> str:
         return "tcp"
     if not isinstance(backend, str):
         raise InvalidArgument(f"backend must be a string, got {backend!r}")
-    name = backend.lower()
-    if name in BACKENDS:
-        return name.removeprefix("cpu:") if name.endswith("torch-gloo") else name
-    if "nccl" in name or "cuda" in name:
-        why = cuda_missing()
+    spec = parse_backend(backend.lower())
+    if spec.nccl:
+        why = nccl_missing()
         if why is not None:
             raise InvalidArgument(
-                f"backend {backend!r} needs a CUDA GPU, but {why}; on CPU use backend "
-                "'gloo' (rankwise's own engine) or 'torch-gloo' (torch's gloo moves the data)")
-        raise InvalidArgument(
-            f"backend {backend!r}: rankwise's NCCL data plane is not built yet (issue 13); "
-            "use backend 'torch-gloo' or 'gloo' with CPU tensors (call .cpu() first)")
-    raise InvalidArgument(f"unknown backend {backend!r}; rankwise offers 'tcp' (alias 'gloo')")
+                f"backend {backend!r} needs a CUDA GPU with NCCL, but {why}; on CPU use "
+                "backend 'gloo' (rankwise's own engine) or 'torch-gloo' (torch's gloo moves "
+                "the data)")
+    return spec.name
 
 
 def _env_int(name: str) -> int | None:
@@ -136,15 +136,21 @@ def init_process_group(
     """Join the job: same signature and meaning as ``torch.distributed``'s.
 
     ``backend``: ``"tcp"`` (``"gloo"`` is an alias so torch scripts only change their
-    import), or ``"torch-gloo"``: torch's gloo moves the data, rankwise's checks stay on. ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
+    import), or ``"torch-gloo"``: torch's gloo moves the data, rankwise's checks stay on;
+    ``"nccl"``/``"cpu:gloo,cuda:nccl"``: CUDA tensors on NCCL (on ``device_id``, else
+    ``LOCAL_RANK``, else the current device), everything else on the CPU engine. CUDA
+    tensors on a CPU backend are staged through host memory, as on torch's gloo. ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
     ``"file:///path"``. ``token`` (or ``RANKWISE_TOKEN``): shared secret every
     connection must prove.
     """
     if maybe_current() is not None:
         raise InvalidArgument("init_process_group was already called in this process; call "
                               "destroy_process_group() first to re-initialize")
+    tensor_path()  # the test switch (wire.device), read before the backend's checks
     backend_name = _check_backend(backend)
     requested_engine(backend_name)  # a bad RANKWISE_ENGINE fails here, before any connection
+    # this rank's GPU for NCCL groups, checked here: a wrong LOCAL_RANK costs no rendezvous
+    device = resolve_device(device_id) if parse_backend(backend_name).nccl else None
     requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
@@ -186,14 +192,14 @@ def init_process_group(
     attach_recorders(comm)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
                            group_name or "the default group (WORLD)")
-    world = World(comm, default, store, scoped, backend_name, timeout_s)
+    world = World(comm, default, store, scoped, backend_name, timeout_s, device_id=device_id)
     world.register(default)
     comm.site_lookup = world.site_lookup
     set_world(world)
     _install_hooks()
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
-    default.engine = choose_engine(default, scoped, timeout_s)
+    default.engine = choose_engine(default, scoped, timeout_s, device=device)
 
 
 @dataclass(frozen=True)
@@ -459,6 +465,8 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     world = current()
     backend_name = world.backend if backend is None else _check_backend(backend)
     requested_engine(backend_name)  # before the group round: no torch, no round
+    if parse_backend(backend_name).nccl:
+        resolve_device(world.device_id)  # ... and no GPU that does not exist
     members = list(range(world.comm.world_size)) if ranks is None else list(ranks)
     for r in members:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.comm.world_size:
@@ -492,7 +500,9 @@ def make_group(world: World, gid: int, members: list[int], timeout_s: float, des
     group = ProcessGroup(world.comm, gid, members, timeout_s,
                          world.backend if backend_name is None else backend_name, desc)
     world.register(group)
-    group.engine = choose_engine(group, world.rendezvous, group.timeout, hosts=hosts)
+    nccl = parse_backend(group.backend).nccl
+    group.engine = choose_engine(group, world.rendezvous, group.timeout, hosts=hosts,
+                                 device=resolve_device(world.device_id) if nccl else None)
     return group
 
 

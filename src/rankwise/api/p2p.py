@@ -5,6 +5,8 @@ namespace of their own: they can never be confused with collective traffic (matc
 group and sequence number) or with the library's own object messages (``Kind.OBJ``).
 A send returns once the network has the data; receivers always drain their sockets,
 so a send never waits for the matching recv to be posted and cannot deadlock on it.
+CUDA tensors travel through host memory on every backend, NCCL's included (a receive
+lands in a host copy, copied into the tensor when it completes).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..core.work import Work, completed_work
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import Fingerprint
 from ..identity.callsite import capture
-from ..wire.buffers import Buffer, as_buffer, dtype_name
+from ..wire.buffers import Buffer, as_buffer, commit, dtype_name, on_host
 from ..wire.frames import Kind, Op
 from .world import resolve_group
 
@@ -88,6 +90,7 @@ def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: 
     if frame.dtype != buf.dtype.code:
         raise DistError(f"recv at {site.short} expected {buf.dtype.name} but rank {frame.src} "
                         f"sent {dtype_name(frame.dtype)} (tag {tag})")
+    commit(buf)  # a CUDA tensor received through host memory
     return frame.src
 
 
@@ -96,7 +99,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return
-    buf = as_buffer(tensor, "tensor")
+    buf = on_host(as_buffer(tensor, "tensor"))  # CUDA tensors travel through host memory
     _do_send(g, buf, _peer(g, dst, group_dst, "dst"), _check_tag(tag))
 
 
@@ -106,7 +109,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return -1
-    buf = as_buffer(tensor, "tensor", writable=True)
+    buf = on_host(as_buffer(tensor, "tensor", writable=True), copy=False)
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
     g.comm.router.check_alive()
@@ -158,7 +161,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return None
-    buf = as_buffer(tensor, "tensor", writable=True)
+    buf = on_host(as_buffer(tensor, "tensor", writable=True), copy=False)
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
     g.comm.router.check_alive()

@@ -42,6 +42,8 @@ class World:
     groups: dict[int, ProcessGroup] = field(default_factory=dict)
     group_counter: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: ``init_process_group``'s ``device_id``: NCCL groups made later use it too
+    device_id: Any = None
 
     def register(self, group: ProcessGroup) -> None:
         self.groups[group.id] = group

@@ -13,7 +13,8 @@ shared memory only if it worked everywhere, and never splits across engines.
 the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
 (torch's gloo moves the data, rankwise checks it: ``torch_engine``). The backend name
 ``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
-rankwise's own engine.
+rankwise's own engine. A backend that names NCCL (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)
+adds the NCCL engine for CUDA tensors beside that choice (``engines.device``).
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DistError, InvalidArgument
+from ..wire.device import tensor_path
+from .backends import parse_backend
 from .base import Engine
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
 
 __all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_missing",
-           "host_identity", "requested_engine"]
+           "exchange", "host_identity", "requested_engine"]
 
 log = logging.getLogger("rankwise")
 
@@ -54,13 +57,14 @@ def requested_engine(backend: str | None = None) -> str:
     """The engine a group of ``backend`` asks for (the backend name when it names one,
     else ``RANKWISE_ENGINE``), validated before any I/O: a torch engine without torch
     installed is an error here, not after the rendezvous."""
-    value = ENGINE_BACKENDS.get(backend or "")
+    by_backend = ENGINE_BACKENDS.get(parse_backend(backend).cpu if backend else "")
+    value = by_backend
     if value is None:
         value = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
         if value not in ENGINES:
             raise InvalidArgument(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}")
     if value.startswith("torch-") and importlib.util.find_spec("torch") is None:
-        how = f"backend {backend!r}" if backend in ENGINE_BACKENDS else f"{ENGINE_ENV}={value}"
+        how = f"backend {backend!r}" if by_backend else f"{ENGINE_ENV}={value}"
         raise InvalidArgument(f"{how} needs torch, which is not installed: pip install torch, "
                               "or use rankwise's own engine (backend 'gloo')")
     return value
@@ -109,7 +113,7 @@ def host_identity() -> str:
                      _shm_device(), _inode("/proc/self/ns/pid"), platform.machine()))
 
 
-def _exchange(store: Any, key: str, value: str, size: int, rank: int,
+def exchange(store: Any, key: str, value: str, size: int, rank: int,
               timeout: float) -> list[str]:
     """Every member's ``value`` for ``key``, in group-rank order (one store round)."""
     store.set(f"{key}/{rank}", value)
@@ -119,11 +123,32 @@ def _exchange(store: Any, key: str, value: str, size: int, rank: int,
 
 
 def choose_engine(group: ProcessGroup, store: Any, timeout: float,
-                  hosts: list[str] | None = None) -> Engine:
+                  hosts: list[str] | None = None, device: Any = None) -> Engine:
     """The engine for ``group`` (its message engine unless shared memory can serve every
-    member). Collective over the group's members: each must call it, in group order.
-    ``hosts``: every member's ``host_identity()`` in group-rank order, when a round
-    already brought them (``new_group``'s order check); else one round here."""
+    member; paired with the NCCL engine when its backend names NCCL). Collective over
+    the group's members: each must call it, in group order. ``hosts``: every member's
+    ``host_identity()`` in group-rank order, when a round already brought them
+    (``new_group``'s order check); else one round here. ``device``: this rank's GPU for
+    NCCL (``nccl.resolve_device``; resolved here when None)."""
+    host = _host_engine(group, store, timeout, hosts)
+    if not (group.backend and parse_backend(group.backend).nccl) \
+            and tensor_path() != "device":
+        return host
+    from .device import DevicePair
+    from .nccl import create_device_engine, resolve_device
+
+    try:
+        cuda = create_device_engine(group, store, timeout,
+                                    resolve_device() if device is None else device)
+    except BaseException:
+        host.close()
+        raise
+    return DevicePair(host, cuda)
+
+
+def _host_engine(group: ProcessGroup, store: Any, timeout: float,
+                 hosts: list[str] | None) -> Engine:
+    """The engine for host memory (numpy arrays, CPU tensors)."""
     want = requested_engine(group.backend)
     n, me = group.size(), group.group_rank
     if want == "torch-gloo":
@@ -134,7 +159,7 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float,
         return group.messages
     prefix = f"engine/{group.id}"
     if hosts is None:
-        hosts = _exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
+        hosts = exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
     if len(set(hosts)) != 1:
         if want == "shm":
             apart = sorted({h.split("|", 1)[0] for h in hosts})
@@ -149,7 +174,7 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float,
         outcome = "ok"
     except EngineUnavailable as exc:
         outcome = str(exc) or "unavailable"
-    outcomes = _exchange(store, f"{prefix}/ok", outcome, n, me, timeout)
+    outcomes = exchange(store, f"{prefix}/ok", outcome, n, me, timeout)
     failed = [(r, o) for r, o in enumerate(outcomes) if o != "ok"]
     if not failed:
         assert engine is not None

@@ -1,9 +1,10 @@
-"""The torch engine: a ``torch.distributed`` process group (gloo) as a group's data plane.
+"""The torch engine: a ``torch.distributed`` process group as a group's data plane.
 
-Why: multi-node CPU jobs can use torch's gloo while the API layer above the seam keeps
-rankwise's argument checks, call sites and reports. The torch group is built directly
-(``ProcessGroupGloo``) over the rankwise store, never through torch's global init, so
-rankwise's own world is untouched. The checks ride beside the data on rankwise's
+Why: multi-node CPU jobs can use torch's gloo, and CUDA tensors torch's NCCL
+(``engines.nccl``), while the API layer above the seam keeps rankwise's argument
+checks, call sites and reports. The torch group is built directly
+(``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
+torch's global init, so rankwise's own world is untouched. The checks ride beside the data on rankwise's
 control plane (``ring_check``); waits are released by it (``torch_wait``).
 """
 
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as tdist
 
@@ -25,12 +25,13 @@ from ..store.torch_views import TorchStoreView
 from .base import Array, Call
 from .ring_check import RingCheck, check_mode
 from .torch_splits import check_splits
+from .torch_tensors import HostArrays, Tensors
 from .torch_wait import WorkWaiter
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
 
-__all__ = ["TorchEngine"]
+__all__ = ["TORCH_GRACE", "TorchEngine"]
 
 log = logging.getLogger("rankwise")
 
@@ -52,70 +53,70 @@ def _allreduce_options(op: Any) -> Any:
 _ALLREDUCE_OPTS = {name: _allreduce_options(op) for name, op in _OPS.items()}
 
 
-def _t(a: Array) -> torch.Tensor:
-    """Bytes for data movement: every dtype moves as uint8 (gloo lacks some types)."""
-    return torch.from_numpy(a.reshape(-1).view(np.uint8))
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes: every dtype moves as uint8 (gloo and NCCL lack some types)."""
+    return t.view(torch.uint8)
 
 
-_WIDER = {np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.int32,
-          np.dtype(np.uint32): np.int64}
-_TOP = np.uint64(1 << 63)
+_WIDER = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
+_REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+_TOP = -(1 << 63)  #: the top bit of an int64
 
 
-def _r(a: Array, call: Call) -> torch.Tensor:
-    """A tensor to reduce: bfloat16 is stored as uint16 in rankwise."""
-    if call.dtype is not None and call.dtype.kind == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+def _nothing() -> None:
+    return None
 
 
-def _reduce_in(a: Array, call: Call) -> tuple[torch.Tensor, Callable[[], None]]:
-    """A tensor gloo can reduce for ``a`` and what writes the result back into ``a``.
+def _reduce_in(t: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], object]]:
+    """A tensor torch's backends can reduce for ``t`` and what writes the result back.
 
-    gloo lacks int16 and the wide unsigned types: those are reduced widened (the
-    narrowing cast back wraps exactly as the narrow arithmetic would), and uint64 as
+    gloo (and NCCL) lack int16 and the wide unsigned types: those are reduced widened (the
+    narrowing copy back wraps exactly as the narrow arithmetic would), and uint64 as
     int64 (same bits for sums, products and bitwise ops; MIN/MAX flip the top bit so
-    signed order equals unsigned order).
+    signed order equals unsigned order). Complex sums reduce the real view.
     """
-    wider = _WIDER.get(a.dtype) if call.dtype is not None and call.dtype.kind != "bfloat16" \
-        else None
+    wider = _WIDER.get(t.dtype)
     if wider is not None:
-        w = a.astype(wider)
-
-        def back() -> None:
-            a[...] = w.astype(a.dtype, casting="unsafe")
-        return torch.from_numpy(w), back
-    if a.dtype == np.uint64:
-        flip = call.op is not None and call.op.name in ("MIN", "MAX")
-        if flip:
-            a ^= _TOP
-
-        def unflip() -> None:
-            if flip:
-                a[...] ^= _TOP
-        return torch.from_numpy(a.view(np.int64)), unflip
-    if a.dtype.kind == "c" and call.op is not None and call.op.name in ("SUM", "AVG"):
-        return torch.from_numpy(a.view(a.real.dtype)), lambda: None
-    return _r(a, call), lambda: None
+        w = t.to(wider)
+        return w, lambda: t.copy_(w)
+    if t.dtype is torch.uint64:
+        v = t.view(torch.int64)
+        if op in ("MIN", "MAX"):
+            v.bitwise_xor_(_TOP)
+            return v, lambda: v.bitwise_xor_(_TOP)
+        return v, _nothing
+    real = _REAL.get(t.dtype)
+    if real is not None and op in ("SUM", "AVG"):
+        return t.view(real), _nothing
+    return t, _nothing
 
 
 #: a torch op may outlive rankwise's deadline by this much before torch's own timeout:
 #: rankwise's (with its who-is-where table) must come first
-_TORCH_GRACE = 30.0
+TORCH_GRACE = 30.0
 
 
 class TorchEngine:
-    """A group's collectives on a torch gloo process group, checked on the control plane."""
+    """A group's collectives on a torch process group, checked on the control plane.
 
-    name = "torch-gloo"
+    Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
+    ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
+    or tensors as they are, see ``torch_tensors``) and by how its works are waited for
+    (``poll``, see ``torch_wait``)."""
+
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
     framed = True
 
     def __init__(self, group: ProcessGroup, pg: Any, check: str,
-                 store: TorchStoreView | None = None) -> None:
+                 store: TorchStoreView | None = None, *, name: str = "torch-gloo",
+                 tensors: Tensors | None = None, poll: bool = False) -> None:
         self.group = group
         self.pg = pg
+        self.name = name
+        self.tensors = HostArrays() if tensors is None else tensors
+        self._raw = self.tensors.raw
+        self._values = self.tensors.values
         #: the store view ``pg`` was built on: torch holds only its C++ half, and without
         #: this reference the Python overrides vanish under it
         self.store = store
@@ -123,24 +124,30 @@ class TorchEngine:
         #: without checks no frame of this group's calls ever arrives: the router need
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
-        self.waiter = WorkWaiter(group.comm, self.name)
+        self.waiter = WorkWaiter(group.comm, name, poll=poll)
         group.comm.router.on_failure.append(self._abort)
 
     @classmethod
-    def create(cls, group: ProcessGroup, store: Any, timeout: float) -> TorchEngine:
+    def create(cls, group: ProcessGroup, store: Any, timeout: float, *,
+               prefix: str = "torch", name: str = "torch-gloo",
+               tensors: Tensors | None = None, poll: bool = False) -> TorchEngine:
+        """On torch's gloo (``prefix`` keeps two torch groups of one rankwise group apart
+        in the store: the host plane's and a test stand-in's for NCCL)."""
         from ..store.prefix import PrefixStore
 
         check = check_mode()  # before any I/O: a typo must not cost a rendezvous
-        tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/torch/", store))
+        tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/{prefix}/", store))
         opts = tdist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        opts._timeout = timedelta(seconds=timeout + _TORCH_GRACE)
+        opts._timeout = timedelta(seconds=timeout + TORCH_GRACE)
         opts._devices = [tdist.ProcessGroupGloo.create_default_device()]
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
-        return cls(group, pg, check, tstore)
+        return cls(group, pg, check, tstore, name=name, tensors=tensors, poll=poll)
 
     def _abort(self, failure: BaseException) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
-        thread (a backend's abort may block). Waiters are released by ``torch_wait``."""
+        thread (a backend's abort may block). Waiters are released by ``torch_wait``.
+        gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
+        each communicator, which ends kernels waiting for peers)."""
         threading.Thread(target=self._abort_pg, name="rankwise-torch-abort",
                          daemon=True).start()
 
@@ -162,79 +169,97 @@ class TorchEngine:
         # (a mismatch that hangs the data plane): send the batch then
         self.waiter.wait(call, work, self.check.flush)
 
-    def _all_reduce(self, call: Call, a: Array) -> None:
-        """``a`` becomes the reduction over ranks (complex products via a gather:
+    def _all_reduce(self, call: Call, t: torch.Tensor) -> None:
+        """``t`` becomes the reduction over ranks (complex products via a gather:
         gloo reduces no complex numbers)."""
         assert call.op is not None
-        o = _ALLREDUCE_OPTS[call.op.name]
-        if a.dtype.kind == "c" and call.op.name not in ("SUM", "AVG"):
-            parts = [np.empty_like(a) for _ in range(call.size)]
-            parts[call.rank][...] = a
-            self._wait(call, self.pg.allgather([[_t(p) for p in parts]], [_t(a).clone()]))
-            a[...] = np.prod(np.stack(parts), axis=0)
+        op = call.op.name
+        if t.is_complex() and op not in ("SUM", "AVG"):
+            parts = [torch.empty_like(t) for _ in range(call.size)]
+            parts[call.rank].copy_(t)
+            self._wait(call, self.pg.allgather([[_bytes(p) for p in parts]],
+                                               [_bytes(t).clone()]))
+            acc = parts[0]
+            for p in parts[1:]:
+                acc.mul_(p)
+            t.copy_(acc)
             return
-        t, back = _reduce_in(a, call)
-        self._wait(call, self.pg.allreduce([t], o))
+        r, back = _reduce_in(t, op)
+        self._wait(call, self.pg.allreduce([r], _ALLREDUCE_OPTS[op]))
         back()
 
     # --- Engine -------------------------------------------------------------------------
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
-        self._run(call, lambda: self._wait(call, self.pg.broadcast([_t(data)], _bopts(root))))
+        self._run(call, lambda: self._wait(call, self.pg.broadcast([self._raw(data)],
+                                                                   _bopts(root))))
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        self._run(call, lambda: self._all_reduce(call, data))
+        self._run(call, lambda: self._all_reduce(call, self._values(data, call)))
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result
-        self._run(call, lambda: self._all_reduce(call, data))
+        self._run(call, lambda: self._all_reduce(call, self._values(data, call)))
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
-        mine = _t(slots[call.rank]).clone()
+        raw = self._raw
+        mine = raw(slots[call.rank]).clone()
         self._run(call, lambda: self._wait(
-            call, self.pg.allgather([[_t(s) for s in slots]], [mine])))
+            call, self.pg.allgather([[raw(s) for s in slots]], [mine])))
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.GatherOptions()
         o.rootRank = root
-        outs = [[_t(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [_t(mine)], o)))
+        outs = [[self._raw(s) for s in slots]] if slots is not None else []
+        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [self._raw(mine)], o)))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.ScatterOptions()
         o.rootRank = root
-        ins = [[_t(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.scatter([_t(out)], ins, o)))
+        ins = [[self._raw(s) for s in slots]] if slots is not None else []
+        self._run(call, lambda: self._wait(call, self.pg.scatter([self._raw(out)], ins, o)))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
         def body() -> None:
             # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
-            flat = np.concatenate(chunks)
+            parts = [self._values(c, call) for c in chunks]
+            flat = torch.cat(parts)
             self._all_reduce(call, flat)
-            start = sum(len(c) for c in chunks[:call.rank])
-            mine = chunks[call.rank]
-            mine[...] = flat[start:start + len(mine)]
+            start = sum(len(p) for p in parts[:call.rank])
+            mine = parts[call.rank]
+            mine.copy_(flat[start:start + len(mine)])
         self._run(call, body)
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
+        raw = self._raw
+
         def body() -> None:
             if call.fp.count == -1 and self.check.mode != "off":
                 self._agree_splits(call, outs, ins)
-            src = torch.cat([_t(i) for i in ins]) if ins else torch.empty(0, dtype=torch.uint8)
-            dst = torch.empty(sum(o.nbytes for o in outs), dtype=torch.uint8)
+            device = self.tensors.device
+            src = torch.cat([raw(i) for i in ins]) if ins else \
+                torch.empty(0, dtype=torch.uint8, device=device)
+            dst = torch.empty(sum(o.nbytes for o in outs), dtype=torch.uint8, device=device)
             self._wait(call, self.pg.alltoall_base(
                 dst, src, [o.nbytes for o in outs], [i.nbytes for i in ins],
                 tdist.AllToAllOptions()))
             at = 0
             for o in outs:
-                _t(o).copy_(dst[at:at + o.nbytes])
+                raw(o).copy_(dst[at:at + o.nbytes])
                 at += o.nbytes
         self._run(call, body)
 
     def _agree_splits(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
-        """Uneven sizes must never reach gloo (see ``torch_splits``)."""
+        """Uneven sizes must never reach gloo (see ``torch_splits``). The size table
+        lives in host memory; on a device it travels through the device and back."""
+        device = self.tensors.device
+
         def gather(row: Array, rows: list[Array]) -> None:
-            self._wait(call, self.pg.allgather([[_t(r) for r in rows]], [_t(row)]))
+            mine = torch.from_numpy(row).to(device)
+            parts = [torch.empty_like(mine) for _ in rows]
+            self._wait(call, self.pg.allgather([parts], [mine]))
+            for r, p in zip(rows, parts, strict=True):
+                r[...] = p.cpu().numpy()
         try:
             check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
         except CollectiveMismatch as exc:

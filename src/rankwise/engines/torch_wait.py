@@ -9,6 +9,15 @@ check, a dead or failed peer) and raises that at once. Past ``RANKWISE_WARN_AFTE
 logs the who-is-where table; at the group's deadline it raises ``DistTimeout`` with it.
 An error of the torch op itself (a peer's connection closed) is explained by the
 control plane's account when one comes within a second.
+
+On NCCL (``poll=True``) a slice is never ``work.wait(timeout)``: a WorkNCCL whose wait
+times out records a timeout error that NCCL's watchdog then acts on (it aborts the
+communicator, by default tearing the process down). So the waiter polls
+``work.is_completed()`` (a query of the op's CUDA event) with a short backoff and calls
+the plain ``work.wait()`` once the kernel is done (it raises the op's error and orders
+the current stream after NCCL's). That is the price of bounded waits on a GPU: the
+calling thread (the async worker, for ``async_op``) waits on the host until the kernel
+has finished, where torch's own ``wait()`` only makes the current stream wait.
 """
 
 from __future__ import annotations
@@ -33,14 +42,46 @@ _SLICE = timedelta(seconds=SLICE)
 #: op takes, short enough that a hang it may explain is found at once
 GRACE = 0.005
 _GRACE = timedelta(seconds=GRACE)
+_SPANS = {GRACE: _GRACE, SLICE: _SLICE}
+
+
+def _wait_step(work: Any, span: float) -> bool:
+    """Whether ``work`` finished within ``span`` seconds (gloo: a timed ``wait``)."""
+    try:
+        work.wait(_SPANS.get(span) or timedelta(seconds=span))
+        return True
+    except RuntimeError:
+        if not work.is_completed():
+            return False
+    work.wait()  # done now: a slice that ran out as the op ended is no error of it
+    return True
+
+
+def _poll_step(work: Any, span: float) -> bool:
+    """Whether ``work`` finished within ``span`` seconds, never calling a timed ``wait``
+    (NCCL, see the module's doc): polled with a backoff from 20 us to 5 ms."""
+    if not work.is_completed():
+        end = time.monotonic() + span
+        delay = 20e-6
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            if work.is_completed():
+                break
+            delay = min(delay * 2, 0.005)
+    work.wait()  # the op's own error, if any; the current stream waits for the kernel
+    return True
 
 
 class WorkWaiter:
     """Waits for one group's torch works; remembers whether one was left in flight."""
 
-    def __init__(self, comm: Communicator, engine_name: str) -> None:
+    def __init__(self, comm: Communicator, engine_name: str, poll: bool = False) -> None:
         self.comm = comm
         self.engine_name = engine_name
+        self._step = _poll_step if poll else _wait_step
         #: a torch op was abandoned in flight (its group can no longer be destroyed
         #: cleanly: destroying it joins threads that stay blocked in that op)
         self.stuck = False
@@ -69,22 +110,17 @@ class WorkWaiter:
                 warn_at = float("inf")
                 comm.warn_slow(lambda: self._what(call))
                 continue
+            span = GRACE if on_slow is not None else SLICE \
+                if call.deadline - now > SLICE else max(0.001, call.deadline - now)
             try:
-                work.wait(_GRACE if on_slow is not None else _SLICE
-                          if call.deadline - now > SLICE else
-                          timedelta(seconds=max(0.001, call.deadline - now)))
-                return
-            except RuntimeError:
-                if not work.is_completed():
-                    if on_slow is not None:
-                        slow, on_slow = on_slow, None
-                        slow()
-                    continue  # a slice ran out: look at the control plane again
-                try:  # done now: a slice that ran out as the op ended is no error of it
-                    work.wait()
-                except RuntimeError as err:
-                    raise self._torch_error(call, err) from None
-                return
+                if self._step(work, span):
+                    return
+            except RuntimeError as err:  # the op itself failed
+                raise self._torch_error(call, err) from None
+            if on_slow is not None:
+                slow, on_slow = on_slow, None
+                slow()
+            # a slice ran out: look at the control plane again
 
     def _what(self, call: Call) -> str:
         return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "

@@ -7,7 +7,8 @@ averaged gradients and any torch optimizer applies the same update everywhere. T
 replicas therefore stay identical without ever sending parameters, except once at
 construction (rank 0's values) and buffers before each forward.
 
-Differences from torch's DDP, on purpose or not yet done: CPU tensors only; buckets
+Differences from torch's DDP, on purpose or not yet done: one device per module (CPU,
+or one GPU: buckets live on the module's device); buckets
 keep reverse registration order (torch re-orders them once after the first iteration
 from the observed gradient order); ``static_graph=True`` means "the set of unused
 parameters never changes" and is computed once; ``register_comm_hook`` takes hooks that
@@ -70,7 +71,7 @@ class DistributedDataParallel(_TorchDDP):
         static_graph: bool = False,
     ) -> None:
         nn.Module.__init__(self)  # not torch DDP's: see the module docstring
-        _check_cpu_only(module)
+        _check_one_device(module)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise InvalidArgument(
@@ -243,18 +244,21 @@ class DistributedDataParallel(_TorchDDP):
         return self._live_reducer().statistics()
 
 
-def _check_cpu_only(module: nn.Module) -> None:
-    """rankwise moves CPU tensors only; say so before any collective starts.
+def _check_one_device(module: nn.Module) -> None:
+    """The module lives on the CPU or on one CUDA device; say so before any collective.
 
-    ``device_ids``/``output_device`` are not looked at: scripts written for GPUs pass
-    ``device_ids=[local_rank]`` out of habit, and on a CPU module they have no meaning.
+    Buckets are made on the module's device, so a CUDA module's gradients are reduced
+    by the group's NCCL engine (or staged through host memory on a CPU backend).
+    ``device_ids``/``output_device`` are not looked at: scripts pass
+    ``device_ids=[local_rank]`` out of habit, and the module's own device decides.
     """
-    devices = {t.device.type for t in module.parameters()}
-    devices |= {t.device.type for t in module.buffers()}
-    if devices - {"cpu"}:
+    devices = {str(t.device) for t in module.parameters()}
+    devices |= {str(t.device) for t in module.buffers()}
+    kinds = {d.split(":", 1)[0] for d in devices}
+    if kinds - {"cpu", "cuda"} or len(devices) > 1:
         raise InvalidArgument(
-            f"rankwise DistributedDataParallel works on CPU tensors only, got a module on "
-            f"{sorted(devices)}; keep the module on the CPU."
+            f"rankwise DistributedDataParallel needs the module on the CPU or on one CUDA "
+            f"device, got {sorted(devices)}; move it with module.to(device) first."
         )
 
 

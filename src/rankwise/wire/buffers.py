@@ -1,8 +1,10 @@
-"""Turning user tensors (numpy arrays, torch CPU tensors) into flat byte-exact views.
+"""Turning user tensors (numpy arrays, torch tensors) into flat byte-exact views.
 
 Why: every algorithm works on one contiguous 1-D numpy view that shares memory with the
 user's tensor, so results land in place with no copies, and torch stays optional (it is
-imported only when a torch tensor is actually passed). dtypes numpy lacks (bfloat16,
+imported only when a torch tensor is actually passed). A CUDA tensor has no numpy view:
+it stays a flat torch tensor (its ``DType.tensor`` is set) for a device engine, see
+``wire.device``. dtypes numpy lacks (bfloat16,
 float8, complex32) travel as same-width unsigned integers; reductions on bfloat16 go
 through float32 with round-to-nearest-even, as torch's CPU kernels do per element.
 """
@@ -18,11 +20,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgument
-from . import hugepages
+from . import device, hugepages
 from .reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
 
-__all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "coerce_reduce_op", "dtype_by_code",
-           "premultiply", "reduce_into", "reduce_op_by_code"]
+__all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "coerce_reduce_op", "commit",
+           "dtype_by_code", "on_host", "premultiply", "reduce_into", "reduce_op_by_code"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,9 @@ class DType:
     name: str
     storage: np.dtype[Any]
     kind: str  #: "float", "int", "uint", "bool", "complex", "bfloat16", "opaque"
+    #: the buffer is a flat torch tensor (CUDA), not a numpy view: its call goes to the
+    #: group's device engine (``engines.device``); equal codes, so fingerprints agree
+    tensor: bool = False
 
 
 def _d(code: int, name: str, storage: str, kind: str) -> DType:
@@ -80,14 +85,17 @@ def dtype_name(code: int) -> str:
 class Buffer:
     """A user tensor seen as a flat, contiguous numpy array sharing its memory."""
 
-    array: npt.NDArray[Any]  #: 1-D view in the storage dtype
+    array: npt.NDArray[Any]  #: 1-D view in the storage dtype (a flat tensor if dtype.tensor)
     dtype: DType
     shape: tuple[int, ...]
     original: Any  #: the user's object, returned by object collectives
+    #: for a host copy of a tensor-path buffer (``on_host``): the flat tensor it stands
+    #: for, which ``commit`` fills with the result
+    staged: Any = None
 
     @property
     def numel(self) -> int:
-        return int(self.array.size)
+        return len(self.array)  # 1-D: numpy view or flat tensor alike
 
     @property
     def nbytes(self) -> int:
@@ -112,9 +120,26 @@ def as_buffer(x: Any, what: str, writable: bool = False) -> Buffer:
                 f"{what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
             )
         buf = _from_torch(torch, x, what, writable)
-    if buf.nbytes >= hugepages.MIN_BYTES:
+    if buf.nbytes >= hugepages.MIN_BYTES and not buf.dtype.tensor:
         hugepages.advise(buf.array)  # a reused large buffer moves onto 2 MiB pages
     return buf
+
+
+def on_host(buf: Buffer, copy: bool = True) -> Buffer:
+    """``buf``, or for a tensor-path buffer (CUDA) a host copy that stands for it: what
+    moves only host memory (point-to-point) stages tensors through it. ``copy``: its
+    contents are sent (else it only receives, see ``commit``)."""
+    if not buf.dtype.tensor:
+        return buf
+    d = _BY_CODE[buf.dtype.code]
+    arr = device.to_host(buf.array, d) if copy else device.host_empty(buf.array, d)
+    return Buffer(arr, d, buf.shape, buf.original, buf.array)
+
+
+def commit(buf: Buffer) -> None:
+    """A received host copy (``on_host``) into the tensor it stands for."""
+    if buf.staged is not None:
+        device.to_tensor(buf.array, buf.staged)
 
 
 def _from_numpy(a: npt.NDArray[Any], what: str, writable: bool) -> Buffer:
@@ -148,7 +173,7 @@ def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
     # name (GPU, quantized, sparse, requires-grad, conjugated, bfloat16 and other dtypes
     # numpy lacks), so a plain dense CPU tensor is accepted by its view alone; anything
     # else takes the checks, which say what is wrong.
-    if not t.requires_grad:
+    if not t.requires_grad and not device.CPU_TENSORS:
         try:
             arr = t.numpy()
         except (TypeError, RuntimeError):
@@ -164,9 +189,9 @@ def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
     # Every tensor the fast path above refused: each check is one cheap attribute test, and
     # the tensor is viewed through numpy without an intermediate torch view unless
     # autograd requires one (``numpy()`` refuses tensors that require grad).
-    if not t.is_cpu:
-        raise InvalidArgument(f"{what} is on {t.device}; the rankwise tcp backend moves CPU "
-                              "tensors only (GPU support is not built yet): call .cpu() first")
+    if not t.is_cpu and t.device.type != "cuda":
+        raise InvalidArgument(f"{what} is on {t.device}; rankwise moves CPU and CUDA tensors "
+                              "only: call .cpu() first")
     if t.is_quantized:
         raise InvalidArgument(f"{what} is a quantized tensor ({t.dtype}); rankwise does not "
                               "send quantized tensors (their scale and zero point would be "
@@ -185,6 +210,8 @@ def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
                                   "communication would break autograd: use tensor.detach() "
                                   "or run under torch.no_grad()")
         plain = t.detach()
+    if not t.is_cpu or device.CPU_TENSORS:
+        return Buffer(device.flat(plain), device.device_dtype(d), tuple(t.shape), t)
     if d.kind in ("bfloat16", "opaque"):
         view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[d.storage.itemsize]
         arr = plain.reshape(-1).view(view_as).numpy().view(d.storage)
@@ -262,6 +289,9 @@ def premultiply(arr: npt.NDArray[Any], d: DType, op: ReduceOp | None) -> None:
     on the buffer it is about to send (the user's tensor where torch overwrites it anyway,
     a private copy otherwise)."""
     if op is None or op.factor is None:
+        return
+    if d.tensor:
+        arr.mul_(op.factor)  # type: ignore[attr-defined]  # a flat torch tensor
         return
     if d.kind == "bfloat16":
         f = _bf16_to_f32(arr)
