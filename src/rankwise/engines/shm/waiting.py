@@ -6,7 +6,15 @@ peer it waits for: 4 ranks on 2 cores measured 4 ms per barrier with pure spinni
 31 us with spin-then-yield). So: spin only when the group fits the CPUs, then
 ``sched_yield`` for a bounded while, then futex sleeps.
 
-Tunables (microseconds): ``RANKWISE_SHM_SPIN_US``, ``RANKWISE_SHM_YIELD_US``.
+Rounds of a large message are waited for differently when oversubscribed: the peers
+have a whole chunk to copy and reduce, so the wait is long anyway, and yielding is a
+trap when other programs share the CPUs: ``sched_yield`` hands the core to the other
+program for the rest of its time slice (~3 ms measured, per round), even after our
+peers published, while a rank asleep on its futex is woken by the publisher and the
+scheduler lets a woken sleeper preempt at once. So those waits sleep at once.
+
+Tunables (microseconds): ``RANKWISE_SHM_SPIN_US``, ``RANKWISE_SHM_YIELD_US``,
+``RANKWISE_SHM_LONG_YIELD_US`` (the yield before sleeping in a large message's rounds).
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ class Policy:
     spin_s: float   #: poll without giving up the CPU this long
     yield_s: float  #: then poll with sched_yield this long, then futex sleeps
     sleep_s: float  #: longest single futex sleep (bounds a missed wake-up, too)
+    #: for the rounds of a large message: no spin, yield this long, then sleep; None:
+    #: wait for them as for any round
+    long_yield_s: float | None
 
 
 def _env_us(name: str, default: float) -> float:
@@ -54,4 +65,6 @@ def policy_for(nranks: int) -> Policy:
     oversubscribed = nranks > usable_cpus()
     spin = _env_us("RANKWISE_SHM_SPIN_US", 0.0 if oversubscribed else 50e-6)
     yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 500e-6)
-    return Policy(spin, yld, 0.02)
+    long_yield = (_env_us("RANKWISE_SHM_LONG_YIELD_US", 0.0)
+                  if oversubscribed or "RANKWISE_SHM_LONG_YIELD_US" in os.environ else None)
+    return Policy(spin, yld, 0.02, long_yield)
