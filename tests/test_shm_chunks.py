@@ -8,9 +8,11 @@ every chunk, so the next chunk's input never lands on the previous chunk's resul
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from rankwise.engines.shm.chunks import ALIGN, SKEW, plan_chunks
+from rankwise.engines.shm.chunks import ALIGN, SKEW, padding, plan_chunks
 
 SLOTS = [65536, 256 << 10, 1 << 20, 8 << 20]
 
@@ -26,7 +28,7 @@ def test_plan_tiles_the_buffer_inside_the_slots(slot: int, nranks: int, itemsize
         for t in range(plan.chunks):
             spans = [plan.span(t, j) for j in range(nranks)]
             assert spans[0][0] == 0 and spans[-1][1] == plan.length(t)
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
             for j, (lo, hi) in enumerate(spans):
                 assert (lo * itemsize) % ALIGN == 0 or lo == plan.length(t)
                 # own part: inside this rank's part of a full chunk, wherever t is
@@ -46,3 +48,11 @@ def test_fewest_chunks_then_equal_ones() -> None:
     assert abs(plan.length(0) - plan.length(1)) <= 64
     assert plan.base == (0, SKEW, 2 * SKEW, 3 * SKEW)
     assert plan_chunks(slot // item // 2, item, 4, slot).chunks == 1
+
+
+@pytest.mark.parametrize("nranks", [2, 4, 8, 40])
+def test_a_message_of_the_nominal_slot_size_is_one_chunk(nranks: int) -> None:
+    slot = 1 << 20
+    for itemsize in (1, 4, 8):
+        assert plan_chunks(slot // itemsize, itemsize, nranks, slot + padding(nranks)).chunks == 1
+    assert padding(1) == 0

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rankwise.engines.shm.chunks import padding, plan_chunks
 from rankwise.engines.shm.layout import Layout
 from rankwise.identity import callsite as _callsite
 from rankwise.identity.calls import Fingerprint
@@ -584,7 +585,7 @@ def w_long_rounds_sleep(rank: int, size: int, path: str) -> Any:
     try:
         g = _group(rank, size, path)
         d = _NUMPY_NATIVE[np.dtype(np.float32)]
-        a = _data(rank, 5 * SLOT // 4 + 13, d.storage)  # 6 chunks of a 64 KiB slot
+        a = _data(rank, 5 * SLOT // 4 + 13, d.storage)  # several chunks
         g.all_reduce(_fp(Op.all_reduce, d.code, ReduceOp.SUM.code), _callsite.capture(), a,
                      d, ReduceOp.SUM, _deadline())
         rounds = g.statistics()["rounds"]
@@ -602,7 +603,9 @@ def test_large_rounds_sleep_instead_of_yielding(tmp_path: Any, monkeypatch: Any)
                          timeout=60))
     n = 5 * SLOT // 4 + 13
     want = _np_reduce([_data(r, n, np.dtype(np.float32)) for r in range(3)], "SUM", 1)
+    plan = plan_chunks(n, 4, 3, SLOT + padding(3))
+    assert plan.chunks >= 3
     for a, yields, rounds in vals:
         np.testing.assert_array_equal(a, want)
         assert yields == 0
-        assert rounds == 7  # one per chunk, plus one: the plan's fewest chunks
+        assert rounds == plan.chunks + 1  # one per chunk, plus one

@@ -41,7 +41,7 @@ from ...identity.calls import Fingerprint
 from ...wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ...wire.frames import Op
 from .channel import Call, Channel
-from .chunks import ALIGN, plan_chunks
+from .chunks import ALIGN, padding, plan_chunks
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
 from .layout import Layout
@@ -94,7 +94,8 @@ class ShmGroup:
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
     to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB; when
-    ranks outnumber CPUs 8 MiB, less beyond 4 ranks so the group maps <= 64 MiB) is the
+    ranks outnumber CPUs 8 MiB, less beyond 4 ranks so the group maps <= 64 MiB; plus
+    ``chunks.padding``) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
     bounds the setup. ``global_ranks[r]`` names group rank r in messages.
@@ -113,7 +114,7 @@ class ShmGroup:
         slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or (
             min(OVERSUBSCRIBED_SLOT_BYTES, OVERSUBSCRIBED_GROUP_BYTES // (2 * size))
             if size > usable_cpus() else DEFAULT_SLOT_BYTES)
-        slot = max(65536, slot // 65536 * 65536)
+        slot = max(65536, slot // 65536 * 65536) + padding(size)
         how = method or os.environ.get("RANKWISE_SHM_METHOD", "auto")
         self.rank = rank
         self.size = size
