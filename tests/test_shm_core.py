@@ -597,7 +597,7 @@ def w_long_rounds_sleep(rank: int, size: int, path: str) -> Any:
 
 def test_large_rounds_sleep_instead_of_yielding(tmp_path: Any, monkeypatch: Any) -> None:
     """The rounds of a large all_reduce wait asleep on the futex when the policy says so
-    (as when ranks outnumber CPUs): never a sched_yield, and still the right bits."""
+    (``RANKWISE_SHM_LONG_YIELD_US=0``): never a sched_yield, and still the right bits."""
     monkeypatch.setenv("RANKWISE_SHM_LONG_YIELD_US", "0")
     vals = _ok(run_ranks(w_long_rounds_sleep, 3, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))

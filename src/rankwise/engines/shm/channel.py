@@ -187,8 +187,8 @@ class Channel:
         The spin adapts: halved after each wait it did not end, doubled (up to the
         policy's) after one it did, so ranks that end up sharing a core under outside
         load stop burning the time slice their peer needs. ``long``: a large message's
-        round, whose peers have a chunk to move first: when oversubscribed, no spin and the
-        policy's ``long_yield_s`` (see ``waiting.py``)."""
+        round, whose peers have a chunk to move first: the policy's ``long_yield_s`` when
+        set (see ``waiting.py``)."""
         w = self.w
         seqs = self._peer_seq
         for i in seqs:

@@ -6,15 +6,16 @@ peer it waits for: 4 ranks on 2 cores measured 4 ms per barrier with pure spinni
 31 us with spin-then-yield). So: spin only when the group fits the CPUs, then
 ``sched_yield`` for a bounded while, then futex sleeps.
 
-Rounds of a large message are waited for differently when oversubscribed: the peers
-have a whole chunk to copy and reduce, so the wait is long anyway, and yielding is a
-trap when other programs share the CPUs: ``sched_yield`` hands the core to the other
-program for the rest of its time slice (~3 ms measured, per round), even after our
-peers published, while a rank asleep on its futex is woken by the publisher and the
-scheduler lets a woken sleeper preempt at once. So those waits sleep at once.
+Rounds of a large message can be waited for differently (``RANKWISE_SHM_LONG_YIELD_US``):
+no spin, yield that long, then sleep on the futex. Why it exists: under outside load a
+``sched_yield`` can hand the core to another program for the rest of its slice (30
+yields per 64 MiB call at ~3 ms each, measured at load 7), while a futex sleeper is
+woken by the publisher. Why it is off by default: in ``rankwise bench`` (4 ranks, 2
+CPUs, load 5-6, same runs) sleeping at once cost 1 MiB 0.21-0.25x gloo against
+0.12-0.14x yielding and pushed its kernel share to 18%; larger sizes were within noise.
 
 Tunables (microseconds): ``RANKWISE_SHM_SPIN_US``, ``RANKWISE_SHM_YIELD_US``,
-``RANKWISE_SHM_LONG_YIELD_US`` (the yield before sleeping in a large message's rounds).
+``RANKWISE_SHM_LONG_YIELD_US`` (above; unset: large rounds wait like any other).
 """
 
 from __future__ import annotations
@@ -66,5 +67,5 @@ def policy_for(nranks: int) -> Policy:
     spin = _env_us("RANKWISE_SHM_SPIN_US", 0.0 if oversubscribed else 50e-6)
     yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 500e-6)
     long_yield = (_env_us("RANKWISE_SHM_LONG_YIELD_US", 0.0)
-                  if oversubscribed or "RANKWISE_SHM_LONG_YIELD_US" in os.environ else None)
+                  if "RANKWISE_SHM_LONG_YIELD_US" in os.environ else None)
     return Policy(spin, yld, 0.02, long_yield)
