@@ -125,6 +125,7 @@ class Channel:
         #: the current spin budget: adapts between ``_MIN_SPIN`` and ``policy.spin_s``
         self._spin = self.policy.spin_s
         self.broken: BaseException | None = None
+        self.sleeps = 0  #: futex sleeps so far (``ShmGroup.statistics``)
         #: called once when a wait passes ``slow_after`` seconds (the integrator logs a
         #: who-is-where table there; if that finds the cause, ``check`` raises it)
         self.slow_after = math.inf
@@ -177,7 +178,7 @@ class Channel:
         w = self.w
         return [r for r in range(self.size) if w[self._seq[r]] < s]
 
-    def wait(self, s: int, deadline: float, what: Callable[[], str]) -> None:
+    def wait(self, s: int, deadline: float, what: Callable[[], str], long: bool = False) -> None:
         """Return once every rank published round ``s``; raise DistTimeout at
         ``deadline``, PeerFailure when a rank we wait for died, failed or closed.
 
@@ -185,7 +186,9 @@ class Channel:
         bounded by the policy, then futex sleeps that check liveness and the deadline.
         The spin adapts: halved after each wait it did not end, doubled (up to the
         policy's) after one it did, so ranks that end up sharing a core under outside
-        load stop burning the time slice their peer needs."""
+        load stop burning the time slice their peer needs. ``long``: a large message's
+        round, whose peers have a chunk to move first: the policy's ``long_yield_s`` when
+        set (see ``waiting.py``)."""
         w = self.w
         seqs = self._peer_seq
         for i in seqs:
@@ -196,6 +199,9 @@ class Channel:
         pol = self.policy
         monotonic = time.monotonic
         now = monotonic()
+        if long and pol.long_yield_s is not None:
+            self._yield_until(s, now, pol.long_yield_s, deadline, what)
+            return
         spin_end = now + self._spin
         while now < spin_end:
             for i in seqs:
@@ -209,7 +215,15 @@ class Channel:
         # the spin was wasted (a peer may share our core and cannot run while we spin):
         # spin less next time, down to a probe that notices when peers run beside us again
         self._spin = min(pol.spin_s, max(_MIN_SPIN, 0.5 * self._spin))
-        yield_end = now + pol.yield_s
+        self._yield_until(s, now, pol.yield_s, deadline, what)
+
+    def _yield_until(self, s: int, now: float, budget: float, deadline: float,
+                     what: Callable[[], str]) -> None:
+        """``wait``'s second and third stages: yield for ``budget`` seconds, then sleep."""
+        w = self.w
+        seqs = self._peer_seq
+        monotonic = time.monotonic
+        yield_end = now + budget
         sched_yield = os.sched_yield
         while now < yield_end:
             sched_yield()
@@ -254,6 +268,7 @@ class Channel:
             fence()  # the flag store before the futex/seq loads
             v = w[fut]
             if self._missing(s):
+                self.sleeps += 1
                 futex_wait(addr, v, min(self.policy.sleep_s, max(deadline - now, 1e-4)))
             w[self._sleep[me]] = 0
 

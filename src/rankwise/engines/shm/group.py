@@ -41,6 +41,7 @@ from ...identity.calls import Fingerprint
 from ...wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ...wire.frames import Op
 from .channel import Call, Channel
+from .chunks import ALIGN, padding, plan_chunks
 from .errors import ShmCallMismatch, ShmUnavailable
 from .futex import supported
 from .layout import Layout
@@ -57,13 +58,14 @@ Array = npt.NDArray[Any]
 #: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
 DEFAULT_SLOT_BYTES = 1 << 20
 #: when ranks outnumber CPUs every round costs a pass of the scheduler over all ranks,
-#: so fewer, larger rounds win (4 ranks on 2 CPUs: 2 MiB 40 ms, 1 MiB 44 ms quiet, and
-#: the gap grows with outside load: ~4 ms per round once CPUs are contended)
-OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
+#: and under outside load a wait in the run queue per rank, so fewer, larger rounds win
+#: (4 ranks on 2 CPUs: 2 MiB 40 ms, 1 MiB 44 ms quiet; at load 5-7 from other jobs, same
+#: run, 64 MiB: 2 MiB 195-220 ms, 8 MiB 149-165, 16 MiB 136; 4 MiB: 12.7 / 8.1-8.9 ms).
+#: Capped per group: 2 x ranks slots of it stay mapped (4 ranks: 64 MiB)
+OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
+OVERSUBSCRIBED_GROUP_BYTES = 64 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
-_ALIGN = 64  #: region boundaries inside a slot, in bytes
-_SKEW = 2048 + 64  #: half a page and a line between a part's inputs and its result
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +84,6 @@ class _SmallPlan:
 _PLANS = 256  #: cached small plans per group (a program with more shapes rebuilds)
 
 
-def _parts(m: int, n: int, quant: int) -> list[tuple[int, int]]:
-    """Rank j's part of an m-element chunk: ``[lo, hi)``, boundaries on ``quant``."""
-    q = -(-m // n)  # ceil(m / n) ...
-    q = -(-q // quant) * quant  # ... aligned: still <= the chunk's share of a slot
-    return [(min(m, j * q), min(m, (j + 1) * q)) for j in range(n)]
-
-
 def _env_int(name: str) -> int | None:
     raw = os.environ.get(name)
     return int(raw) if raw else None
@@ -98,8 +93,9 @@ class ShmGroup:
     """One process group's shared-memory collective engine (see the module docstring).
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
-    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB, 2 MiB
-    when ranks outnumber CPUs) is the
+    to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB; when
+    ranks outnumber CPUs 8 MiB, less beyond 4 ranks so the group maps <= 64 MiB; plus
+    ``chunks.padding``) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
     bounds the setup. ``global_ranks[r]`` names group rank r in messages.
@@ -116,8 +112,9 @@ class ShmGroup:
         if not 0 <= rank < size:
             raise InvalidArgument(f"rank {rank} is not in a group of {size}")
         slot = slot_bytes or _env_int("RANKWISE_SHM_SLOT_BYTES") or (
-            OVERSUBSCRIBED_SLOT_BYTES if size > usable_cpus() else DEFAULT_SLOT_BYTES)
-        slot = max(65536, slot // 65536 * 65536)
+            min(OVERSUBSCRIBED_SLOT_BYTES, OVERSUBSCRIBED_GROUP_BYTES // (2 * size))
+            if size > usable_cpus() else DEFAULT_SLOT_BYTES)
+        slot = max(65536, slot // 65536 * 65536) + padding(size)
         how = method or os.environ.get("RANKWISE_SHM_METHOD", "auto")
         self.rank = rank
         self.size = size
@@ -132,7 +129,7 @@ class ShmGroup:
                                        lay.slot(0, 0), (2 * lay.slot_bytes, lay.slot_bytes, 1))
         self._slots: list[list[Array]] = [[self._grid[r, p] for p in (0, 1)]
                                           for r in range(size)]
-        self._region = self.slot_bytes // size // _ALIGN * _ALIGN
+        self._region = self.slot_bytes // size // ALIGN * ALIGN
         self._small_bytes = min(SMALL_BYTES, self.slot_bytes)
         self._plans: dict[tuple[int, int, int], _SmallPlan] = {}
         self._closed = False
@@ -171,12 +168,13 @@ class ShmGroup:
         return f"{name} on rank {self.ch.names[self.rank]}"
 
     def _round(self, call: Call, first: bool, deadline: float,
-               vary_count: bool = False) -> int:
+               vary_count: bool = False, long: bool = False) -> int:
         """Publish and wait for one round; check fingerprints on a call's first round.
+        ``long``: the peers have a chunk to move before they publish (``Channel.wait``).
         Returns the slot parity the round's data is in."""
         ch = self.ch
         s = ch.publish(call if first else None)
-        ch.wait(s, deadline, self._describe)
+        ch.wait(s, deadline, self._describe, long)
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
@@ -287,54 +285,41 @@ class ShmGroup:
 
     def _pipelined(self, call: Call, a: Array, dtype: DType, op: ReduceOp, deadline: float,
                    root: int | None) -> None:
-        """Large (all_)reduce: one round per chunk, plus one (2 rounds up to a slot).
+        """Large (all_)reduce: one round per chunk, plus one (see ``chunks.py``).
 
-        A slot holds an input area (the chunk's parts that the peers reduce) and, after
-        it, a result area (the part this rank reduced from the previous chunk). Round t
-        publishes chunk t's input and chunk t-1's reduced part; after it, rank j reduces
-        part j of chunk t (its own contribution straight from its buffer, in rank order:
-        the same bits everywhere) into the result area of its slot of the *next* parity
-        (read after round t+1, see channel.py), and everyone gathers chunk t-1's parts.
+        Round t publishes chunk t's input (every part but this rank's own) and chunk
+        t-1's part this rank reduced. After it, rank j reduces part j of chunk t (its
+        own contribution straight from its buffer, in rank order: the same bits
+        everywhere) into its own part's place in its slot of the *next* parity (read
+        after round t+1, see channel.py), and everyone gathers chunk t-1's parts,
+        starting at the next rank's so that ranks do not all read the same lines.
         """
         st = dtype.storage
-        n, me, S = self.size, self.rank, self.slot_bytes
+        n, me = self.size, self.rank
         item = st.itemsize
-        part_quant = max(1, _ALIGN // item)
-        spans = [_parts(a.size, n, part_quant)]
-        # one chunk: no next chunk's input shares the next-parity slot, so the input may
-        # fill the whole slot: 2 rounds. Each part's result sits _SKEW bytes off where its
-        # inputs sit in the peers' slots: slots lie at a power-of-two stride, and equal
-        # offsets put the n inputs and the result in the same cache sets (4 ranks, 2 MiB
-        # slots, 1 MiB: 0.7 ms with the skew, 2 ms without)
-        result_at = [lo * item + _SKEW if hi * item + _SKEW <= S else lo * item - _SKEW
-                     for lo, hi in spans[0]]
-        if a.nbytes <= S and min(result_at) >= 0:
-            starts = [0]
-        else:
-            per_chunk = (S * n // (n + 1)) // item
-            per_chunk -= per_chunk % (n * part_quant)  # input + result area fit in a slot
-            result_at = [per_chunk * item] * n  # after the input area (64-aligned)
-            starts = list(range(0, a.size, per_chunk))
-            spans = [_parts(min(per_chunk, a.size - c0), n, part_quant) for c0 in starts]
+        plan = plan_chunks(a.size, item, n, self.slot_bytes)
+        base, chunks = plan.base, plan.chunks
+        order = [(me + 1 + k) % n for k in range(n)]
         gather = root is None or root == me
-        for t in range(len(starts) + 1):
+        avg = op.name == "AVG"
+        for t in range(chunks + 1):
             p = self._parity()
-            if t < len(starts):
-                c0 = starts[t]
-                lo, hi = spans[t][me]
-                m = spans[t][-1][1]
+            if t < chunks:
+                c0, m = plan.start(t), plan.length(t)
+                lo, hi = plan.span(t, me)
                 src = a[c0:c0 + m].view(np.uint8)
-                own = self._slots[me][p]
+                own = self._slots[me][p][base[me]:]
                 own[:lo * item] = src[:lo * item]
                 own[hi * item:m * item] = src[hi * item:]
-            self._round(call, t == 0, deadline)
-            if t < len(starts):
-                c0 = starts[t]
-                lo, hi = spans[t][me]
+            self._round(call, t == 0, deadline, long=True)
+            if t < chunks:
+                c0 = plan.start(t)
+                lo, hi = plan.span(t, me)
                 mine = a[c0 + lo:c0 + hi]
-                at = result_at[me]
+                at = base[me] + lo * item
                 acc = self._slots[me][1 - p][at:at + (hi - lo) * item].view(st)
-                xs = [mine if r == me else self._slots[r][p][lo * item:hi * item].view(st)
+                xs = [mine if r == me else
+                      self._slots[r][p][base[r] + lo * item:base[r] + hi * item].view(st)
                       for r in range(n)]
                 if n == 1:
                     np.copyto(acc, mine)
@@ -342,12 +327,13 @@ class ShmGroup:
                     reduce_pair(acc, xs[0], xs[1], dtype, op)
                 for x in xs[2:]:
                     reduce_into(acc, x, dtype, op)
-                if op.name == "AVG":
+                if avg:
                     divide_in_place(acc, dtype, n)
             if t >= 1 and gather:
-                c0 = starts[t - 1]
-                for j, (lo, hi) in enumerate(spans[t - 1]):
-                    at = result_at[j]
+                c0 = plan.start(t - 1)
+                for j in order:
+                    lo, hi = plan.span(t - 1, j)
+                    at = base[j] + lo * item
                     a[c0 + lo:c0 + hi] = self._slots[j][p][at:at + (hi - lo) * item].view(st)
 
     def all_gather(self, fp: Fingerprint, site: _callsite.CallSite, arr: Array,
@@ -521,4 +507,4 @@ class ShmGroup:
     def statistics(self) -> dict[str, int | str]:
         return {"rounds": self.ch.seq, "slot_bytes": self.slot_bytes, "method": self.method,
                 "spin_ns": int(self.ch.policy.spin_s * 1e9),
-                "yield_ns": int(self.ch.policy.yield_s * 1e9)}
+                "yield_ns": int(self.ch.policy.yield_s * 1e9), "sleeps": self.ch.sleeps}
