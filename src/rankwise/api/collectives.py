@@ -60,10 +60,9 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count, flags)
     runner = group.engine if engine is None else engine
-    seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
-    call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
+    call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
-        work = run_async(f"{op.name} #{seq} on {group.name}",
+        work = run_async(f"{op.name} #{call.seq} on {group.name}",
                          lambda: _run(runner, call, body, op), outputs)
         if runner.serial:
             group.queued = work
@@ -79,13 +78,13 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
 
 def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
     """Run one call's body on ``engine``, with who-is-where state around it."""
-    group, record = call.group, call.record
+    group = call.group
     comm = group.comm
-    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, record.site, time.time())
+    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
     finally:
-        comm.call_done(group, record)  # history, trace span, back to "user code"
+        comm.call_done(call)  # history, trace span, back to "user code"
 
 
 def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
 
-from ..engines.base import Engine
+from ..engines.base import Call, Engine
 from ..engines.message import MessageEngine
 from ..errors import InvalidArgument
-from ..identity.calls import Fingerprint, describe
+from ..identity.calls import Fingerprint
 from ..identity.callsite import CallSite
+from ..wire.buffers import DType, ReduceOp
 from .communicator import Communicator
 from .work import Work
 
@@ -27,17 +27,8 @@ __all__ = ["CallRecord", "ProcessGroup", "seconds"]
 HISTORY = 64
 
 
-@dataclass(slots=True)
-class CallRecord:
-    seq: int
-    fp: Fingerprint
-    site: CallSite
-    started: float
-    finished: float = 0.0
-    shape: tuple[int, ...] | None = None  #: the user's tensor's, shown in messages
-
-    def describe(self, site: bool = True) -> str:
-        return describe(self.fp, self.site if site else None, self.shape)
+#: a call's history entry is the call itself (see ``engines.base.Call``)
+CallRecord = Call
 
 
 class ProcessGroup:
@@ -94,9 +85,11 @@ class ProcessGroup:
             )
         return idx
 
-    def begin(self, fp: Fingerprint, site: CallSite, frames: bool = True,
-              shape: tuple[int, ...] | None = None) -> tuple[int, CallRecord]:
-        """Take the next sequence number and register the call (before any I/O).
+    def begin(self, fp: Fingerprint, site: CallSite, dtype: DType | None,
+              op: ReduceOp | None, frames: bool = True,
+              shape: tuple[int, ...] | None = None) -> Call:
+        """Take the next sequence number and register the call (before any I/O); the
+        call, already in the group's history.
 
         ``frames``: the call's data moves in frames (message engine), so the router must
         know the call to check frames that arrive before or for it; calls on another
@@ -105,15 +98,17 @@ class ProcessGroup:
         if router.failure is not None:
             self.comm.await_diagnosis()
             router.check_alive()
-        self.seq += 1
-        seq = self.seq
-        record = CallRecord(seq, fp, site, time.time(), 0.0, shape)
-        self.history.append(record)
-        self._records[seq] = record
-        self._records.pop(seq - HISTORY, None)
+        self.seq = seq = self.seq + 1
+        now = time.time()
+        call = Call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
+                    shape)
+        self.history.append(call)
+        records = self._records
+        records[seq] = call
+        records.pop(seq - HISTORY, None)
         if frames:
-            self.comm.router.register_call(self.id, seq, fp)
-        return seq, record
+            router.register_call(self.id, seq, fp)
+        return call
 
     def site_of(self, seq: int) -> CallSite | None:
         rec = self._records.get(seq)
