@@ -148,7 +148,12 @@ class Communicator:
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
         elif frame.kind == Kind.CHECKS:
-            for f in decode_checks(frame, payload):  # each as the frame it stands for
+            frames = decode_checks(frame, payload)
+            if frames:
+                self._last_seen[frame.src] = frames[-1]
+            # each as the frame it stands for: most are settled in one pass, the rest
+            # (early, mismatched) take the path of a frame that came alone
+            for f in self.router.take_checks(frames):
                 target, token = self.on_header(f)
                 if target is not None:
                     self.on_payload(f, token)

@@ -106,10 +106,11 @@ class RingCheck:
         if self.mode == "off":
             return
         comm, gid, fp, site = self.comm, self.group.id, call.fp, call.site.id
-        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, _CHECK), _NOTHING)
         key = (fp, site)
         if not self.sync and key in self.seen:
-            # confirmed before: the fingerprint joins the batch (see the module's doc)
+            # confirmed before: the fingerprint joins the batch (see the module's doc);
+            # the previous rank's is judged when it comes, no receive is posted for it
+            # (``Router.take_checks``)
             entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.flags | _CHECK,
                                 fp.root, fp.count, site)
             if self.deferred is None:
@@ -119,6 +120,7 @@ class RingCheck:
                 self.deferred += entry
             self._last = call
             return
+        pending = comm.router.post_coll((gid, call.seq, self.prev, 0, _CHECK), _NOTHING)
         self.flush()  # the batch first: the next rank judges calls in order
         header = encode_header(Kind.COLL, gid, call.seq, fp.op, fp.dtype, fp.reduce,
                                fp.flags | _CHECK, fp.root, fp.count, 0, site, 0, 0)
