@@ -56,7 +56,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ``outputs``: the user's output tensors, the value of the ``Work``'s future.
     ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
     of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
-    site = capture()
+    site = capture(3)  # skips launch and the public function: both rankwise's own
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count, flags)
     runner = group.engine if engine is None else engine

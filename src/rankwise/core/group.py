@@ -44,8 +44,9 @@ class ProcessGroup:
         self.backend = backend
         self.name = name
         self.seq = 0
+        #: the last calls, oldest first (looked up by seq on the slow path only: a dict
+        #: beside it cost two updates per call)
         self.history: deque[CallRecord] = deque(maxlen=HISTORY)
-        self._records: dict[int, CallRecord] = {}
         #: per-peer messages: always there (control plane, monitored_barrier, p2p)
         self.messages = MessageEngine(comm)
         #: what moves this group's collective data (``engines.select`` may replace it)
@@ -103,19 +104,20 @@ class ProcessGroup:
         call = Call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
                     shape)
         self.history.append(call)
-        records = self._records
-        records[seq] = call
-        records.pop(seq - HISTORY, None)
         if frames:
             router.register_call(self.id, seq, fp)
         return call
 
     def site_of(self, seq: int) -> CallSite | None:
-        rec = self._records.get(seq)
+        rec = self.record_of(seq)
         return rec.site if rec is not None else None
 
     def record_of(self, seq: int) -> CallRecord | None:
-        return self._records.get(seq)
+        """Call #seq, if it is among the last ``HISTORY`` (any thread: a copy is read)."""
+        for rec in reversed(self.recent(HISTORY)):
+            if rec.seq == seq:
+                return rec
+        return None
 
     def recent(self, n: int) -> list[CallRecord]:
         """The last ``n`` calls, safe to call from the I/O thread while calls are made."""

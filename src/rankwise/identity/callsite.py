@@ -202,12 +202,16 @@ def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:
     return key, kept
 
 
-def capture() -> CallSite:
+def capture(skip: int = 1) -> CallSite:
     """The call site of the innermost frame outside the rankwise package (see ``_walk``);
-    the frames' text is only built the first time a (code, line) chain is seen."""
+    the frames' text is only built the first time a (code, line) chain is seen.
+
+    ``skip``: frames known to be rankwise's own, above this one (1: the caller). The walk
+    skips rankwise's frames anyway; skipping them here spares making a frame object for
+    each (the API's ``launch`` and the public function that called it: two per call)."""
     if not _enabled:
         return UNKNOWN
-    key, kept = _walk(sys._getframe(1))
+    key, kept = _walk(sys._getframe(skip))
     if not kept:
         return UNKNOWN
     tkey = tuple(key)
