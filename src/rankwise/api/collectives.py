@@ -8,6 +8,7 @@ run it on the group's engine — inline, or on the async worker with ``async_op`
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -159,15 +160,47 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     g = resolve_group(group)
     if g is None:
         return None
-    buf = as_buffer(tensor, "tensor", writable=True)
-    rop = _reduce_op(op, buf, "all_reduce")
-    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, all_reduce_body(buf, rop),
-                  async_op, shape=buf.shape, outputs=[tensor])
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        # a training loop's tensors come again and again: their view and body are kept
+        buf, memo = tensor_view(tensor)
+        rop = coerce_reduce_op(op)
+        body = memo_body(buf, memo, rop)
+    else:
+        buf = as_buffer(tensor, "tensor", writable=True)
+        rop = _reduce_op(op, buf, "all_reduce")
+        body = all_reduce_body(buf, rop)
+    return launch(g, Op.all_reduce, buf.dtype, buf.array.size, rop, 0, body, async_op,
+                  shape=buf.shape, outputs=[tensor])
+
+
+#: the API's views of the small torch tensors it has seen (``api.views``, which imports
+#: torch: made when the first torch tensor comes)
+_views: Any = None
+
+
+def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any]]:
+    """``as_buffer(tensor, "tensor", writable=True)`` of a torch tensor, remembered while
+    the tensor stays as it was (``api.views``), and its memo."""
+    global _views
+    if _views is None:
+        from .views import TensorViews
+        _views = TensorViews()
+    buf, memo = _views.view(tensor, "tensor")
+    return buf, memo
+
+
+def memo_body(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Body:
+    """The all_reduce body of a kept view (``memo``) for ``rop``, checked and made on its
+    first use; PREMUL_SUM's factor may change between calls, so its body is made anew."""
+    body: Body | None = memo.get(rop)
+    if body is None or rop.factor is not None:
+        body = memo[rop] = all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce"))
+    return body
 
 
 def all_reduce_body(buf: Buffer, rop: ReduceOp) -> Body:
-    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer (the torch
-    backend keeps the body of a tensor it sees again, see ``rankwise.torch._views``)."""
+    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer."""
     arr, dtype = buf.array, buf.dtype
 
     def body(engine: Engine, call: Call) -> None:
