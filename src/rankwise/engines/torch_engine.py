@@ -107,6 +107,10 @@ def _reduce_in(a: Array, call: Call) -> tuple[torch.Tensor, Callable[[], None]]:
     return _r(a, call), lambda: None
 
 
+#: arrays whose torch view ``_tensor_of`` keeps, at most, and their largest size
+_KEPT = 64
+_KEPT_BYTES = 64 * 1024
+
 #: a torch op may outlive rankwise's deadline by this much before torch's own timeout:
 #: rankwise's (with its who-is-where table) must come first
 _TORCH_GRACE = 30.0
@@ -132,6 +136,8 @@ class TorchEngine:
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
         self.waiter = WorkWaiter(group.comm, self.name)
+        #: torch views of small arrays seen before, by id (see ``_tensor_of``)
+        self._tensors: dict[int, tuple[Array, torch.Tensor]] = {}
         group.comm.router.on_failure.append(self._abort)
 
     @classmethod
@@ -164,6 +170,20 @@ class TorchEngine:
         body()
         self.check.after()
 
+    def _tensor_of(self, a: Array) -> torch.Tensor:
+        """``torch.from_numpy(a)``, kept for a small array that may come again.
+
+        Why: the API hands the same array to every call on a tensor it has seen before
+        (``api.views``); a tensor made per call cost its own Python and, freed by gloo's
+        worker thread after the op, a GIL hand-off there. An entry holds ``a``, so the id
+        cannot be reused while it is kept; at most ``_KEPT`` small arrays are held."""
+        t = torch.from_numpy(a)
+        if a.nbytes <= _KEPT_BYTES:
+            if len(self._tensors) >= _KEPT:
+                self._tensors.clear()
+            self._tensors[id(a)] = (a, t)
+        return t
+
     def _wait(self, call: Call, work: Any) -> None:
         self.check.enqueued()  # the op is in flight: a full or old batch goes out now
         # an op that is not done within a grace period may wait for a batched fingerprint
@@ -175,9 +195,10 @@ class TorchEngine:
         gloo reduces no complex numbers)."""
         assert call.op is not None
         if a.dtype in _AS_IS:  # (bfloat16 is stored as uint16: not in it)
-            # the hot path of a small all_reduce: one tensor view, the op, the wait
-            self._wait(call, self.pg.allreduce([torch.from_numpy(a)],
-                                               _ALLREDUCE_OPTS[call.op.name]))
+            # the hot path of a small all_reduce: the op on a kept tensor, the wait
+            entry = self._tensors.get(id(a))
+            t = entry[1] if entry is not None and entry[0] is a else self._tensor_of(a)
+            self._wait(call, self.pg.allreduce([t], _ALLREDUCE_OPTS[call.op.name]))
             return
         o = _ALLREDUCE_OPTS[call.op.name]
         if a.dtype.kind == "c" and call.op.name not in ("SUM", "AVG"):
