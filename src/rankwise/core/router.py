@@ -25,6 +25,7 @@ the call it belongs to can hold is a protocol error naming its sender.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -36,7 +37,19 @@ import numpy as np
 from ..errors import DistError, DistTimeout
 from ..identity.calls import Fingerprint
 from ..wire.buffers import dtype_by_code
-from ..wire.frames import DROP, HOLD, LANE_FLAGS, Flag, Frame, Kind, Op, WireError
+from ..wire.frames import (
+    CHECK_ENTRY,
+    CHECK_KEY,
+    DROP,
+    HOLD,
+    LANE_FLAGS,
+    Flag,
+    Frame,
+    Kind,
+    Op,
+    WireError,
+    decode_checks,
+)
 
 __all__ = ["CollKey", "Pending", "Router", "coll_key"]
 
@@ -123,6 +136,10 @@ PARKED_PER_PEER = 64 << 20
 PARKED_TOTAL = 256 << 20
 #: the ring check's lane (a plain int: the lane is compared per frame)
 _CHECK_LANE = int(Flag.CHECK)
+_ENTRY = CHECK_ENTRY.size
+_seq_of = struct.Struct("<Q").unpack_from  #: an entry's seq (its first field)
+#: calls whose expected ring-check entries are kept (a neighbour is never further behind)
+_EXPECT_KEEP = 1024
 
 
 def call_bytes(fp: Fingerprint) -> int | None:
@@ -146,9 +163,12 @@ class _GroupState:
     wire: dict[int, tuple[int, ...]] = field(default_factory=dict)
     early: dict[int, list[Frame]] = field(default_factory=dict)
     #: ring-check frames (``Flag.CHECK``, no payload) that matched our call while no
-    #: receive was posted for them, by seq: a confirmed call never posts one (see
+    #: receive was posted for them: seq -> sender. A confirmed call never posts one (see
     #: ``take_checks``); a first-sight call that posts after its frame came finds it here
-    checked: dict[int, Frame] = field(default_factory=dict)
+    checked: dict[int, int] = field(default_factory=dict)
+    #: our confirmed calls' ring-check entries as the neighbour must send them (seq and
+    #: fingerprint, ``CHECK_KEY`` bytes), by seq: ``take_checks`` compares bytes to bytes
+    expected: dict[int, bytes] = field(default_factory=dict)
 
 
 #: called as (frame, our fingerprint or None, extra detail) when a frame contradicts our call
@@ -226,6 +246,7 @@ class Router:
                 state.wire[seq] = (fp.op, fp.dtype, fp.reduce, fp.flags, fp.root, fp.count)
             state.wire.pop(seq - keep, None)
             state.checked.pop(seq - keep, None)
+            state.expected.pop(seq - keep, None)
             bad: list[Frame] = []
             for f in state.early.pop(seq, ()):
                 if fp.differs(f):  # parked before we made the call: never deliver it
@@ -241,7 +262,7 @@ class Router:
                     if arrival is not None and arrival.complete and arrival.waiter is None:
                         del self._coll_arrived[key]
                         self._unpark_locked(arrival)
-                        state.checked[seq] = f
+                        state.checked[seq] = f.src
             held = self._take_held()
         for frame in bad:
             self._on_mismatch(frame, fp, "")
@@ -290,48 +311,71 @@ class Router:
         """The ring-check frame for ``key`` that matched our call before this receive
         was posted (lock held), taken; None when there is none."""
         state = self._groups.get(key[0])
-        frame = state.checked.get(key[1]) if state is not None else None
-        if frame is None or frame.src != key[2] or frame.step != key[3] \
-                or key[4] != _CHECK_LANE:
+        if state is None or key[3] or key[4] != _CHECK_LANE or \
+                state.checked.get(key[1]) != key[2]:
             return None
-        del state.checked[key[1]]  # type: ignore[union-attr]
-        return frame
+        del state.checked[key[1]]
+        return self._judged_frame(state, key[0], key[1], key[2])
 
-    def take_checks(self, frames: list[Frame]) -> list[Frame]:
-        """Judge a batch of ring-check frames (one ``Kind.CHECKS`` frame's entries, see
-        ``engines.ring_check``) in one pass under the lock; the frames this cannot settle
-        (early, mismatched, or for a receive of another size) are returned, in order, for
-        the full path (``coll_header``).
+    def expect_check(self, group: int, seq: int, key: bytes) -> None:
+        """Our confirmed call #seq's ring-check entry as the neighbour must send it (the
+        first ``CHECK_KEY`` bytes of ``CHECK_ENTRY``: seq and fingerprint, not the call
+        site), for ``take_checks``. No lock: one dict store is atomic, and an entry that
+        comes before it is stored takes the full path, which judges it just as well."""
+        state = self._groups.get(group)  # made by register_call, before any check
+        if state is not None:
+            expected = state.expected
+            expected[seq] = key
+            expected.pop(seq - _EXPECT_KEEP, None)
+
+    def take_checks(self, frame: Frame, payload: bytes) -> list[Frame]:
+        """Judge a ``Kind.CHECKS`` frame (the neighbour's confirmed calls, see
+        ``engines.ring_check``) in one pass under the lock: an entry equal, byte for
+        byte, to the one we expect (``expect_check``) is settled at once. The entries
+        this cannot settle (early, mismatched, awaited by a receive of another size) are
+        returned as the frames they stand for, in order, for the full path
+        (``coll_header``), which validates them as hostile bytes.
 
         Why: a confirmed call posts no receive for its neighbour's fingerprint (it never
-        waits for it), so each entry only needs comparing with our own call. Through the
-        full path each cost a receive posted by the caller (a lock object, the router's
-        lock, two dict updates) and a header-and-payload hand-off here, one per call: on
-        two cores more than the 4-byte op it checks."""
-        rest: list[Frame] = []
-        done: list[tuple[Pending, Frame]] = []
+        waits for it), so an entry needs only comparing with our own call. Through the
+        full path each entry cost a frame object, a receive posted by the caller and a
+        header-and-payload hand-off here, on the I/O thread and under the GIL: on two
+        cores more than the 4-byte op it checks."""
+        n = len(payload)
+        state = self._groups.get(frame.group)
+        if state is None or n % _ENTRY:
+            return decode_checks(frame, payload)  # (raises on a torn payload)
+        group, src, step = frame.group, frame.src, frame.step
+        rest: list[int] = []
+        done: list[tuple[Pending, int]] = []
         with self._lock:
-            groups, posted = self._groups, self._coll_posted
-            for f in frames:
-                state = groups.get(f.group)
-                fp = state.calls.get(f.seq) if state is not None else None
-                if fp is None or fp.differs(f) or f.payload_len \
-                        or f.flags & LANE_FLAGS != _CHECK_LANE:
-                    rest.append(f)
+            expected, checked, posted = state.expected, state.checked, self._coll_posted
+            for off in range(0, n, _ENTRY):
+                seq = _seq_of(payload, off)[0]
+                if step or expected.get(seq) != payload[off:off + CHECK_KEY]:
+                    rest.append(off)
                     continue
-                assert state is not None
-                key = (f.group, f.seq, f.src, f.step, _CHECK_LANE)
-                pending = posted.pop(key, None)
+                pending = posted.pop((group, seq, src, 0, _CHECK_LANE), None) \
+                    if posted else None
                 if pending is None:
-                    state.checked[f.seq] = f  # a first-sight call may post for it yet
+                    checked[seq] = src  # a first-sight call may post for it yet
                 elif pending.nbytes == 0:
-                    done.append((pending, f))
+                    done.append((pending, seq))
                 else:
-                    posted[key] = pending
-                    rest.append(f)
-        for pending, f in done:
+                    posted[(group, seq, src, 0, _CHECK_LANE)] = pending
+                    rest.append(off)
+            judged = [(p, self._judged_frame(state, group, seq, src)) for p, seq in done]
+        for pending, f in judged:
             pending.finish(f)
-        return rest
+        if not rest:
+            return []
+        return decode_checks(frame, b"".join(payload[o:o + _ENTRY] for o in rest))
+
+    @staticmethod
+    def _judged_frame(state: _GroupState, group: int, seq: int, src: int) -> Frame:
+        fp = state.calls[seq]
+        return Frame(Kind.COLL, group, seq, fp.op, fp.dtype, fp.reduce,
+                     fp.flags | _CHECK_LANE, fp.root, fp.count, 0, 0, 0, 0, src)
 
     def post_p2p(self, kind: int, group: int, src: int, tag: int,
                  buffer: memoryview | None) -> Pending:
@@ -431,7 +475,7 @@ class Router:
                         and key[4] == _CHECK_LANE:
                     # a ring-check frame that matches our call: nothing to deliver, and
                     # a confirmed call never asks for it (see ``take_checks``)
-                    state.checked[frame.seq] = frame
+                    state.checked[frame.seq] = frame.src
                     return None, DROP
                 if not (bad or wrong_size):
                     # park it, if it fits: nobody has asked for it yet
