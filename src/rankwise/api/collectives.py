@@ -200,14 +200,18 @@ def memo_body(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Body:
 
 
 def all_reduce_body(buf: Buffer, rop: ReduceOp) -> Body:
-    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer."""
+    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer (only
+    PREMUL_SUM's body scales this rank's input first: the others skip that call)."""
     arr, dtype = buf.array, buf.dtype
 
     def body(engine: Engine, call: Call) -> None:
+        engine.all_reduce(call, arr)
+
+    def scaled(engine: Engine, call: Call) -> None:
         premultiply(arr, dtype, rop)
         engine.all_reduce(call, arr)
 
-    return body
+    return body if rop.factor is None else scaled
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
