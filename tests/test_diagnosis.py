@@ -161,6 +161,27 @@ def test_capture_skips_contextlib_and_keeps_callers() -> None:
     assert again is site  # cached per (code, line) chain
 
 
+def _site_here() -> Any:
+    return _callsite.capture()
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(marker))
+
+
+def test_capture_lines_exact_with_offset_keys() -> None:
+    """The cache is keyed by instruction offsets: each site still names its own line,
+    and one callee line reached from two caller lines gives two sites."""
+    a = _site_here()  # @site-a
+    b = _site_here()  # @site-b
+    pair = [_site_here() for _ in range(2)]  # @site-loop
+    assert a.frames[1][1] == _line_of("# @site-a")
+    assert b.frames[1][1] == _line_of("# @site-b")
+    assert a.id != b.id and a.frames[0] == b.frames[0]  # same callee line, other callers
+    assert pair[0] is pair[1] and pair[0].frames[1][1] == _line_of("# @site-loop")
+
+
 def test_capture_can_be_switched_off() -> None:
     try:
         _callsite.set_enabled(False)

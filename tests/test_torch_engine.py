@@ -58,11 +58,14 @@ def test_torch_gloo_by_backend_name_or_env_with_new_groups(how: str) -> None:
             assert v["torch_sub"] == ("torch-gloo", "torch-gloo", [50.0] * 2)
 
 
-def _torch_sub_in_tcp_world(rank: int, world: int) -> tuple[str, str, list[float]]:
+def _torch_sub_in_tcp_world(rank: int, world: int) -> tuple[str, str, list[float], list[float]]:
     g = dist.new_group(backend="torch-gloo")
     a = np.arange(4, dtype=np.int64) * (rank + 1)
     dist.all_reduce(a, group=g)
-    return dist.group.WORLD.engine_name(), g.engine_name(), a.tolist()
+    # PREMUL_SUM: each rank's factor applied before gloo's plain sum
+    b = np.full(2, rank + 1.0, np.float32)
+    dist.all_reduce(b, op=dist.ReduceOp.premul_sum(0.5 * (rank + 1)), group=g)
+    return dist.group.WORLD.engine_name(), g.engine_name(), a.tolist(), b.tolist()
 
 
 def test_new_group_torch_gloo_in_a_tcp_world() -> None:
@@ -70,7 +73,7 @@ def test_new_group_torch_gloo_in_a_tcp_world() -> None:
                         timeout=120)
     for res in results:
         assert res.ok, f"rank {res.rank}: {res.error_type}: {res.message}\n{res.traceback}"
-        assert res.value == ("tcp", "torch-gloo", [0, 3, 6, 9])
+        assert res.value == ("tcp", "torch-gloo", [0, 3, 6, 9], [2.5, 2.5])
 
 
 def test_torch_engine_without_torch_fails_before_io(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ run it on the group's engine — inline, or on the async worker with ``async_op`
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,16 +59,15 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ``outputs``: the user's output tensors, the value of the ``Work``'s future.
     ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
     of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
-    site = capture()
+    site = capture(3)  # skips launch and the public function: both rankwise's own
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count, flags)
     if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
         engine = group.engine if dtype is None or not dtype.tensor else device_engine(group)
     runner = engine
-    seq, record = group.begin(fp, site, frames=runner.framed, shape=shape)
-    call = Call(group, seq, record, dtype, reduce_op, time.monotonic() + group.timeout)
+    call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
-        work = run_async(f"{op.name} #{seq} on {group.name}",
+        work = run_async(f"{op.name} #{call.seq} on {group.name}",
                          lambda: _run(runner, call, body, op), outputs)
         if runner.serial:
             group.queued = work
@@ -83,13 +83,13 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
 
 def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
     """Run one call's body on ``engine``, with who-is-where state around it."""
-    group, record = call.group, call.record
+    group = call.group
     comm = group.comm
-    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, record.site, time.time())
+    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
     finally:
-        comm.call_done(group, record)  # history, trace span, back to "user code"
+        comm.call_done(call)  # history, trace span, back to "user code"
 
 
 def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:
@@ -172,22 +172,58 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     g = resolve_group(group)
     if g is None:
         return None
-    buf = as_buffer(tensor, "tensor", writable=True)
-    rop = _reduce_op(op, buf, "all_reduce")
-    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, all_reduce_body(buf, rop),
-                  async_op, shape=buf.shape, outputs=[tensor])
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        # a training loop's tensors come again and again: their view and body are kept
+        buf, memo = tensor_view(tensor)
+        rop = coerce_reduce_op(op)
+        body = memo_body(buf, memo, rop)
+    else:
+        buf = as_buffer(tensor, "tensor", writable=True)
+        rop = _reduce_op(op, buf, "all_reduce")
+        body = all_reduce_body(buf, rop)
+    return launch(g, Op.all_reduce, buf.dtype, len(buf.array), rop, 0, body, async_op,
+                  shape=buf.shape, outputs=[tensor])
+
+
+#: the API's views of the small torch tensors it has seen (``api.views``, which imports
+#: torch: made when the first torch tensor comes)
+_views: Any = None
+
+
+def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any]]:
+    """``as_buffer(tensor, "tensor", writable=True)`` of a torch tensor, remembered while
+    the tensor stays as it was (``api.views``), and its memo."""
+    global _views
+    if _views is None:
+        from .views import TensorViews
+        _views = TensorViews()
+    buf, memo = _views.view(tensor, "tensor")
+    return buf, memo
+
+
+def memo_body(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Body:
+    """The all_reduce body of a kept view (``memo``) for ``rop``, checked and made on its
+    first use; PREMUL_SUM's factor may change between calls, so its body is made anew."""
+    body: Body | None = memo.get(rop)
+    if body is None or rop.factor is not None:
+        body = memo[rop] = all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce"))
+    return body
 
 
 def all_reduce_body(buf: Buffer, rop: ReduceOp) -> Body:
-    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer (the torch
-    backend keeps the body of a tensor it sees again, see ``rankwise.torch._views``)."""
+    """What ``all_reduce`` runs on the engine, for a viewed and checked buffer (only
+    PREMUL_SUM's body scales this rank's input first: the others skip that call)."""
     arr, dtype = buf.array, buf.dtype
 
     def body(engine: Engine, call: Call) -> None:
+        engine.all_reduce(call, arr)
+
+    def scaled(engine: Engine, call: Call) -> None:
         premultiply(arr, dtype, rop)
         engine.all_reduce(call, arr)
 
-    return body
+    return body if rop.factor is None else scaled
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,

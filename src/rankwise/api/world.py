@@ -60,12 +60,22 @@ class World:
 
 
 _world: World | None = None
-#: a per-thread world overrides the process's (``testing.threads``: ranks as threads)
-_thread_world = threading.local()
+
+
+class _ThreadWorld(threading.local):
+    """A per-thread world overrides the process's (``testing.threads``: ranks as threads).
+
+    ``world`` defaults to None on the class: ``getattr(local, "world", None)`` on a thread
+    that never set it raised and formatted an AttributeError inside, on every call."""
+
+    world: World | None = None
+
+
+_thread_world = _ThreadWorld()
 
 
 def current() -> World:
-    world = getattr(_thread_world, "world", None) or _world
+    world = _thread_world.world or _world
     if world is None:
         raise InvalidArgument(
             "rankwise is not initialized: call rankwise.init_process_group(...) first "
@@ -75,7 +85,7 @@ def current() -> World:
 
 
 def maybe_current() -> World | None:
-    return getattr(_thread_world, "world", None) or _world
+    return _thread_world.world or _world
 
 
 def set_thread_world(world: World | None) -> None:

@@ -2,7 +2,7 @@
 
 Why its own piece: the who-is-where reports, the departure and timeout messages and the
 deadlock probe all need "which call is this rank in, at which line" — and the hot path
-must only store the facts (an ``Activity``, the last ``CallRecord``) and never format
+must only store the facts (an ``Activity``, the last call) and never format
 them; formatting happens here, on the slow path.
 """
 
@@ -45,25 +45,25 @@ class CallLog:
 
     def __init__(self, comm: Communicator) -> None:
         self._comm = comm
-        self._last: tuple[Any, str] | None = None  #: (CallRecord, group name)
+        self._last: Any = None  #: the last finished ``engines.base.Call``
 
     @property
     def last_call(self) -> str:
         """This rank's last finished collective, formatted on demand (slow path only)."""
-        if self._last is None:
+        call = self._last
+        if call is None:
             return ""
-        record, group_name = self._last
-        return f"{record.describe()} (#{record.seq} of {group_name})"
+        return f"{call.describe()} (#{call.seq} of {call.group.name})"
 
-    def call_done(self, group: Any, record: Any) -> None:
+    def call_done(self, call: Any) -> None:
         """A collective finished (or failed): remember it, go back to "user code"."""
         now = time.time()
-        record.finished = now
-        self._last = (record, group.name)
+        call.finished = now
+        self._last = call
         comm = self._comm
         comm.activity = Activity(since=now)
         if comm.tracer is not None:
-            comm.tracer.collective(group, record)
+            comm.tracer.collective(call.group, call)
 
     def doing(self) -> str:
         """``all_reduce #5 at data.py:12 in load`` — what this rank waits in now."""

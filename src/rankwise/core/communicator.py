@@ -31,7 +31,7 @@ from ..checks.report import build_report, format_where
 from ..checks.where import WhereService
 from ..identity.callsite import CallSite
 from ..transport.base import Transport
-from ..wire.frames import Frame, Kind, decode_checks
+from ..wire.frames import CHECK_ENTRY, Frame, Kind, decode_checks
 from .activity import Activity, CallLog
 from .departures import Departures
 from .mismatches import Mismatches
@@ -148,7 +148,12 @@ class Communicator:
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
         elif frame.kind == Kind.CHECKS:
-            for f in decode_checks(frame, payload):  # each as the frame it stands for
+            if len(payload) >= CHECK_ENTRY.size:  # the latest call the peer told of
+                last = decode_checks(frame, payload[-CHECK_ENTRY.size:])
+                self._last_seen[frame.src] = last[0]
+            # each as the frame it stands for: most are settled in one pass, the rest
+            # (early, mismatched) take the path of a frame that came alone
+            for f in self.router.take_checks(frame, payload):
                 target, token = self.on_header(f)
                 if target is not None:
                     self.on_payload(f, token)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
 
-from ..engines.base import Engine
+from ..engines.base import Call, Engine
 from ..engines.message import MessageEngine
 from ..errors import InvalidArgument
-from ..identity.calls import Fingerprint, describe
+from ..identity.calls import Fingerprint
 from ..identity.callsite import CallSite
+from ..wire.buffers import DType, ReduceOp
 from .communicator import Communicator
 from .work import Work
 
@@ -27,17 +27,8 @@ __all__ = ["CallRecord", "ProcessGroup", "seconds"]
 HISTORY = 64
 
 
-@dataclass(slots=True)
-class CallRecord:
-    seq: int
-    fp: Fingerprint
-    site: CallSite
-    started: float
-    finished: float = 0.0
-    shape: tuple[int, ...] | None = None  #: the user's tensor's, shown in messages
-
-    def describe(self, site: bool = True) -> str:
-        return describe(self.fp, self.site if site else None, self.shape)
+#: a call's history entry is the call itself (see ``engines.base.Call``)
+CallRecord = Call
 
 
 class ProcessGroup:
@@ -53,8 +44,9 @@ class ProcessGroup:
         self.backend = backend
         self.name = name
         self.seq = 0
+        #: the last calls, oldest first (looked up by seq on the slow path only: a dict
+        #: beside it cost two updates per call)
         self.history: deque[CallRecord] = deque(maxlen=HISTORY)
-        self._records: dict[int, CallRecord] = {}
         #: per-peer messages: always there (control plane, monitored_barrier, p2p)
         self.messages = MessageEngine(comm)
         #: what moves this group's collective data (``engines.select`` may replace it)
@@ -94,9 +86,11 @@ class ProcessGroup:
             )
         return idx
 
-    def begin(self, fp: Fingerprint, site: CallSite, frames: bool = True,
-              shape: tuple[int, ...] | None = None) -> tuple[int, CallRecord]:
-        """Take the next sequence number and register the call (before any I/O).
+    def begin(self, fp: Fingerprint, site: CallSite, dtype: DType | None,
+              op: ReduceOp | None, frames: bool = True,
+              shape: tuple[int, ...] | None = None) -> Call:
+        """Take the next sequence number and register the call (before any I/O); the
+        call, already in the group's history.
 
         ``frames``: the call's data moves in frames (message engine), so the router must
         know the call to check frames that arrive before or for it; calls on another
@@ -105,22 +99,25 @@ class ProcessGroup:
         if router.failure is not None:
             self.comm.await_diagnosis()
             router.check_alive()
-        self.seq += 1
-        seq = self.seq
-        record = CallRecord(seq, fp, site, time.time(), 0.0, shape)
-        self.history.append(record)
-        self._records[seq] = record
-        self._records.pop(seq - HISTORY, None)
+        self.seq = seq = self.seq + 1
+        now = time.time()
+        call = Call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
+                    shape)
+        self.history.append(call)
         if frames:
-            self.comm.router.register_call(self.id, seq, fp)
-        return seq, record
+            router.register_call(self.id, seq, fp)
+        return call
 
     def site_of(self, seq: int) -> CallSite | None:
-        rec = self._records.get(seq)
+        rec = self.record_of(seq)
         return rec.site if rec is not None else None
 
     def record_of(self, seq: int) -> CallRecord | None:
-        return self._records.get(seq)
+        """Call #seq, if it is among the last ``HISTORY`` (any thread: a copy is read)."""
+        for rec in reversed(self.recent(HISTORY)):
+            if rec.seq == seq:
+                return rec
+        return None
 
     def recent(self, n: int) -> list[CallRecord]:
         """The last ``n`` calls, safe to call from the I/O thread while calls are made."""

@@ -25,6 +25,7 @@ the call it belongs to can hold is a protocol error naming its sender.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -36,7 +37,19 @@ import numpy as np
 from ..errors import DistError, DistTimeout
 from ..identity.calls import Fingerprint
 from ..wire.buffers import dtype_by_code
-from ..wire.frames import DROP, HOLD, LANE_FLAGS, Frame, Kind, Op, WireError
+from ..wire.frames import (
+    CHECK_ENTRY,
+    CHECK_KEY,
+    DROP,
+    HOLD,
+    LANE_FLAGS,
+    Flag,
+    Frame,
+    Kind,
+    Op,
+    WireError,
+    decode_checks,
+)
 
 __all__ = ["CollKey", "Pending", "Router", "coll_key"]
 
@@ -121,6 +134,12 @@ def _env_bytes(name: str, default: int) -> int:
 #: defaults of the parking caps (read from the environment when a Router is made)
 PARKED_PER_PEER = 64 << 20
 PARKED_TOTAL = 256 << 20
+#: the ring check's lane (a plain int: the lane is compared per frame)
+_CHECK_LANE = int(Flag.CHECK)
+_ENTRY = CHECK_ENTRY.size
+_seq_of = struct.Struct("<Q").unpack_from  #: an entry's seq (its first field)
+#: calls whose expected ring-check entries are kept (a neighbour is never further behind)
+_EXPECT_KEEP = 1024
 
 
 def call_bytes(fp: Fingerprint) -> int | None:
@@ -143,6 +162,13 @@ class _GroupState:
     #: A frame of another lane (lane flags set) misses it and takes the full path.
     wire: dict[int, tuple[int, ...]] = field(default_factory=dict)
     early: dict[int, list[Frame]] = field(default_factory=dict)
+    #: ring-check frames (``Flag.CHECK``, no payload) that matched our call while no
+    #: receive was posted for them: seq -> sender. A confirmed call never posts one (see
+    #: ``take_checks``); a first-sight call that posts after its frame came finds it here
+    checked: dict[int, int] = field(default_factory=dict)
+    #: our confirmed calls' ring-check entries as the neighbour must send them (seq and
+    #: fingerprint, ``CHECK_KEY`` bytes), by seq: ``take_checks`` compares bytes to bytes
+    expected: dict[int, bytes] = field(default_factory=dict)
 
 
 #: called as (frame, our fingerprint or None, extra detail) when a frame contradicts our call
@@ -211,17 +237,32 @@ class Router:
     def register_call(self, group: int, seq: int, fp: Fingerprint, keep: int = 1024) -> None:
         """Record this rank's call #seq; check frames that arrived before it was made."""
         with self._lock:
-            state = self._groups.setdefault(group, _GroupState())
+            # (not ``setdefault(group, _GroupState())``: that built a state, four dicts,
+            # on every call only to throw it away)
+            state = self._groups.get(group) or self._groups.setdefault(group, _GroupState())
             state.calls[seq] = fp
             state.calls.pop(seq - keep, None)
             if fp.count != -1:
                 state.wire[seq] = (fp.op, fp.dtype, fp.reduce, fp.flags, fp.root, fp.count)
             state.wire.pop(seq - keep, None)
-            bad = [f for f in state.early.pop(seq, ()) if fp.differs(f)]
-            for f in bad:  # parked before we made the call: never deliver it
-                gone = self._coll_arrived.pop(coll_key(f), None)
-                if gone is not None:
-                    self._unpark_locked(gone)
+            state.checked.pop(seq - keep, None)
+            state.expected.pop(seq - keep, None)
+            bad: list[Frame] = []
+            for f in state.early.pop(seq, ()):
+                if fp.differs(f):  # parked before we made the call: never deliver it
+                    bad.append(f)
+                    gone = self._coll_arrived.pop(coll_key(f), None)
+                    if gone is not None:
+                        self._unpark_locked(gone)
+                elif f.flags & LANE_FLAGS == _CHECK_LANE and not f.payload_len:
+                    # a ring-check frame judged good now: a confirmed call never takes it
+                    # (``take_checks``), so it leaves the parked frames for ``checked``
+                    key = coll_key(f)
+                    arrival = self._coll_arrived.get(key)
+                    if arrival is not None and arrival.complete and arrival.waiter is None:
+                        del self._coll_arrived[key]
+                        self._unpark_locked(arrival)
+                        state.checked[seq] = f.src
             held = self._take_held()
         for frame in bad:
             self._on_mismatch(frame, fp, "")
@@ -249,7 +290,10 @@ class Router:
             gone = self._gone.get(key[2])
             arrival = self._coll_arrived.pop(key, None)
             held = self._take_held()
-            if arrival is None:
+            judged = self._judged_locked(key) if arrival is None and key[4] else None
+            if judged is not None:
+                pending.finish(judged)
+            elif arrival is None:
                 if gone is not None:
                     pending.finish(None, gone)
                 else:
@@ -262,6 +306,76 @@ class Router:
             self._deliver_copy(copy_from, pending)
         self._resume_all(held)
         return pending
+
+    def _judged_locked(self, key: CollKey) -> Frame | None:
+        """The ring-check frame for ``key`` that matched our call before this receive
+        was posted (lock held), taken; None when there is none."""
+        state = self._groups.get(key[0])
+        if state is None or key[3] or key[4] != _CHECK_LANE or \
+                state.checked.get(key[1]) != key[2]:
+            return None
+        del state.checked[key[1]]
+        return self._judged_frame(state, key[0], key[1], key[2])
+
+    def expect_check(self, group: int, seq: int, key: bytes) -> None:
+        """Our confirmed call #seq's ring-check entry as the neighbour must send it (the
+        first ``CHECK_KEY`` bytes of ``CHECK_ENTRY``: seq and fingerprint, not the call
+        site), for ``take_checks``. No lock: one dict store is atomic, and an entry that
+        comes before it is stored takes the full path, which judges it just as well."""
+        state = self._groups.get(group)  # made by register_call, before any check
+        if state is not None:
+            expected = state.expected
+            expected[seq] = key
+            expected.pop(seq - _EXPECT_KEEP, None)
+
+    def take_checks(self, frame: Frame, payload: bytes) -> list[Frame]:
+        """Judge a ``Kind.CHECKS`` frame (the neighbour's confirmed calls, see
+        ``engines.ring_check``) in one pass under the lock: an entry equal, byte for
+        byte, to the one we expect (``expect_check``) is settled at once. The entries
+        this cannot settle (early, mismatched, awaited by a receive of another size) are
+        returned as the frames they stand for, in order, for the full path
+        (``coll_header``), which validates them as hostile bytes.
+
+        Why: a confirmed call posts no receive for its neighbour's fingerprint (it never
+        waits for it), so an entry needs only comparing with our own call. Through the
+        full path each entry cost a frame object, a receive posted by the caller and a
+        header-and-payload hand-off here, on the I/O thread and under the GIL: on two
+        cores more than the 4-byte op it checks."""
+        n = len(payload)
+        state = self._groups.get(frame.group)
+        if state is None or n % _ENTRY:
+            return decode_checks(frame, payload)  # (raises on a torn payload)
+        group, src, step = frame.group, frame.src, frame.step
+        rest: list[int] = []
+        done: list[tuple[Pending, int]] = []
+        with self._lock:
+            expected, checked, posted = state.expected, state.checked, self._coll_posted
+            for off in range(0, n, _ENTRY):
+                seq = _seq_of(payload, off)[0]
+                if step or expected.get(seq) != payload[off:off + CHECK_KEY]:
+                    rest.append(off)
+                    continue
+                pending = posted.pop((group, seq, src, 0, _CHECK_LANE), None) \
+                    if posted else None
+                if pending is None:
+                    checked[seq] = src  # a first-sight call may post for it yet
+                elif pending.nbytes == 0:
+                    done.append((pending, seq))
+                else:
+                    posted[(group, seq, src, 0, _CHECK_LANE)] = pending
+                    rest.append(off)
+            judged = [(p, self._judged_frame(state, group, seq, src)) for p, seq in done]
+        for pending, f in judged:
+            pending.finish(f)
+        if not rest:
+            return []
+        return decode_checks(frame, b"".join(payload[o:o + _ENTRY] for o in rest))
+
+    @staticmethod
+    def _judged_frame(state: _GroupState, group: int, seq: int, src: int) -> Frame:
+        fp = state.calls[seq]
+        return Frame(Kind.COLL, group, seq, fp.op, fp.dtype, fp.reduce,
+                     fp.flags | _CHECK_LANE, fp.root, fp.count, 0, 0, 0, 0, src)
 
     def post_p2p(self, kind: int, group: int, src: int, tag: int,
                  buffer: memoryview | None) -> Pending:
@@ -342,7 +456,8 @@ class Router:
         arrival: _Arrival | None = None
         wrong_size = False
         with self._lock:
-            state = self._groups.setdefault(frame.group, _GroupState())
+            state = self._groups.get(frame.group) or \
+                self._groups.setdefault(frame.group, _GroupState())
             fp = state.calls.get(frame.seq)
             bad = fp is not None and fp.differs(frame)
             limit = call_bytes(fp) if fp is not None and not bad else None
@@ -356,6 +471,12 @@ class Router:
                     assert pending.buffer is not None
                     return pending.buffer, pending
                 wrong_size = pending is not None and pending.nbytes != n
+                if pending is None and fp is not None and not bad and not n \
+                        and key[4] == _CHECK_LANE:
+                    # a ring-check frame that matches our call: nothing to deliver, and
+                    # a confirmed call never asks for it (see ``take_checks``)
+                    state.checked[frame.seq] = frame.src
+                    return None, DROP
                 if not (bad or wrong_size):
                     # park it, if it fits: nobody has asked for it yet
                     if not self._fits_locked(frame.src, n):

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy.typing as npt
 
+from ..identity.calls import describe
 from ..wire.buffers import DType, ReduceOp
 
 if TYPE_CHECKING:
-    from ..core.group import CallRecord, ProcessGroup
+    from ..core.group import ProcessGroup
     from ..identity.calls import Fingerprint
     from ..identity.callsite import CallSite
 
@@ -29,7 +30,12 @@ Array = npt.NDArray[Any]
 
 @dataclass(slots=True)
 class Call:
-    """One collective call as the API registered it: what every engine runs.
+    """One collective call as the API registered it: what every engine runs, and its
+    entry in the group's history (``ProcessGroup.history``).
+
+    One object for both: a call and its record were two objects per call on the hot path
+    (a 4-byte all_reduce is dominated by such per-call Python), and they describe the same
+    thing. ``record`` (the call itself) stays for code that reads ``call.record.fp``.
 
     ``patient``: the caller waits on purpose (rank_zero_first's followers wait for rank
     0's block): no slow-wait warning, but still bounded by ``deadline``; ``quiet``: on
@@ -39,20 +45,20 @@ class Call:
 
     group: ProcessGroup
     seq: int
-    record: CallRecord
+    fp: Fingerprint
+    site: CallSite
     dtype: DType | None
     op: ReduceOp | None
     deadline: float
+    started: float  #: time.time() when the call was registered
+    shape: tuple[int, ...] | None = None  #: the user's tensor's, shown in messages
+    finished: float = 0.0  #: time.time() when it ended here (0: not yet)
     patient: bool = False
     quiet: bool = False
 
     @property
-    def fp(self) -> Fingerprint:
-        return self.record.fp
-
-    @property
-    def site(self) -> CallSite:
-        return self.record.site
+    def record(self) -> Call:
+        return self
 
     @property
     def rank(self) -> int:
@@ -61,6 +67,10 @@ class Call:
     @property
     def size(self) -> int:
         return len(self.group.ranks)
+
+    def describe(self, site: bool = True) -> str:
+        """``all_reduce(float32 x 4, op=SUM) at train.py:42 in step`` (slow path only)."""
+        return describe(self.fp, self.site if site else None, self.shape)
 
 
 class Engine(Protocol):

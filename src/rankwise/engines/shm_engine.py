@@ -58,7 +58,7 @@ class ShmEngine:
         if call is None or call.patient:  # waiting on purpose (rank_zero_first followers)
             return
         self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
-                                    f"{self.group.timeout:.0f}s in {call.record.describe()} "
+                                    f"{self.group.timeout:.0f}s in {call.describe()} "
                                     f"(collective #{call.seq} of {self.group.name}) on "
                                     "shared memory")
 
@@ -101,7 +101,7 @@ class ShmEngine:
         deadline = call.deadline
         if not self._lock.acquire(blocking=False) and \
                 not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise DistTimeout(f"rank {self.comm.rank}: {call.record.describe()} waited "
+            raise DistTimeout(f"rank {self.comm.rank}: {call.describe()} waited "
                               f"{self.group.timeout:.0f}s for another thread's call on "
                               f"{self.group.name} to finish")
         self._call = call
@@ -112,16 +112,16 @@ class ShmEngine:
         except CollectiveMismatch as exc:  # found in the data (all_to_all's size table)
             raise CollectiveMismatch(
                 f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
-                f"{self.comm.rank} called {call.record.describe()}, but {exc}") from None
+                f"{self.comm.rank} called {call.describe()}, but {exc}") from None
         except PeerFailure as exc:
             raise self._cause(exc) from None
         except DistTimeout as exc:
             if call.quiet or self.comm.router.failure is not None:
                 raise
             table = self.comm.where_table(f"rank {self.comm.rank} timed out in "
-                                          f"{call.record.describe()} on shared memory")
+                                          f"{call.describe()} on shared memory")
             raise DistTimeout(f"rank {self.comm.rank} timed out after "
-                              f"{self.group.timeout:.0f}s in {call.record.describe()} "
+                              f"{self.group.timeout:.0f}s in {call.describe()} "
                               f"(collective #{call.seq} of {self.group.name}): {exc}",
                               report=table) from None
         finally:
@@ -142,7 +142,7 @@ class ShmEngine:
         op, dtype, count, reduce, root, site_id, flags = exc.theirs
         their_site = CallSite.decode(site_id, exc.their_site) if exc.their_site else None
         fp = call.fp
-        ours = describe(fp, call.site, call.record.shape)
+        ours = describe(fp, call.site, call.shape)
         peer = self.group.ranks[exc.peer]
         reports: dict[int, dict[str, Any]] = {}
         try:
@@ -165,44 +165,44 @@ class ShmEngine:
     # --- Engine ---------------------------------------------------------------------------
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.broadcast, record.fp, record.site, data)
+        core = self.core
+        self._run(call, core.broadcast, call.fp, call.site, data)
 
     def all_reduce(self, call: Call, data: Array) -> None:
         assert call.dtype is not None and call.op is not None
-        record, core = call.record, self.core
-        self._run(call, core.all_reduce, record.fp, record.site, data, call.dtype, call.op)
+        core = self.core
+        self._run(call, core.all_reduce, call.fp, call.site, data, call.dtype, call.op)
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         assert call.dtype is not None and call.op is not None
-        record, core = call.record, self.core
-        self._run(call, core.reduce, record.fp, record.site, data, call.dtype, call.op)
+        core = self.core
+        self._run(call, core.reduce, call.fp, call.site, data, call.dtype, call.op)
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.all_gather, record.fp, record.site, slots[call.rank], slots)
+        core = self.core
+        self._run(call, core.all_gather, call.fp, call.site, slots[call.rank], slots)
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.gather, record.fp, record.site, mine, slots)
+        core = self.core
+        self._run(call, core.gather, call.fp, call.site, mine, slots)
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.scatter, record.fp, record.site, out, slots)
+        core = self.core
+        self._run(call, core.scatter, call.fp, call.site, out, slots)
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
         assert call.dtype is not None and call.op is not None
-        record, core = call.record, self.core
-        self._run(call, core.reduce_scatter, record.fp, record.site, chunks[call.rank], chunks,
+        core = self.core
+        self._run(call, core.reduce_scatter, call.fp, call.site, chunks[call.rank], chunks,
                   call.dtype, call.op)
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.all_to_all, record.fp, record.site, outs, ins)
+        core = self.core
+        self._run(call, core.all_to_all, call.fp, call.site, outs, ins)
 
     def barrier(self, call: Call) -> None:
-        record, core = call.record, self.core
-        self._run(call, core.barrier, record.fp, record.site)
+        core = self.core
+        self._run(call, core.barrier, call.fp, call.site)
 
     def settle(self) -> None:
         """Nothing owed: calls are checked in the segment as they run."""

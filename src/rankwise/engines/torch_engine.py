@@ -35,10 +35,12 @@ __all__ = ["TORCH_GRACE", "TorchEngine"]
 
 log = logging.getLogger("rankwise")
 
+#: PREMUL_SUM is a SUM here: the API multiplied each rank's input by its factor already
 _OPS = {"SUM": tdist.ReduceOp.SUM, "AVG": tdist.ReduceOp.AVG,
         "PRODUCT": tdist.ReduceOp.PRODUCT, "MIN": tdist.ReduceOp.MIN,
         "MAX": tdist.ReduceOp.MAX, "BAND": tdist.ReduceOp.BAND,
-        "BOR": tdist.ReduceOp.BOR, "BXOR": tdist.ReduceOp.BXOR}
+        "BOR": tdist.ReduceOp.BOR, "BXOR": tdist.ReduceOp.BXOR,
+        "PREMUL_SUM": tdist.ReduceOp.SUM}
 
 
 def _allreduce_options(op: Any) -> Any:
@@ -61,6 +63,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 _WIDER = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 _TOP = -(1 << 63)  #: the top bit of an int64
+
+
+#: dtypes that torch's backends reduce as they are: the common case takes no conversion
+#: and no write-back (bfloat16 included: ``values`` gives its torch view)
+_AS_IS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                    torch.uint8, torch.int32, torch.int64, torch.bool))
 
 
 def _nothing() -> None:
@@ -173,6 +181,9 @@ class TorchEngine:
         """``t`` becomes the reduction over ranks (complex products via a gather:
         gloo reduces no complex numbers)."""
         assert call.op is not None
+        if t.dtype in _AS_IS:  # the hot path of a small all_reduce: the op, the wait
+            self._wait(call, self.pg.allreduce([t], _ALLREDUCE_OPTS[call.op.name]))
+            return
         op = call.op.name
         if t.is_complex() and op not in ("SUM", "AVG"):
             parts = [torch.empty_like(t) for _ in range(call.size)]
@@ -195,7 +206,11 @@ class TorchEngine:
                                                                    _bopts(root))))
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        self._run(call, lambda: self._all_reduce(call, self._values(data, call)))
+        # ``_run`` written out: no closure on the hot path
+        check = self.check
+        check.before(call)
+        self._all_reduce(call, self._values(data, call))
+        check.after()
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result

@@ -35,17 +35,41 @@ class Tensors:
         raise NotImplementedError
 
 
+#: arrays whose torch view ``HostArrays.values`` keeps, at most, and their largest size
+_KEPT = 64
+_KEPT_BYTES = 64 * 1024
+
+
 class HostArrays(Tensors):
     """numpy views (rankwise's host path) as CPU tensors over the same memory."""
+
+    def __init__(self) -> None:
+        #: torch views of small arrays seen before, by id (see ``values``)
+        self._kept: dict[int, tuple[Any, torch.Tensor]] = {}
 
     def raw(self, a: Any) -> torch.Tensor:
         return torch.from_numpy(a.reshape(-1).view(np.uint8))
 
     def values(self, a: Any, call: Call) -> torch.Tensor:
-        """bfloat16 is stored as uint16 in rankwise's host arrays."""
-        if call.dtype is not None and call.dtype.kind == "bfloat16":
-            return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+        """``a``'s elements as a tensor (bfloat16 is stored as uint16 in rankwise's host
+        arrays), kept for a small array that may come again.
+
+        Why kept: the API hands the same array to every call on a tensor it has seen
+        before (``api.views``); a tensor made per call cost its own Python and, freed by
+        gloo's worker thread after the op, a GIL hand-off there. An entry holds ``a``, so
+        its id cannot be reused while it is kept; at most ``_KEPT`` small arrays are held.
+        """
+        entry = self._kept.get(id(a))
+        bf16 = call.dtype is not None and call.dtype.kind == "bfloat16"
+        if entry is not None and entry[0] is a and (entry[1].dtype is torch.bfloat16) == bf16:
+            return entry[1]
+        t = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16) if bf16 \
+            else torch.from_numpy(a)
+        if a.nbytes <= _KEPT_BYTES:
+            if len(self._kept) >= _KEPT:
+                self._kept.clear()
+            self._kept[id(a)] = (a, t)
+        return t
 
 
 class DeviceTensors(Tensors):

@@ -5,8 +5,12 @@ Why: an error that says "collective #7 mismatched" helps nobody; one that says
 points at the bug. Each call records the first frames outside rankwise (file, line,
 function, and a few callers); library frames (torch, site-packages, the standard
 library) on the way to the user's code are kept as "via", never shown first. The result
-is cached per code location, so the hot path costs a frame walk and a dict lookup, and only a 32-bit id travels on the wire (the
-text is sent once per connection, see ``Kind.SITE``).
+is cached per code location, so the hot path costs a frame walk and a dict lookup, and only a
+32-bit id travels on the wire (the text is sent once per connection, see ``Kind.SITE``).
+The walk keys each frame by its instruction offset (``f_lasti``), never by its line:
+``f_lineno`` scans the code's line table from the start (4 us for a frame near the end of
+a 300-line ``main``, per frame, per call); lines are looked up only when a new chain is
+seen and its text is built.
 """
 
 from __future__ import annotations
@@ -164,7 +168,8 @@ def skip_directory(path: str) -> None:
 def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:
     """The frames a call site keeps, walking out from ``frame``: rankwise's own skipped,
     library frames kept only before the first user frame (at most ``_VIA``), user frames
-    up to ``_DEPTH``; and the cache key of that chain (code ids and lines).
+    up to ``_DEPTH``; and the cache key of that chain (code ids and instruction offsets:
+    each offset is on exactly one line, so the key names the lines without computing them).
 
     Hot path (every collective): inlined lookups, no text built here.
     """
@@ -183,26 +188,30 @@ def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:
             kind = _classify(code.co_filename)
         if not kind:  # _USER
             key.append(id(code))
-            key.append(frame.f_lineno)
+            key.append(frame.f_lasti)
             kept.append(frame)
             users += 1
             if users == depth:
                 break
         elif kind == 1 and not users and via < most_via:  # _LIBRARY, before the user's
             key.append(id(code))
-            key.append(frame.f_lineno)
+            key.append(frame.f_lasti)
             kept.append(frame)
             via += 1
         frame = frame.f_back
     return key, kept
 
 
-def capture() -> CallSite:
+def capture(skip: int = 1) -> CallSite:
     """The call site of the innermost frame outside the rankwise package (see ``_walk``);
-    the frames' text is only built the first time a (code, line) chain is seen."""
+    the frames' text is only built the first time a (code, line) chain is seen.
+
+    ``skip``: frames known to be rankwise's own, above this one (1: the caller). The walk
+    skips rankwise's frames anyway; skipping them here spares making a frame object for
+    each (the API's ``launch`` and the public function that called it: two per call)."""
     if not _enabled:
         return UNKNOWN
-    key, kept = _walk(sys._getframe(1))
+    key, kept = _walk(sys._getframe(skip))
     if not kept:
         return UNKNOWN
     tkey = tuple(key)

@@ -37,7 +37,7 @@ from ..api import p2p
 from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
-from ..wire.buffers import ReduceOp, check_reducible, coerce_reduce_op
+from ..wire.buffers import ReduceOp, coerce_reduce_op
 from ..wire.frames import Op
 from ..wire.reduce_op import make_premul_sum
 from ._views import TensorViews
@@ -136,10 +136,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         g = resolve_group(self.group)
         assert g is not None  # torch makes a group only on its members
         buf, memo = self._views.view(tensors[0], "tensor")
-        body = memo.get(rop)  # a view's checked body per op; PREMUL_SUM's factor varies
-        if body is None or rop.factor is not None:
-            check_reducible(buf.dtype, rop, "all_reduce")
-            body = memo[rop] = coll.all_reduce_body(buf, rop)
+        body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
         coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
                     shape=buf.shape)
         return DoneWork(tensors) if opts.asyncOp else None

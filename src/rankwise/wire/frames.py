@@ -19,6 +19,7 @@ from typing import NamedTuple
 __all__ = [
     "CALL_FLAGS",
     "CHECK_ENTRY",
+    "CHECK_KEY",
     "DROP",
     "HEADER",
     "HOLD",
@@ -208,6 +209,8 @@ def decode_header(data: bytes | bytearray | memoryview, offset: int = 0,
 #: one fingerprint of a ``Kind.CHECKS`` frame: seq u64, op u8, dtype u8, reduce u8,
 #: flags u8, root i32, count i64, site u32
 CHECK_ENTRY = struct.Struct("<QBBBBiqI")
+#: bytes at the start of an entry that two ranks' equal calls share (all but the site)
+CHECK_KEY = CHECK_ENTRY.size - 4
 
 
 def decode_checks(frame: Frame, payload: bytes) -> list[Frame]:

@@ -1,0 +1,80 @@
+"""The numpy view of a torch tensor, kept from one backend call to the next.
+
+Why: a training loop (a metric ``all_reduce``, DDP's bucket tensors, through rankwise's
+API or torch's backend) hands the same few tensors to every call, and viewing a tensor
+afresh (``as_buffer``: seven attribute checks and ``Tensor.numpy()``) is the largest
+single part of a small call's Python. Imported only once a torch tensor is seen (it
+imports torch). A cached view is reused
+only while five cheap reads prove it still describes the tensor: the same Python object
+(a weak reference: ids are reused), the same data pointer, shape, dtype and contiguity,
+and no autograd (a tensor that requires grad always takes the full check, which may
+refuse it). Anything else (``resize_``, ``set_``, ``.data = ...``, ``as_strided_``)
+changes one of those and the tensor is viewed, and checked, again.
+
+Each view carries a ``memo`` for what its user derives from it and would otherwise
+rebuild per call (an all_reduce body per reduce op); it goes when the view goes.
+
+Only small tensors are kept (``MAX_BYTES``): on a large one the data movement dwarfs the
+view's cost, and a view keeps its storage alive until the tensor itself dies, so a stale
+view of a swapped-out storage must stay small. Entries leave with their tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from ..wire.buffers import Buffer, as_buffer
+
+__all__ = ["MAX_BYTES", "MAX_ENTRIES", "TensorViews"]
+
+MAX_BYTES = 64 * 1024  #: tensors larger than this are viewed afresh on every call
+MAX_ENTRIES = 1024  #: live tensors remembered at once (past it the cache starts over)
+
+#: (weak reference, data pointer, shape, dtype, view, memo)
+_Entry = tuple["weakref.ref[torch.Tensor]", int, torch.Size, torch.dtype, Buffer,
+               dict[Any, Any]]
+
+
+class TensorViews:
+    """``view(t)``: ``as_buffer(t, ..., writable=True)`` and a memo, remembered per small
+    tensor."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def view(self, t: torch.Tensor, what: str) -> tuple[Buffer, dict[Any, Any]]:
+        """The writable flat view of ``t`` and its memo (empty when the view is new);
+        raises ``InvalidArgument`` as ``as_buffer`` does (a cached tensor was checked when
+        it was first viewed)."""
+        entry = self._entries.get(id(t))
+        if entry is not None:
+            ref, ptr, shape, dtype, buf, memo = entry
+            if (ref() is t and t.data_ptr() == ptr and t.shape == shape and t.dtype is dtype
+                    and not t.requires_grad and t.is_contiguous()):
+                return buf, memo
+        buf = as_buffer(t, what, writable=True)
+        memo = {}
+        if not t.requires_grad and 0 < buf.nbytes <= MAX_BYTES:
+            self._remember(t, buf, memo)
+        return buf, memo
+
+    def _remember(self, t: torch.Tensor, buf: Buffer, memo: dict[Any, Any]) -> None:
+        entries = self._entries
+        if len(entries) >= MAX_ENTRIES:
+            entries.clear()
+        key = id(t)
+
+        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+            found = entries.get(key)
+            if found is not None and found[0] is ref:
+                del entries[key]
+
+        # the view keeps the storage, not the tensor: the reference dies with the tensor
+        buf.original = None
+        entries[key] = (weakref.ref(t, forget), t.data_ptr(), t.shape, t.dtype, buf, memo)
