@@ -58,11 +58,12 @@ Array = npt.NDArray[Any]
 #: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
 DEFAULT_SLOT_BYTES = 1 << 20
 #: when ranks outnumber CPUs every round costs a pass of the scheduler over all ranks,
-#: and under outside load a wait in the run queue per rank, so fewer, larger rounds win
-#: (4 ranks on 2 CPUs: 2 MiB 40 ms, 1 MiB 44 ms quiet; at load 5-7 from other jobs, same
-#: run, 64 MiB: 2 MiB 195-220 ms, 8 MiB 149-165, 16 MiB 136; 4 MiB: 12.7 / 8.1-8.9 ms).
-#: Capped per group: 2 x ranks slots of it stay mapped (4 ranks: 64 MiB)
-OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
+#: so larger rounds than the default win, up to a point: 4 ranks on 2 CPUs, quiet, 2 MiB
+#: 40 ms, 1 MiB 44 ms (64 MiB). 8 MiB won only under outside load (load 5-7: 64 MiB 2 MiB
+#: 195-220 ms, 8 MiB 149-165), and lost on a quiet machine (rankwise bench, alternating
+#: runs, 16 MiB 11-12 ms vs 17-19 ms, 64 MiB 43-45 vs 59-63 ms): the quiet case rules.
+#: Capped per group: 2 x ranks slots of it stay mapped
+OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
 OVERSUBSCRIBED_GROUP_BYTES = 64 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
@@ -94,7 +95,7 @@ class ShmGroup:
 
     ``store``/``prefix``: rendezvous (a ``rankwise.store.Store`` and a key prefix unique
     to this group). ``slot_bytes`` (default ``RANKWISE_SHM_SLOT_BYTES``, else 1 MiB; when
-    ranks outnumber CPUs 8 MiB, less beyond 4 ranks so the group maps <= 64 MiB; plus
+    ranks outnumber CPUs 2 MiB, less beyond 16 ranks so the group maps <= 64 MiB; plus
     ``chunks.padding``) is the
     size of each of the 2 data slots per rank; ``method`` ("auto", "memfd", "file";
     default ``RANKWISE_SHM_METHOD`` or "auto") how the segment is shared. ``timeout``
