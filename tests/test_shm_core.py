@@ -574,38 +574,26 @@ def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> N
     assert min(spins) <= 4e-6 and spins[-1] <= policy / 4, spins
 
 
-def w_long_rounds_sleep(rank: int, size: int, path: str) -> Any:
-    yields = [0]
-    real_yield = os.sched_yield
-
-    def counting_yield() -> None:
-        yields[0] += 1
-        real_yield()
-    os.sched_yield = counting_yield
-    try:
-        g = _group(rank, size, path)
-        d = _NUMPY_NATIVE[np.dtype(np.float32)]
-        a = _data(rank, 5 * SLOT // 4 + 13, d.storage)  # several chunks
-        g.all_reduce(_fp(Op.all_reduce, d.code, ReduceOp.SUM.code), _callsite.capture(), a,
-                     d, ReduceOp.SUM, _deadline())
-        rounds = g.statistics()["rounds"]
-        g.close()
-    finally:
-        os.sched_yield = real_yield
-    return a, yields[0], rounds
+def w_many_chunks(rank: int, size: int, path: str) -> Any:
+    g = _group(rank, size, path)
+    d = _NUMPY_NATIVE[np.dtype(np.float32)]
+    a = _data(rank, 5 * SLOT // 4 + 13, d.storage)  # several chunks
+    g.all_reduce(_fp(Op.all_reduce, d.code, ReduceOp.SUM.code), _callsite.capture(), a,
+                 d, ReduceOp.SUM, _deadline())
+    rounds = g.statistics()["rounds"]
+    g.close()
+    return a, rounds
 
 
-def test_large_rounds_sleep_instead_of_yielding(tmp_path: Any, monkeypatch: Any) -> None:
-    """The rounds of a large all_reduce wait asleep on the futex when the policy says so
-    (``RANKWISE_SHM_LONG_YIELD_US=0``): never a sched_yield, and still the right bits."""
-    monkeypatch.setenv("RANKWISE_SHM_LONG_YIELD_US", "0")
-    vals = _ok(run_ranks(w_long_rounds_sleep, 3, args=(str(tmp_path / "s"),), init=False,
+def test_large_all_reduce_takes_one_round_per_chunk_plus_one(tmp_path: Any) -> None:
+    """The chunk plan (``chunks.py``) as the engine runs it: the right bits, and one round
+    per chunk plus one (a chunk fills the whole slot)."""
+    vals = _ok(run_ranks(w_many_chunks, 3, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))
     n = 5 * SLOT // 4 + 13
     want = _np_reduce([_data(r, n, np.dtype(np.float32)) for r in range(3)], "SUM", 1)
     plan = plan_chunks(n, 4, 3, SLOT + padding(3))
     assert plan.chunks >= 3
-    for a, yields, rounds in vals:
+    for a, rounds in vals:
         np.testing.assert_array_equal(a, want)
-        assert yields == 0
         assert rounds == plan.chunks + 1  # one per chunk, plus one

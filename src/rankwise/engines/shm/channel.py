@@ -178,7 +178,7 @@ class Channel:
         w = self.w
         return [r for r in range(self.size) if w[self._seq[r]] < s]
 
-    def wait(self, s: int, deadline: float, what: Callable[[], str], long: bool = False) -> None:
+    def wait(self, s: int, deadline: float, what: Callable[[], str]) -> None:
         """Return once every rank published round ``s``; raise DistTimeout at
         ``deadline``, PeerFailure when a rank we wait for died, failed or closed.
 
@@ -186,9 +186,7 @@ class Channel:
         bounded by the policy, then futex sleeps that check liveness and the deadline.
         The spin adapts: halved after each wait it did not end, doubled (up to the
         policy's) after one it did, so ranks that end up sharing a core under outside
-        load stop burning the time slice their peer needs. ``long``: a large message's
-        round, whose peers have a chunk to move first: the policy's ``long_yield_s`` when
-        set (see ``waiting.py``)."""
+        load stop burning the time slice their peer needs."""
         w = self.w
         seqs = self._peer_seq
         for i in seqs:
@@ -199,9 +197,6 @@ class Channel:
         pol = self.policy
         monotonic = time.monotonic
         now = monotonic()
-        if long and pol.long_yield_s is not None:
-            self._yield_until(s, now, pol.long_yield_s, deadline, what)
-            return
         spin_end = now + self._spin
         while now < spin_end:
             for i in seqs:

@@ -169,13 +169,13 @@ class ShmGroup:
         return f"{name} on rank {self.ch.names[self.rank]}"
 
     def _round(self, call: Call, first: bool, deadline: float,
-               vary_count: bool = False, long: bool = False) -> int:
+               vary_count: bool = False) -> int:
         """Publish and wait for one round; check fingerprints on a call's first round.
         ``long``: the peers have a chunk to move before they publish (``Channel.wait``).
         Returns the slot parity the round's data is in."""
         ch = self.ch
         s = ch.publish(call if first else None)
-        ch.wait(s, deadline, self._describe, long)
+        ch.wait(s, deadline, self._describe)
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
@@ -312,7 +312,7 @@ class ShmGroup:
                 own = self._slots[me][p][base[me]:]
                 own[:lo * item] = src[:lo * item]
                 own[hi * item:m * item] = src[hi * item:]
-            self._round(call, t == 0, deadline, long=True)
+            self._round(call, t == 0, deadline)
             if t < chunks:
                 c0 = plan.start(t)
                 lo, hi = plan.span(t, me)
