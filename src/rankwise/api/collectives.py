@@ -371,7 +371,8 @@ def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, 
         engine.reduce_scatter(call, chunks)
         out.array[...] = chunks[call.rank]
 
-    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op, shape=out.shape, outputs=[out.original])
+    return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op, shape=out.shape,
+                  outputs=[out.original])
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,

@@ -139,9 +139,9 @@ def init_process_group(
     import), or ``"torch-gloo"``: torch's gloo moves the data, rankwise's checks stay on;
     ``"nccl"``/``"cpu:gloo,cuda:nccl"``: CUDA tensors on NCCL (on ``device_id``, else
     ``LOCAL_RANK``, else the current device), everything else on the CPU engine. CUDA
-    tensors on a CPU backend are staged through host memory, as on torch's gloo. ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or
-    ``"file:///path"``. ``token`` (or ``RANKWISE_TOKEN``): shared secret every
-    connection must prove.
+    tensors on a CPU backend are staged through host memory, as on torch's gloo.
+    ``init_method``: ``"env://"`` (default), ``"tcp://host:port"`` or ``"file:///path"``.
+    ``token`` (or ``RANKWISE_TOKEN``): shared secret every connection must prove.
     """
     if maybe_current() is not None:
         raise InvalidArgument("init_process_group was already called in this process; call "

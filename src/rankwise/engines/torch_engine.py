@@ -4,8 +4,9 @@ Why: multi-node CPU jobs can use torch's gloo, and CUDA tensors torch's NCCL
 (``engines.nccl``), while the API layer above the seam keeps rankwise's argument
 checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
-torch's global init, so rankwise's own world is untouched. The checks ride beside the data on rankwise's
-control plane (``ring_check``); waits are released by it (``torch_wait``).
+torch's global init, so rankwise's own world is untouched. The checks ride beside the
+data on rankwise's control plane (``ring_check``); waits are released by it
+(``torch_wait``).
 """
 
 from __future__ import annotations

@@ -156,8 +156,9 @@ def _start_watchdog(marker: str, run_dir: str) -> subprocess.Popen[bytes] | None
         return None
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
     try:
-        return subprocess.Popen([sys.executable, "-I", script, marker, run_dir], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        return subprocess.Popen([sys.executable, "-I", script, marker, run_dir],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as exc:
         _say(f"rankwise run: warning: could not start the watchdog ({exc}); processes the "
