@@ -39,6 +39,7 @@ from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, Rende
 from ..identity.callsite import capture
 from ..launch.env import detect_env, uses_agent_store
 from ..store import FileStore, PrefixStore, TCPStore
+from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
@@ -290,15 +291,10 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
         # dead store ("connection refused", "went away") instead of this explanation.
         # ``late_ones``: also wait for processes still starting up (an error found early,
         # like a duplicate rank); after a join timeout, only for those that arrived.
-        try:
-            store.add("error/seen", 1)
-            if hosting:
-                linger = time.monotonic() + min(5.0, timeout_s)
-                while time.monotonic() < linger and int(store.add("error/seen", 0)) < max(
-                        int(store.add("arrived", 0)), world_size if late_ones else 0):
-                    time.sleep(0.02)
-        except DistError:
-            pass
+        count_seen_and_hold(
+            store, "error/seen",
+            lambda: max(int(store.add("arrived", 0)), world_size if late_ones else 0),
+            hosting, min(HOLD_LIMIT, timeout_s))
         return exc
 
     def fail(message: str, late_ones: bool = True) -> RendezvousError:
@@ -483,7 +479,8 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | float | None 
     # error here, on every rank (see checks.groups); the hosts serve the engine choice
     entries = agree_on_group(world.rendezvous, world.group_counter,
                              GroupEntry(tuple(members), capture(), host_identity()),
-                             comm.rank, comm.world_size, limit)
+                             comm.rank, comm.world_size, limit,
+                             hosting=getattr(world.store, "server", None) is not None)
     if comm.rank not in members:
         return GroupMember.NON_GROUP_MEMBER
     return make_group(world, gid, members, limit, group_desc or f"group {members}",

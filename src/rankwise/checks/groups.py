@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import CollectiveMismatch, DistTimeout
 from ..identity.callsite import CallSite
+from ..store.seen import count_seen_and_hold
 from .report import rank_list
 
 __all__ = ["GroupEntry", "agree_on_group"]
@@ -56,9 +57,11 @@ class GroupEntry:
 
 
 def agree_on_group(store: Any, index: int, mine: GroupEntry, rank: int, world_size: int,
-                   timeout: float) -> list[GroupEntry]:
+                   timeout: float, hosting: bool = False) -> list[GroupEntry]:
     """Every rank's ``index``-th group (one store round over the job), in rank order;
-    ``CollectiveMismatch`` on every rank when they are not all the same group."""
+    ``CollectiveMismatch`` on every rank when they are not all the same group.
+    ``hosting``: this process hosts the store, and keeps it up on a mismatch until every
+    rank has read the entries that explain it."""
     prefix = f"new_group/{index}"
     store.set(f"{prefix}/{rank}", mine.encode())
     keys = [f"{prefix}/{r}" for r in range(world_size)]
@@ -77,6 +80,7 @@ def agree_on_group(store: Any, index: int, mine: GroupEntry, rank: int, world_si
     for r, e in enumerate(entries):
         kinds.setdefault(e.ranks, []).append(r)
     if len(kinds) > 1:
+        count_seen_and_hold(store, f"{prefix}/seen", lambda: world_size, hosting)
         raise CollectiveMismatch(_mismatch_text(index, entries, kinds, rank))
     return entries
 
