@@ -11,7 +11,7 @@ then the median over blocks. Targets (issue 13): async / torch <= 1.05; sync cos
 most one control round trip more than async (the round trip is measured too: a 0-byte
 ping-pong on rankwise's control connection, ``rankwise.send``/``recv`` of one byte).
 
-    python benchmarks/torch_engine.py                   # 2 ranks
+    python benchmarks/torch_engine.py --iters 200 --blocks 60   # 2 ranks
     python benchmarks/torch_engine.py --ranks 2,4 --iters 2000 --blocks 10
 """
 
@@ -72,15 +72,24 @@ def main() -> None:
         med = {name: statistics.median(b) for name, b in blocks.items()}
         best = {name: min(b) for name, b in blocks.items()}
         base, base_best = med["torch all_reduce"], best["torch all_reduce"]
+        # each block's op against the torch block of the same round (seconds apart):
+        # the machine's drift over the run, which moves whole blocks by 20%, cancels
+        paired = {name: statistics.median(
+            a / t for a, t in zip(b, blocks["torch all_reduce"], strict=True))
+            for name, b in blocks.items()}
         print(f"{n} ranks, 4-byte all_reduce, median of {args.blocks} blocks x "
-              f"{args.iters} calls (slowest rank per block; the best block is the steadier "
-              "figure on a loaded machine)")
+              f"{args.iters} calls (slowest rank per block; 'paired': the median of each "
+              "block's ratio to the torch block of its round, the figure the targets "
+              "are read from)")
         for name, us in med.items():
             print(f"  {name:<20} {us:8.1f} us   {us / base:6.3f}x torch all_reduce   "
-                  f"best {best[name]:8.1f} us {best[name] / base_best:6.3f}x")
-        extra = med["rankwise sync"] - med["rankwise async"]
-        print(f"  sync - async: {extra:.1f} us = {extra / med['control round trip']:.2f} "
-              "control round trips")
+                  f"paired {paired[name]:6.3f}x   best {best[name]:8.1f} us "
+                  f"{best[name] / base_best:6.3f}x")
+        extra = statistics.median(
+            (s - a) / rt for s, a, rt in zip(blocks["rankwise sync"], blocks["rankwise async"],
+                                             blocks["control round trip"], strict=True))
+        print(f"  sync - async: {med['rankwise sync'] - med['rankwise async']:.1f} us; "
+              f"paired per round: {extra:.2f} control round trips")
 
 
 if __name__ == "__main__":
