@@ -108,6 +108,11 @@ def _mismatch(rank: int, world: int, case: str) -> None:
             dist.all_reduce(torch.ones(5))  # CALL:count-odd
         else:
             dist.all_reduce(t)  # CALL:count-rest
+    elif case == "plane":  # host memory where the others pass (what stands for) CUDA
+        if rank == 1:
+            dist.all_reduce(t.numpy())  # CALL:plane-odd
+        else:
+            dist.all_reduce(t)  # CALL:plane-rest
     else:
         for _ in range(3):  # confirmed calls: async checks batch their fingerprints
             dist.all_reduce(t)
@@ -123,6 +128,7 @@ def _mismatch(rank: int, world: int, case: str) -> None:
 @pytest.mark.parametrize("case,odd,rest", [
     ("count", "all_reduce(float32 x 5, op=SUM)", "all_reduce(float32 x 4, op=SUM)"),
     ("op", "all_reduce(float32 x 4, op=MAX)", "all_reduce(float32 x 4, op=SUM)"),
+    ("plane", "all_reduce(float32 x 4, op=SUM) at", "all_reduce(float32 x 4, op=SUM) on CUDA"),
 ])
 def test_mismatch_on_the_nccl_engine_class(case: str, odd: str, rest: str,
                                            check: str) -> None:
@@ -150,7 +156,7 @@ def _stuck(rank: int, world: int) -> None:
 def test_kernel_not_finished_told_apart_from_never_called() -> None:
     results = run_ranks(_stuck, 2, timeout=60, init_kwargs={"backend": "nccl", "timeout": 3.0},
                         env={"RANKWISE_TENSOR_PATH": "device"})
-    call = "all_reduce(float32 x 4, op=SUM)"
+    call = "all_reduce(float32 x 4, op=SUM) on CUDA"  # the plane the call's tensors took
     assert_every_rank(results, "DistTimeout", f"timed out after 3s in {call}",
                       ranks=[0], within=15.0)
     message = results[0].message

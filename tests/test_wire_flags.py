@@ -1,9 +1,9 @@
 """Header flags (``wire.frames.Flag``): markers carried in the ``flags`` byte, not in magic
 values of other fields.
 
-- a call flag (``SYNC``, the barrier of a rank-0-first block) is part of the call's
-  identity: a frame without it never matches a call with it, even when every other field
-  agrees;
+- a call flag (``SYNC``, the barrier of a rank-0-first block; ``DEVICE``, CUDA tensors on
+  a group whose NCCL plane moves them) is part of the call's identity: a frame without it
+  never matches a call with it, even when every other field agrees;
 - a lane flag (``CTS``, ``GATHER``, ``CHECK``) keeps a message apart from the data step
   of the same number from the same peer;
 - unknown flag bits are refused by the decoder;
@@ -25,14 +25,22 @@ from rankwise.algorithms.link import Lane
 from rankwise.core.router import Router
 from rankwise.engines import message
 from rankwise.engines.message import OpLink
-from rankwise.identity.calls import Fingerprint, barrier_name_code
+from rankwise.identity.calls import (
+    Fingerprint,
+    barrier_name_code,
+    describe,
+    flags_shown,
+    mismatch_advice,
+)
 from rankwise.testing.threads import ThreadRankError, run_threads
 from rankwise.wire.frames import Flag, Frame, Kind, Op, WireError, decode_header, encode_header
 
 
-def _frame(src: int, flags: int = 0, step: int = 0, count: int = 0, n: int = 0) -> Frame:
-    return decode_header(encode_header(Kind.COLL, group=0, seq=1, op=Op.barrier, flags=flags,
-                                       count=count, step=step, payload_len=n), src=src)
+def _frame(src: int, flags: int = 0, step: int = 0, count: int = 0, n: int = 0,
+           op: Op = Op.barrier, dtype: int = 0, reduce: int = 0) -> Frame:
+    return decode_header(encode_header(Kind.COLL, group=0, seq=1, op=op, dtype=dtype,
+                                       reduce=reduce, flags=flags, count=count, step=step,
+                                       payload_len=n), src=src)
 
 
 def _router() -> tuple[Router, list[tuple[Frame, Any]]]:
@@ -59,6 +67,23 @@ def test_a_call_flag_is_part_of_the_identity() -> None:
     assert pending.completed and pending.error is None
 
 
+def test_the_device_flag_is_part_of_the_identity_and_shown() -> None:
+    """A CUDA call on a two-plane group and the same call on host memory: a mismatch,
+    described so that the reader sees which side is which, with advice that names the
+    devices (also when the two calls are known only as text, from who-is-where reports)."""
+    cuda = Fingerprint(int(Op.all_reduce), 11, 1, 0, 4, int(Flag.DEVICE))
+    host = cuda._replace(flags=0)
+    router, mismatches = _router()
+    router.register_call(0, 1, cuda)
+    router.post_coll((0, 1, 1, 0, 0), memoryview(bytearray(16)))
+    buf, _token = router.on_header(_frame(1, op=Op.all_reduce, dtype=11, count=4, reduce=1))
+    assert buf is None and len(mismatches) == 1 and mismatches[0][1] == cuda
+    assert describe(cuda).endswith(") on CUDA") and not describe(host).endswith("on CUDA")
+    assert flags_shown(describe(cuda)) == Flag.DEVICE and flags_shown(describe(host)) == 0
+    assert "One side passed CUDA tensors" in mismatch_advice(int(Flag.DEVICE), 0)
+    assert "CUDA" not in mismatch_advice(int(Flag.DEVICE), int(Flag.DEVICE))
+
+
 def test_lanes_keep_step_zero_apart() -> None:
     router, mismatches = _router()
     router.register_call(0, 1, Fingerprint(int(Op.barrier), 0, 0, 0, 0))
@@ -76,7 +101,7 @@ def test_lanes_keep_step_zero_apart() -> None:
 
 
 def test_unknown_flag_bits_are_refused() -> None:
-    for flags in (0x02, 0x80, 0xFF):
+    for flags in (0x04, 0x80, 0xFF):
         with pytest.raises(WireError, match="unknown flag bits"):
             decode_header(encode_header(Kind.COLL, op=Op.all_reduce, flags=flags))
     for flag in Flag:

@@ -60,10 +60,14 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
     of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
     site = capture(3)  # skips launch and the public function: both rankwise's own
+    if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
+        if dtype is None or not dtype.tensor:
+            engine = group.engine
+        else:
+            engine, plane = device_engine(group)
+            flags |= plane
     fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
                      root, count, flags)
-    if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
-        engine = group.engine if dtype is None or not dtype.tensor else device_engine(group)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:

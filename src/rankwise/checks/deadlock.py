@@ -22,6 +22,10 @@ The verdict is conservative; "deadlock" needs all of:
   collective (blocking sends do not report a call, so a sending rank looks busy);
 - a second look ``CONFIRM_GAP`` seconds later shows every rank in the very same call
   (same start time, same per-group sequence numbers): nothing moved.
+A look that finds no deadlock but ranks in the same collective (``#s`` of ``g``) with
+different calls reports that instead, as a mismatch on every rank: nothing moves there
+either, as when one rank's CUDA tensors went to NCCL and another's host memory to the
+CPU engine, planes that exchange no headers to compare.
 Limitation: a rank whose blocked thread waits for data another thread *of the same rank*
 will send after computing looks blocked; set ``RANKWISE_DEADLOCK=0`` for such programs.
 """
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.work import in_flight
 from ..errors import DeadlockError
-from .report import rank_list
+from .report import rank_list, stalled_mismatch
 
 if TYPE_CHECKING:
     from ..core.communicator import Communicator
@@ -264,6 +268,14 @@ class DeadlockWatch:
             return
         first = comm.where_is_everyone(2.0)
         if find_deadlock(first, comm.rank) is None:
+            if stalled_mismatch(first) is not None:
+                # ranks in the same collective with different calls, waiting on data
+                # planes that never meet (CUDA tensors on NCCL, host memory on the CPU
+                # engine; or engines that exchange no headers): a mismatch, not progress.
+                # ``check_where`` looks again and fails every rank with both calls.
+                comm.mismatches.check_where(
+                    f"rank {comm.rank} has waited {self.after:g}s in "
+                    f"{comm.calls.doing() or 'a wait'}")
             return
         time.sleep(CONFIRM_GAP)  # not synchronisation: the pause that shows movement
         second = comm.where_is_everyone(2.0)

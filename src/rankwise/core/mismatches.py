@@ -20,7 +20,7 @@ from ..checks.report import (
     stalled_mismatch,
 )
 from ..errors import CollectiveMismatch
-from ..identity.calls import Fingerprint, describe, mismatch_advice
+from ..identity.calls import Fingerprint, describe, flags_shown, mismatch_advice
 from ..identity.callsite import CallSite, enabled
 from ..wire.frames import Frame
 
@@ -76,12 +76,12 @@ class Mismatches:
                  f"{reports[ranks[0]].get('site') or '<unknown>'}"
                  for call, ranks in sorted(calls.items(), key=lambda kv: kv[1][0])]
         first = sorted(calls.values(), key=lambda rs: rs[0])
+        texts = sorted(calls, key=lambda c: calls[c][0])
         message = (
             f"collective mismatch in {gname}, collective #{seq}: " + ", but ".join(sides)
             + f". No message crossed between them (each waits to receive), so rank "
-            f"{comm.rank} found it by asking every rank where it is. Every rank of a group "
-            "must make the same collective calls in the same order, with the same op, "
-            "dtype, element count, root and reduce op.\n\n"
+            f"{comm.rank} found it by asking every rank where it is. "
+            + mismatch_advice(flags_shown(texts[0]), flags_shown(texts[1])) + "\n\n"
             + mismatch_report(reports, group, seq, first[0][0], first[1][0]))
         with self._lock:
             if comm.router.failure is not None:

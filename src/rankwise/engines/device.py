@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..wire.frames import Flag
 from .base import Array, Call, Engine
 from .staged import Staged
 
@@ -21,13 +22,19 @@ if TYPE_CHECKING:
 
 __all__ = ["DevicePair", "device_engine"]
 
+_DEVICE = int(Flag.DEVICE)
 
-def device_engine(group: ProcessGroup) -> Engine:
-    """The engine for ``group``'s calls on flat torch tensors."""
+
+def device_engine(group: ProcessGroup) -> tuple[Engine, int]:
+    """The engine for ``group``'s calls on flat torch tensors, and the call flags it
+    adds: ``Flag.DEVICE`` where that engine is another data plane than the host
+    memory's (a ``DevicePair``'s), so that a rank that passed host memory to the same
+    call is a mismatch rather than a wait on a plane where nothing comes. Staged calls
+    share the host plane: host memory on another rank meets them there as usual."""
     engine = group.engine
     if isinstance(engine, DevicePair):
-        return engine.device
-    return Staged(engine)
+        return engine.device, _DEVICE
+    return Staged(engine), 0
 
 
 class DevicePair:

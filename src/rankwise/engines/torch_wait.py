@@ -5,8 +5,11 @@ Why not ``work.wait()``: torch's gloo ``abort`` does not release a rank blocked 
 whose peers never join (it stays blocked until gloo's own timeout or a peer's connection
 closes), and NCCL's watchdog takes minutes. So the wait is cut in short slices; between
 them the rank looks at what its control plane knows (a mismatch found by the ring
-check, a dead or failed peer) and raises that at once. Past ``RANKWISE_WARN_AFTER`` it
-logs the who-is-where table; at the group's deadline it raises ``DistTimeout`` with it.
+check, a dead or failed peer) and raises that at once. From ``RANKWISE_DEADLOCK_AFTER``
+on it asks, as every rankwise wait does, whether the job is stuck for good (a deadlock,
+or ranks in this call whose other calls went to another data plane: a mismatch no ring
+check sees). Past ``RANKWISE_WARN_AFTER`` it logs the who-is-where table; at the group's
+deadline it raises ``DistTimeout`` with it (or the mismatch the table shows).
 An error of the torch op itself (a peer's connection closed) is explained by the
 control plane's account when one comes within a second.
 
@@ -94,8 +97,11 @@ class WorkWaiter:
         router = comm.router
         activity = comm.activity  # who-is-where: the op is torch's now, not ours
         activity.enqueued, activity.engine = time.time(), self.engine_name
-        warn_at = float("inf") if call.patient or call.quiet else \
-            time.monotonic() + comm.warn_after
+        start = time.monotonic()
+        warn_at = float("inf") if call.patient or call.quiet else start + comm.warn_after
+        # from ``deadlock.after`` s on, ask (backing off) whether every rank is stuck: a
+        # deadlock, or ranks in this very call whose other calls went to another plane
+        probe_at = start + comm.deadlock.after
         while True:
             failure = router.failure
             if failure is not None:
@@ -109,6 +115,9 @@ class WorkWaiter:
             if now >= warn_at:
                 warn_at = float("inf")
                 comm.warn_slow(lambda: self._what(call))
+                continue
+            if now >= probe_at:
+                probe_at = time.monotonic() + comm.deadlock.probe(now - start)
                 continue
             span = GRACE if on_slow is not None else SLICE \
                 if call.deadline - now > SLICE else max(0.001, call.deadline - now)
@@ -130,8 +139,9 @@ class WorkWaiter:
     def _timeout(self, call: Call) -> DistError:
         if call.quiet:
             return DistTimeout(self._what(call))
-        table = self.comm.where_table(f"rank {self.comm.rank} timed out in "
-                                      f"{call.record.describe()} on {self.engine_name}")
+        table = self.comm.mismatches.check_where(
+            f"rank {self.comm.rank} timed out in {call.record.describe()} on "
+            f"{self.engine_name}")
         failure = self.comm.router.failure
         if failure is not None:  # the table found a mismatch no frame revealed
             return failure if isinstance(failure, DistError) else DistError(str(failure))

@@ -14,8 +14,11 @@ from ..wire.buffers import dtype_name, reduce_op_by_code
 from ..wire.frames import CALL_FLAGS, Flag, Frame, Op
 from .callsite import CallSite
 
-__all__ = ["BARRIER_NAMES", "CallFields", "Fingerprint", "barrier_name_code", "describe",
-           "describe_call", "mismatch_advice"]
+__all__ = ["BARRIER_NAMES", "DEVICE_MARK", "CallFields", "Fingerprint", "barrier_name_code",
+           "describe", "describe_call", "flags_shown", "mismatch_advice"]
+
+#: how a description shows ``Flag.DEVICE`` (after the arguments, before the call site)
+DEVICE_MARK = " on CUDA"
 
 class Fingerprint(NamedTuple):
     """What must agree across ranks for one collective call.
@@ -82,7 +85,8 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     """``all_reduce(float32 x 1024, op=SUM) at train.py:42 in step``; with the user's
     tensor's ``shape`` (when it is not flat): ``all_reduce(float32[2, 2], op=SUM)``.
     Shapes are only shown: ranks agree when their element counts do. ``flags``: the
-    call's header flags (``Flag.SYNC``: the barrier of a rank-0-first block)."""
+    call's header flags (``Flag.SYNC``: the barrier of a rank-0-first block; ``Flag.DEVICE``:
+    CUDA tensors on a group whose NCCL plane moves them, shown as "on CUDA")."""
     name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
     args = []
     if op == Op.barrier and count > 0:
@@ -103,8 +107,20 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     if op in (Op.broadcast, Op.scatter, Op.reduce, Op.gather, Op.broadcast_object_list,
               Op.gather_object, Op.scatter_object_list):
         args.append(f"root={root}")
+    plane = DEVICE_MARK if flags & Flag.DEVICE else ""
     where = f" at {site.short}" if site is not None and site.frames else ""
-    return f"{name}({', '.join(args)}){where}"
+    return f"{name}({', '.join(args)}){plane}{where}"
+
+
+def flags_shown(text: str) -> int:
+    """The call flags a description shows (a peer's who-is-where report carries its calls
+    as text): what ``mismatch_advice`` needs to word a mismatch found in reports."""
+    flags = 0
+    if ")" + DEVICE_MARK in text:
+        flags |= Flag.DEVICE
+    if text.startswith("rank_zero_first("):
+        flags |= Flag.SYNC
+    return flags
 
 
 def mismatch_advice(flags_a: int, flags_b: int) -> str:
@@ -121,4 +137,10 @@ def mismatch_advice(flags_a: int, flags_b: int) -> str:
             "barrier met a different collective on the other ranks. Fix: enter the block "
             "on every rank of the group, or do not use it on the rank-0-only path "
             "(the seed's fix: pass rank=-1 there).")
+    if (flags_a ^ flags_b) & Flag.DEVICE:
+        advice += (
+            "\nOne side passed CUDA tensors and the other CPU tensors (or numpy arrays): "
+            "on a group with NCCL, CUDA tensors go to NCCL and CPU tensors to the CPU "
+            "backend, so the two calls can never meet. Put the tensor on the same device "
+            "on every rank (`tensor.to(device)`).")
     return advice

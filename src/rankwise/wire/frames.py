@@ -110,7 +110,10 @@ class Flag(enum.IntFlag):
 
     - *call* flags (``CALL_FLAGS``) are part of the call's identity and compared like its
       op and root: ``SYNC`` marks the barrier of a ``rank_zero_first`` block, so a plain
-      barrier that meets it is a mismatch, named as the rank-0-first trap;
+      barrier that meets it is a mismatch, named as the rank-0-first trap; ``DEVICE``
+      marks a call on CUDA tensors of a group with two data planes (NCCL beside a CPU
+      engine), so a rank that passed a CPU tensor to the same call, whose data went to
+      the other plane where nothing can meet it, is a mismatch, not a hang;
     - *lane* flags (``LANE_FLAGS``) tell apart messages of one call that are not numbered
       data steps; they are part of the matching key, not of the identity: ``CTS`` is the
       ring's clear-to-send, ``GATHER`` the reduced chunks sent to a reduce's root,
@@ -118,13 +121,14 @@ class Flag(enum.IntFlag):
     """
 
     SYNC = 0x01
+    DEVICE = 0x02
     CTS = 0x10
     GATHER = 0x20
     CHECK = 0x40
 
 
 #: flags compared as part of the call (``Fingerprint.flags``)
-CALL_FLAGS = int(Flag.SYNC)
+CALL_FLAGS = int(Flag.SYNC | Flag.DEVICE)
 #: flags that select a message lane within one call (part of the router's key)
 LANE_FLAGS = int(Flag.CTS | Flag.GATHER | Flag.CHECK)
 #: any other bit is a corrupt or newer peer
