@@ -144,19 +144,22 @@ import json, sys, time
 import numpy as np
 import rankwise as dist
 
-rank, port = int(sys.argv[1]), int(sys.argv[2])
+rank, port, op, victim = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=3, timeout=20.0)
 a = np.ones(4, np.float32)
 dist.all_reduce(a)
-if rank == 1:
+if rank == victim:
     time.sleep(0.3)
     def load_batch(i):
         raise KeyError(f"batch {i} is missing from the shard")
     load_batch(7)  # uncaught: the excepthook tells the others
 start = time.monotonic()
 try:
-    dist.all_reduce(a)
+    if op == "new_group":  # a store round: the failure must reach it too
+        dist.new_group([0, 1, 2])
+    else:
+        dist.all_reduce(a)
     out = {"type": None}
 except dist.DistError as exc:
     out = {"type": type(exc).__name__, "rank": getattr(exc, "rank", None),
@@ -166,19 +169,25 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def test_uncaught_exception_reaches_peers_with_its_traceback() -> None:
+@pytest.mark.parametrize("op,victim", [
+    ("all_reduce", 1),
+    # the others wait in new_group's store round, not on a peer: the store stays up
+    # (rank 0 hosts it), or its host is the rank that failed ("the store went away"
+    # must not hide the cause)
+    ("new_group", 1), ("new_group", 0)])
+def test_uncaught_exception_reaches_peers_with_its_traceback(op: str, victim: int) -> None:
     port = free_port()
-    procs = [run_script(_CHILD, str(r), str(port)) for r in range(3)]
+    procs = [run_script(_CHILD, str(r), str(port), op, str(victim)) for r in range(3)]
     outs = finish(procs, timeout=40)
-    code, _, err = outs[1]
+    code, _, err = outs[victim]
     assert code == 1 and "KeyError" in err, (code, err[-2000:])
-    for r in (0, 2):
+    for r in sorted(set(range(3)) - {victim}):
         code, out, err = outs[r]
         lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert lines, f"rank {r} printed no result (exit {code}):\n{err[-3000:]}"
         info = json.loads(lines[-1][7:])
         assert info["type"] == "PeerFailure", info
-        assert info["rank"] == 1, info
+        assert info["rank"] == victim, info
         assert info["elapsed"] < 5.0, info
         assert "KeyError" in info["message"] and "batch 7" in info["message"], info
         assert "load_batch" in info["tb"] and "KeyError" in info["tb"], info["tb"]

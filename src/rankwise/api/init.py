@@ -35,10 +35,18 @@ from ..diagnosis.recorders import attach_recorders
 from ..engines.backends import parse_backend
 from ..engines.nccl import nccl_missing, resolve_device
 from ..engines.select import choose_engine, host_identity, requested_engine
-from ..errors import DistError, DistTimeout, InvalidArgument, PeerFailure, RendezvousError
+from ..errors import (
+    DistError,
+    DistTimeout,
+    InvalidArgument,
+    PeerFailure,
+    RendezvousError,
+    StoreError,
+)
 from ..identity.callsite import capture
 from ..launch.env import detect_env, uses_agent_store
 from ..store import FileStore, PrefixStore, TCPStore
+from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
 from ..transport.mesh import exited_peers, local_address_for
@@ -196,11 +204,33 @@ def init_process_group(
     world = World(comm, default, store, scoped, backend_name, timeout_s, device_id=device_id)
     world.register(default)
     comm.site_lookup = world.site_lookup
+    _real_store(store).watcher = _store_watcher(comm)
     set_world(world)
     _install_hooks()
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
+
+
+def _real_store(store: Any) -> Any:
+    """The store a prefix store forwards to (where ``Store.watcher`` is read)."""
+    return store._base if isinstance(store, PrefixStore) else store
+
+
+def _store_watcher(comm: Communicator) -> Watcher:
+    """What a rank blocked in a store round hears (see ``store.base``): the job's failure
+    (a peer's exception, a mismatch) as soon as it is known; and when the store itself
+    fails (its host exited), the failure of a peer that explains it, if one comes within
+    a second, rather than "the store went away"."""
+    router = comm.router
+
+    def watch(err: StoreError | None) -> None:
+        failure = router.failure
+        if failure is None and err is not None:
+            failure = router.wait_for_any_cause(list(range(comm.world_size)), 1.0)
+        if failure is not None:
+            raise comm.as_of_now(failure) from err
+    return watch
 
 
 @dataclass(frozen=True)
@@ -403,6 +433,9 @@ def _leave(world: World, where: str, linger: bool = False) -> None:
         group.engine.close()
     if clean:
         _let_the_others_leave(world)
+    store = _real_store(world.store)
+    if getattr(store, "watcher", None) is not None:
+        store.watcher = None  # the job is over: a store used after it is a plain store
     close = getattr(world.store, "close", None)
     if callable(close):
         try:

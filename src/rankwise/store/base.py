@@ -9,24 +9,40 @@ happen here once, so every store rejects the same misuse with the same
 Keys starting with NUL (``"\\0"``) are reserved for the stores' own bookkeeping (for
 instance the TCP store's worker counter); they are refused from callers and not counted
 by ``num_keys``.
+
+A store can be *watched* (``Store.watcher``, set on the real store; prefixes read their
+base's): then ``get`` and ``wait`` block in slices and ask the watcher between them,
+and when the store itself fails. Why: once a job runs, a rank blocked in a store round
+(a group being created, an engine agreeing on its segment, torch's gloo connecting)
+must hear that a peer failed -- the peer's traceback, not a timeout or "the store went
+away" when the failed rank hosted the store. ``rankwise.init_process_group`` installs a
+watcher that raises the job's failure.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import DistTimeout, InvalidArgument
+from ..errors import DistTimeout, InvalidArgument, StoreError
 from .protocol import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, Limits
 
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["AUTH_FAILURES_KEY", "DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "to_seconds"]
+__all__ = ["AUTH_FAILURES_KEY", "DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "Watcher",
+           "to_seconds"]
+
+#: called between the slices of a watched blocking call with None, and with the error
+#: when the store itself fails: raises what the caller should see instead, or returns
+Watcher = Callable[[StoreError | None], None]
+#: seconds a watched blocking call waits between two looks at its watcher
+WATCH_SLICE = 0.25
 
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 RESERVED_PREFIX = b"\x00"
@@ -157,6 +173,31 @@ class Store(abc.ABC):
         """The default bound in seconds (a wrapping store defers to the wrapped one)."""
         return self._timeout_s
 
+    #: see the module's doc; on the real store (a prefix asks its base, ``_watching``)
+    watcher: Watcher | None = None
+
+    def _watching(self) -> Watcher | None:
+        return self.watcher
+
+    def _blocking(self, step: Callable[[float], bool], timeout_s: float) -> None:
+        """Run ``step(seconds)`` (True: done) for up to ``timeout_s`` seconds: at once
+        when nothing watches, else in ``WATCH_SLICE`` slices with the watcher asked in
+        between and shown a store failure before it is raised."""
+        watch = self._watching()
+        if watch is None:
+            step(timeout_s)
+            return
+        end = time.monotonic() + timeout_s
+        try:
+            # never a zero slice: to a store server 0 may mean "no bound"
+            while not step(max(0.001, min(WATCH_SLICE, end - time.monotonic()))):
+                if time.monotonic() >= end:
+                    return
+                watch(None)
+        except StoreError as err:
+            watch(err)
+            raise
+
     def set_timeout(self, timeout: timedelta | float) -> None:
         """Change the default bound of blocking calls."""
         self._timeout_s = to_seconds(timeout)
@@ -169,7 +210,13 @@ class Store(abc.ABC):
         """The value of ``key``, blocking until it is set; ``DistTimeout`` after ``timeout``."""
         raw = self._key(key)
         timeout_s = self._timeout_seconds()
-        value = self._get(raw, timeout_s)
+        got: list[bytes | None] = [None]
+
+        def step(seconds: float) -> bool:
+            got[0] = self._get(raw, seconds)
+            return got[0] is not None
+        self._blocking(step, timeout_s)
+        value = got[0]
         if value is None:
             raise DistTimeout(
                 f"store get({key!r}) on {self._describe()} timed out after "
@@ -206,7 +253,13 @@ class Store(abc.ABC):
         timeout_s = self._timeout_seconds() if timeout is None else to_seconds(timeout)
         if not raw:
             return
-        missing = self._wait(raw, timeout_s)
+        missing = raw
+
+        def step(seconds: float) -> bool:
+            nonlocal missing
+            missing = self._wait(missing, seconds)
+            return not missing
+        self._blocking(step, timeout_s)
         if missing:
             names = [m.decode("utf-8", "replace") for m in missing]
             raise DistTimeout(

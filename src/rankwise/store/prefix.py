@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from ..errors import InvalidArgument
-from .base import Store, to_seconds
+from .base import Store, Watcher, to_seconds
 
 __all__ = ["PrefixStore"]
 
@@ -51,6 +51,9 @@ class PrefixStore(Store):
 
     def _timeout_seconds(self) -> float:
         return self._base._timeout_seconds()
+
+    def _watching(self) -> Watcher | None:
+        return self._base._watching()
 
     def set_timeout(self, timeout: timedelta | float) -> None:
         self._store.set_timeout(to_seconds(timeout))
