@@ -102,6 +102,30 @@ class _IntrudingStore:
         return self.inner.add(key, amount)
 
 
+class _ClosedUnderUs:
+    """A listener that ``connect()`` closes while the accepting thread is between two
+    calls on it: CI saw ``settimeout`` fail with EBADF there, and that error, recorded
+    after every peer had connected, failed an init that had succeeded."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+
+    def settimeout(self, seconds: float) -> None:
+        self._stop.set()  # connect() is done with it ...
+        raise OSError(9, "Bad file descriptor")  # ... and closed it
+
+    def accept(self) -> Any:
+        raise AssertionError("not reached")
+
+
+def test_listener_closed_by_a_finished_connect_is_no_error() -> None:
+    from rankwise.transport.mesh import Mesh
+
+    mesh = Mesh(0, 2, _IntrudingStore(), b"job", None, "127.0.0.1", 20.0)
+    mesh._accept_all(_ClosedUnderUs(mesh._stop), time.monotonic() + 10.0)  # type: ignore[arg-type]
+    assert mesh._errors == []
+
+
 def test_idle_connection_to_data_listener_does_not_stall_init() -> None:
     from rankwise.transport.mesh import Mesh
 

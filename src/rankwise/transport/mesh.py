@@ -228,13 +228,15 @@ class Mesh:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                listener.settimeout(min(remaining, _CHECK_EVERY))
-                try:
+                try:  # (settimeout too: connect() may close the listener at any point)
+                    listener.settimeout(min(remaining, _CHECK_EVERY))
                     sock, addr = listener.accept()
                 except TimeoutError:
                     continue
                 except OSError:
-                    return  # the listener was closed: connect() is done
+                    if self._stop.is_set():
+                        return  # the listener was closed: connect() is done
+                    raise
                 limit = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
                 with self._changed:
                     self._pending.add(sock)
@@ -242,6 +244,8 @@ class Mesh:
                                  args=(sock, f"{addr[0]}:{addr[1]}", limit, expected),
                                  daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - surfaced in connect()
+            if self._stop.is_set():
+                return  # connect() has decided: an error now is of the closing, not of it
             with self._changed:
                 self._errors.append(exc)
                 self._changed.notify_all()
