@@ -100,6 +100,9 @@ def _reduce_in(t: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], obj
     return t, _nothing
 
 
+#: seconds ``close`` waits for a running abort of the torch group
+ABORT_JOIN = 5.0
+
 #: a torch op may outlive rankwise's deadline by this much before torch's own timeout:
 #: rankwise's (with its who-is-where table) must come first
 TORCH_GRACE = 30.0
@@ -134,6 +137,8 @@ class TorchEngine:
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
         self.waiter = WorkWaiter(group.comm, name, poll=poll)
+        #: the thread aborting ``pg`` after a failure, joined by ``close``
+        self._aborting: threading.Thread | None = None
         group.comm.router.on_failure.append(self._abort)
 
     @classmethod
@@ -157,12 +162,16 @@ class TorchEngine:
         thread (a backend's abort may block). Waiters are released by ``torch_wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
-        threading.Thread(target=self._abort_pg, name="rankwise-torch-abort",
-                         daemon=True).start()
+        thread = threading.Thread(target=self._abort_pg, args=(self.pg,),
+                                  name="rankwise-torch-abort", daemon=True)
+        self._aborting = thread
+        thread.start()
 
-    def _abort_pg(self) -> None:
+    def _abort_pg(self, pg: Any) -> None:
+        if pg is None:
+            return
         try:
-            self.pg.abort()
+            pg.abort()
         except Exception as exc:  # noqa: BLE001 - aborting a failed group must not raise
             log.debug("rankwise: aborting the torch group: %r", exc)
 
@@ -296,10 +305,16 @@ class TorchEngine:
         listeners = self.group.comm.router.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)
+        aborting = self._aborting
+        if aborting is not None:
+            # never leave the abort running in torch's C++ into the group's shutdown or
+            # the interpreter's exit: a process once died there (std::terminate, SIGABRT)
+            # after its uncaught exception had been reported
+            aborting.join(ABORT_JOIN)
         pg, self.pg = self.pg, None
         if pg is None:
             return
-        if self.waiter.stuck:
+        if self.waiter.stuck or (aborting is not None and aborting.is_alive()):
             _keep(pg)
             return
         try:
