@@ -204,7 +204,7 @@ def init_process_group(
     world = World(comm, default, store, scoped, backend_name, timeout_s, device_id=device_id)
     world.register(default)
     comm.site_lookup = world.site_lookup
-    _real_store(store).watcher = _store_watcher(comm)
+    _set_watcher(store, _store_watcher(comm))
     set_world(world)
     _install_hooks()
     if comm.dumper is not None:
@@ -212,9 +212,12 @@ def init_process_group(
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
 
 
-def _real_store(store: Any) -> Any:
-    """The store a prefix store forwards to (where ``Store.watcher`` is read)."""
-    return store._base if isinstance(store, PrefixStore) else store
+def _set_watcher(store: Any, watcher: Watcher | None) -> None:
+    """``Store.set_watcher``, where the job's store has it (a store passed in by the
+    user may be of another kind: it is then not watched)."""
+    set_watcher = getattr(store, "set_watcher", None)
+    if callable(set_watcher):
+        set_watcher(watcher)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:
@@ -433,9 +436,7 @@ def _leave(world: World, where: str, linger: bool = False) -> None:
         group.engine.close()
     if clean:
         _let_the_others_leave(world)
-    store = _real_store(world.store)
-    if getattr(store, "watcher", None) is not None:
-        store.watcher = None  # the job is over: a store used after it is a plain store
+    _set_watcher(world.store, None)  # the job is over: a plain store from here on
     close = getattr(world.store, "close", None)
     if callable(close):
         try:

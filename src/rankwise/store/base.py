@@ -173,8 +173,12 @@ class Store(abc.ABC):
         """The default bound in seconds (a wrapping store defers to the wrapped one)."""
         return self._timeout_s
 
-    #: see the module's doc; on the real store (a prefix asks its base, ``_watching``)
+    #: see the module's doc; kept by the real store (a prefix forwards to its base)
     watcher: Watcher | None = None
+
+    def set_watcher(self, watcher: Watcher | None) -> None:
+        """Watch this store's blocking calls with ``watcher`` (None: stop watching)."""
+        self.watcher = watcher
 
     def _watching(self) -> Watcher | None:
         return self.watcher

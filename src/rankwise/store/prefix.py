@@ -52,6 +52,9 @@ class PrefixStore(Store):
     def _timeout_seconds(self) -> float:
         return self._base._timeout_seconds()
 
+    def set_watcher(self, watcher: Watcher | None) -> None:
+        self._base.set_watcher(watcher)
+
     def _watching(self) -> Watcher | None:
         return self._base._watching()
 
