@@ -1,5 +1,7 @@
-"""Issue 14 item 5: a rankwise script under torchrun says in one line what to run instead
-(it used to wait the whole 1800 s timeout on torch's store and then blame the store)."""
+"""Issue 14 item 5: mixing launchers. A rankwise script runs under torchrun (it used to
+wait the whole 1800 s timeout on torch's store and then blame the store; then it was
+refused with one line), and a torch script under `rankwise run` says in one line what to
+run instead."""
 
 from __future__ import annotations
 
@@ -15,22 +17,64 @@ from launch_scripts.helpers import env, free_port, run_launcher
 
 pytest.importorskip("torch")
 
-SCRIPT = "import rankwise as dist\ndist.init_process_group('gloo')\nprint('joined')\n"
+SCRIPT = """\
+import numpy as np
+import rankwise as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == int(__import__("sys").argv[1]):
+    raise ValueError(f"bad batch on rank {rank}")
+x = np.full(3, rank + 1.0, dtype=np.float32)
+dist.all_reduce(x)
+print(f"rank {rank} of {dist.get_world_size()}: {x.tolist()}", flush=True)
+dist.destroy_process_group()
+"""
 
 
-def test_rankwise_script_under_torchrun_says_what_to_run(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
+def _torchrun(script: Path, fail_rank: int) -> tuple[subprocess.CompletedProcess[str], str]:
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), str(script)]
+           "--master-port", str(free_port()), str(script), str(fail_rank)]
     res = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=180,
                          check=False)
+    return res, res.stdout + res.stderr
+
+
+def test_rankwise_script_runs_under_torchrun(tmp_path: Path) -> None:
+    """torchrun's agent serves torch's store at MASTER_PORT: rankwise's rendezvous runs on
+    it (no second port), and the job runs as under `rankwise run`."""
+    res, out = _torchrun(tmp_path / "train.py", -1)
+    assert res.returncode == 0, out
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: [3.0, 3.0, 3.0]" in out, out
+
+
+def test_a_failing_rank_under_torchrun_reaches_its_peer(tmp_path: Path) -> None:
+    """torchrun tells no rank of another's failure; rankwise's control plane does, at once."""
+    res, out = _torchrun(tmp_path / "train.py", 1)
+    assert res.returncode != 0, out
+    assert "PeerFailure: rank 1 failed: ValueError: bad batch on rank 1" in out, out
+    assert "rank 0 of 2" not in out
+
+
+def test_torchrun_without_torch_says_what_to_run(tmp_path: Path) -> None:
+    """torchrun's variables but no importable torch (another interpreter): one clear line,
+    before any connection, instead of a wait on a store rankwise cannot speak to."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nsys.modules['torch'] = None  # not importable\n"
+                      "import rankwise as dist\ndist.init_process_group('gloo')\n")
+    child = env() | {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                     "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    child.pop("RANKWISE_LAUNCHED", None)
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, str(script)], env=child, capture_output=True,
+                         text=True, timeout=120, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
-    assert "joined" not in out
-    lines = [ln for ln in out.splitlines() if "started by torchrun" in ln]
-    assert lines, out
-    assert "start it with `rankwise run` instead" in lines[0]
+    assert "started by torchrun" in out and "`rankwise run`" in out, out
+    assert time.monotonic() - started < 60, out
 
 
 TORCH_SCRIPT = ("import torch.distributed as dist\ndist.init_process_group('gloo')\n"

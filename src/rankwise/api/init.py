@@ -183,8 +183,6 @@ def init_process_group(
         if store is None:
             store = _open_store(spec, timeout_s, secret)
         stage = "rendezvous"
-
-
         scoped = PrefixStore(f"rankwise/{restart}", store)
         job = _rendezvous(scoped, rank, world_size, timeout_s,
                           hosting=getattr(store, "server", None) is not None)
@@ -242,7 +240,9 @@ class _StoreSpec:
     environment before any I/O (so a bad argument is an error of its own, not a failed
     connection the doctor would go probing for)."""
 
-    scheme: str  #: "env"/"tcp" (a TCPStore at host:port) or "file" (a FileStore at path)
+    #: "env"/"tcp" (a TCPStore at host:port), "file" (a FileStore at path) or "torchrun"
+    #: (torch's TCPStore, served by torchrun's agent at host:port)
+    scheme: str
     rank: int
     world_size: int
     host: str
@@ -258,7 +258,7 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
     if "world_size" in query and world_size == -1:
         world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
-        _refuse_torchrun_store()
+        scheme = "torchrun" if _under_torchrun_agent() else "env"
         rank, world_size, addr, port = _from_cluster_env(
             rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
@@ -267,7 +267,7 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
                                   "or of the launcher's store), e.g. MASTER_ADDR=127.0.0.1")
         if port is None:
             raise InvalidArgument("init_method='env://' needs MASTER_PORT, e.g. MASTER_PORT=29500")
-        return _StoreSpec("env", rank, world_size, addr, port)
+        return _StoreSpec(scheme, rank, world_size, addr, port)
     if url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise InvalidArgument(f"init_method {init_method!r} must look like tcp://host:port")
@@ -283,23 +283,49 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
 
 
 def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
-
+    """The job's store as ``spec`` names it (rank 0 hosts a TCP one unless a launcher
+    already serves it)."""
     if spec.scheme == "file":
         return FileStore(spec.path, spec.world_size)
+    if spec.scheme == "torchrun":
+        return _open_torchrun_store(spec, timeout_s)
     return TCPStore(spec.host, spec.port, world_size=None,
                     is_master=(spec.rank == 0 and not _agent()),
                     timeout=timedelta(seconds=timeout_s), token=secret)
 
 
-def _refuse_torchrun_store() -> None:
-    """Under torchrun, MASTER_PORT is torch's own store (hosted by its agent), which speaks
-    another protocol: connecting there would wait the whole timeout and then blame the
-    store. Say what is wrong and what to run instead, before any I/O."""
-    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1":
+def _under_torchrun_agent() -> bool:
+    """Whether MASTER_PORT is torch's own store, served by torchrun's agent
+    (``TORCHELASTIC_USE_AGENT_STORE``): it speaks torch's store protocol, not rankwise's.
+    (``rankwise run`` sets torchrun's variables too, for torch code, but serves a
+    rankwise store.)"""
+    return ("TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1"
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
+
+
+def _open_torchrun_store(spec: _StoreSpec, timeout_s: float) -> Any:
+    """torchrun's store, as a rankwise store: rankwise's rendezvous runs on it through a
+    view (as for the ``"rankwise"`` torch backend), so a rankwise script runs under
+    torchrun unchanged, with no second port. The store is torch's, without rankwise's
+    token: the job's own connections still prove ``RANKWISE_TOKEN`` when one is set."""
+    where = f"torchrun's store at {spec.host}:{spec.port}"
+    try:
+        import torch.distributed as tdist
+
+        from ..store.torch_views import RankwiseStoreView
+    except ImportError as exc:
         raise RendezvousError(
-            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
-            "store, not rankwise's: start it with `rankwise run` instead (same options, e.g. "
-            "`rankwise run --nproc-per-node 2 script.py`)")
+            f"this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
+            f"store, but torch cannot be imported here to reach it ({exc}): start it with "
+            "`rankwise run` instead (same options, e.g. `rankwise run --nproc-per-node 2 "
+            "script.py`)") from exc
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        inner = tdist.TCPStore(  # type: ignore[attr-defined]  # (exported at run time)
+            spec.host, spec.port, is_master=False, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:  # torch's DistStoreError is a RuntimeError
+        raise StoreError(f"could not reach {where}: {exc}") from exc
+    return RankwiseStoreView(inner, timeout)
 
 
 def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
@@ -311,7 +337,7 @@ def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
 
 
 def _agent() -> bool:
-
+    """Whether a launcher serves the store (``launch.env.uses_agent_store``)."""
     return uses_agent_store(os.environ)
 
 
