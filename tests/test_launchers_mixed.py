@@ -18,27 +18,36 @@ from launch_scripts.helpers import env, free_port, run_launcher
 pytest.importorskip("torch")
 
 SCRIPT = """\
+import os, sys
 import numpy as np
 import rankwise as dist
 
+fail_rank, failing_attempts = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-if rank == int(__import__("sys").argv[1]):
+if rank == fail_rank and int(os.environ["TORCHELASTIC_RESTART_COUNT"]) < failing_attempts:
     raise ValueError(f"bad batch on rank {rank}")
 x = np.full(3, rank + 1.0, dtype=np.float32)
 dist.all_reduce(x)
 print(f"rank {rank} of {dist.get_world_size()}: {x.tolist()}", flush=True)
 dist.destroy_process_group()
 """
+FAILED = "PeerFailure: rank 1 failed: ValueError: bad batch on rank 1"
 
 
-def _torchrun(script: Path, fail_rank: int) -> tuple[subprocess.CompletedProcess[str], str]:
+def _torchrun(script: Path, fail_rank: int, failing_attempts: int = 1, *options: str
+              ) -> tuple[subprocess.CompletedProcess[str], str]:
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), str(script), str(fail_rank)]
+           "--master-port", str(free_port()), *options, str(script), str(fail_rank),
+           str(failing_attempts)]
     res = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=180,
                          check=False)
     return res, res.stdout + res.stderr
+
+
+def _all_reduced(out: str) -> bool:
+    return all(f"rank {rank} of 2: [3.0, 3.0, 3.0]" in out for rank in (0, 1))
 
 
 def test_rankwise_script_runs_under_torchrun(tmp_path: Path) -> None:
@@ -46,16 +55,24 @@ def test_rankwise_script_runs_under_torchrun(tmp_path: Path) -> None:
     it (no second port), and the job runs as under `rankwise run`."""
     res, out = _torchrun(tmp_path / "train.py", -1)
     assert res.returncode == 0, out
-    for rank in (0, 1):
-        assert f"rank {rank} of 2: [3.0, 3.0, 3.0]" in out, out
+    assert _all_reduced(out), out
 
 
 def test_a_failing_rank_under_torchrun_reaches_its_peer(tmp_path: Path) -> None:
     """torchrun tells no rank of another's failure; rankwise's control plane does, at once."""
     res, out = _torchrun(tmp_path / "train.py", 1)
     assert res.returncode != 0, out
-    assert "PeerFailure: rank 1 failed: ValueError: bad batch on rank 1" in out, out
+    assert FAILED in out, out
     assert "rank 0 of 2" not in out
+
+
+def test_torchrun_restarts_a_failed_job_on_a_fresh_rendezvous(tmp_path: Path) -> None:
+    """torchrun's restart runs the workers again on the same store: the new attempt's
+    rendezvous (keyed by TORCHELASTIC_RESTART_COUNT) must not meet the failed one's."""
+    res, out = _torchrun(tmp_path / "train.py", 1, 1, "--max-restarts", "1")
+    assert res.returncode == 0, out
+    assert FAILED in out, out  # the first attempt
+    assert _all_reduced(out), out  # the second
 
 
 def test_torchrun_without_torch_says_what_to_run(tmp_path: Path) -> None:
