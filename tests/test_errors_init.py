@@ -58,6 +58,24 @@ def test_world_size_disagreement_fails_every_process_at_once() -> None:
     assert_every_rank(results, "RendezvousError", "world sizes disagree", within=8.0)
 
 
+def _join_as_version(rank: int, world: int, port: int, versions: list[str],
+                     timeout: float) -> float:
+    """``_join`` as a process whose rankwise says it is ``versions[rank]``."""
+    from rankwise.api import init
+
+    init.__version__ = versions[rank]  # type: ignore[attr-defined]
+    return _join(rank, world, port, list(range(world)), [world] * world, timeout)
+
+
+def test_different_rankwise_versions_fail_every_process_at_once() -> None:
+    """Two installs in one job (one node updated, the other not) are named in the
+    rendezvous, before any frame of one version meets the other's decoder."""
+    results = run_ranks(_join_as_version, 3, args=(free_port(), ["0.1.0", "0.1.0", "0.2.0"],
+                                                   20.0), init=False, timeout=40)
+    assert_every_rank(results, "RendezvousError", "runs rankwise 0.", "the same rankwise",
+                      within=8.0)
+
+
 def _join_after_the_error(rank: int, world: int, port: int, ranks: list[int],
                           worlds: list[int], timeout: float) -> float:
     """Like ``_join``, but the last process starts only once the others found the error

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os as _os
 from typing import Any as _Any
 
+from ._version import __version__ as __version__
 from .api.collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -81,8 +82,6 @@ from .errors import (
 )
 from .wire.reduce_op import ReduceOp
 from .wire.reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
-
-__version__ = "0.1.0"
 
 group = GroupMember  # torch spells the default-group handle dist.group.WORLD
 # torch's names for two branches of the tree: `except dist.DistStoreError` keeps working

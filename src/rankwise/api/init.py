@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from .._version import __version__
 from ..checks.groups import GroupEntry, agree_on_group
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup, seconds
@@ -52,6 +53,7 @@ from ..transport.factory import open_transport, requested_transport
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
+from ..wire.frames import VERSION as WIRE_VERSION
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
@@ -376,6 +378,16 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                    f"{world_size} but a rank that joined earlier said {agreed}. Start every "
                    "process with the same WORLD_SIZE")
     me = f"{socket.gethostname()} pid {os.getpid()}"
+    build = _build()
+    agreed = store.compare_set("build", "", build).decode()
+    if agreed != build:
+        # who runs the other one: the first rank that agreed names itself (if it got there)
+        who = store.get("build/by").decode() if store.check(["build/by"]) else \
+            "a rank that joined earlier"
+        raise fail(f"rank {rank} ({me}) runs {build}, but {who} runs {agreed}. Every "
+                   "process of a job must run the same rankwise (install the same version "
+                   "on every node, in every environment the job uses)")
+    store.compare_set("build/by", "", f"rank {rank} ({me})")
     if int(store.add(f"claim/{rank}", 1)) > 1:
         other = store.get(f"joined/{rank}").decode() if store.check([f"joined/{rank}"]) else "?"
         raise fail(f"two processes claim rank {rank}: {other} and {me}. Give every process "
@@ -417,6 +429,14 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     if store.check(["error"]):
         raise failed_elsewhere()
     return bytes.fromhex(job_hex)
+
+
+def _build() -> str:
+    """What must be equal on every rank: the version, and the wire protocol's. Why in the
+    rendezvous: ranks of different versions may word frames, flags or algorithms
+    differently, which surfaces (if at all) as a protocol error at some later call;
+    here it is one sentence on every rank before any connection is made."""
+    return f"rankwise {__version__} (wire protocol {WIRE_VERSION})"
 
 
 def _auth_note(store: Any) -> str:
