@@ -8,6 +8,7 @@ import os
 import queue
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,11 +46,27 @@ class RankResult:
         return name in self.error_types
 
 
+#: seconds past the parent's deadline after which a child ends itself (its parent, which
+#: kills it at the deadline, must have died)
+ORPHAN_GRACE = 15.0
+
+
+def _exit_at(when: float) -> None:
+    time.sleep(max(0.0, when - time.monotonic()))
+    os._exit(1)
+
+
 def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, ...],
            port: int, init: bool, init_kwargs: dict[str, Any], env: dict[str, str],
-           timeout: float, results: Any) -> None:
+           deadline: float, results: Any) -> None:
     os.environ.update(env)
-    faulthandler.dump_traceback_later(max(1.0, timeout - 1.0), exit=True)
+    # dump every thread's stack a second before the parent's deadline (the same clock:
+    # CLOCK_MONOTONIC is system-wide), so a hang shows where it hung; the parent then
+    # kills what still runs. Timed from the child's own start, the dump came after the
+    # parent had killed it (a spawned child takes seconds to get here on a loaded
+    # machine). A child whose parent died goes on its own, a little later.
+    faulthandler.dump_traceback_later(max(1.0, deadline - 1.0 - time.monotonic()))
+    threading.Thread(target=_exit_at, args=(deadline + ORPHAN_GRACE,), daemon=True).start()
     import rankwise
 
     if os.environ.get("RANKWISE_ENGINE", "").startswith("torch"):
@@ -97,13 +114,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] 
     ctx = mp.get_context("spawn")
     results: Any = ctx.Queue()
     port = free_port()
+    deadline = time.monotonic() + timeout
     procs = [ctx.Process(target=_child, name=f"rank{r}",
                          args=(fn, r, world_size, args, port, init, init_kwargs or {},
-                               env or {}, timeout, results))
+                               env or {}, deadline, results))
              for r in range(world_size)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + timeout
     collected: dict[int, RankResult] = {}
     try:
         while len(collected) < world_size:
