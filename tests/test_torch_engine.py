@@ -188,3 +188,48 @@ def test_a_mismatch_between_confirmed_calls_is_reported_within_a_batch() -> None
         assert error == "CollectiveMismatch", (res.rank, done, error, message)
         assert all(n.lower() in message.lower() for n in needles), (needles, message)
         assert done <= BATCH, (res.rank, done, message)
+
+
+class _BlockingGroup:
+    """A torch group whose ``shutdown`` blocks until released (a peer that never lets
+    gloo's threads go), recording the calls it gets."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+        self.release.wait(30)
+
+
+def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Leaving must stay bounded when torch's shutdown of a group blocks: ``close`` gives
+    up after ``SHUTDOWN_LIMIT``, keeps the group alive (destroying it would block the
+    same way) and says so, instead of hanging the rank's exit."""
+    import time
+    from types import SimpleNamespace
+
+    from rankwise.engines import torch_engine
+
+    monkeypatch.setattr(torch_engine, "SHUTDOWN_LIMIT", 0.3)
+    kept: list[Any] = []
+    monkeypatch.setattr(torch_engine, "_keep", kept.append)
+    pg = _BlockingGroup()
+    fake = SimpleNamespace(
+        check=SimpleNamespace(flush=lambda: None), _abort=None, _aborting=None, pg=pg,
+        waiter=SimpleNamespace(stuck=False), name="torch-gloo",
+        group=SimpleNamespace(name="the default group (WORLD)",
+                              comm=SimpleNamespace(router=SimpleNamespace(on_failure=[]))))
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="rankwise"):
+        torch_engine.TorchEngine.close(fake)  # type: ignore[arg-type]
+    elapsed = time.monotonic() - started
+    pg.release.set()
+    assert pg.calls == ["shutdown"]
+    assert elapsed < 5, f"close took {elapsed:.1f}s"
+    assert kept == [pg] and fake.pg is None
+    assert "did not finish within" in caplog.text

@@ -102,6 +102,9 @@ def _reduce_in(t: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], obj
 
 #: seconds ``close`` waits for a running abort of the torch group
 ABORT_JOIN = 5.0
+#: seconds ``close`` waits for torch's shutdown of the group; past that the group is
+#: kept (``_keep``) and the process goes on leaving
+SHUTDOWN_LIMIT = 10.0
 
 #: a torch op may outlive rankwise's deadline by this much before torch's own timeout:
 #: rankwise's (with its who-is-where table) must come first
@@ -162,18 +165,9 @@ class TorchEngine:
         thread (a backend's abort may block). Waiters are released by ``torch_wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
-        thread = threading.Thread(target=self._abort_pg, args=(self.pg,),
-                                  name="rankwise-torch-abort", daemon=True)
-        self._aborting = thread
-        thread.start()
-
-    def _abort_pg(self, pg: Any) -> None:
-        if pg is None:
-            return
-        try:
-            pg.abort()
-        except Exception as exc:  # noqa: BLE001 - aborting a failed group must not raise
-            log.debug("rankwise: aborting the torch group: %r", exc)
+        pg = self.pg
+        if pg is not None:
+            self._aborting = on_thread(pg.abort, "rankwise-torch-abort")
 
     def _run(self, call: Call, body: Callable[[], None]) -> None:
         """Check the call on the control plane, move the data, check again."""
@@ -317,10 +311,30 @@ class TorchEngine:
         if self.waiter.stuck or (aborting is not None and aborting.is_alive()):
             _keep(pg)
             return
+        # bounded like every other wait: torch's shutdown joins the backend's threads,
+        # which a peer's half-finished op or connection can hold for torch's own timeout
+        shutting = on_thread(pg.shutdown, "rankwise-torch-shutdown")
+        shutting.join(SHUTDOWN_LIMIT)
+        if shutting.is_alive():
+            _keep(pg)
+            log.warning("rankwise: %s on %s: torch's shutdown of the group did not finish "
+                        "within %.0fs; leaving without it", self.group.name, self.name,
+                        SHUTDOWN_LIMIT)
+
+
+def on_thread(call: Callable[[], object], name: str) -> threading.Thread:
+    """Start ``call`` (a torch group's abort or shutdown) on a daemon thread, so that
+    the caller can bound its wait: either call may block in torch's C++ on a peer.
+    Its errors are logged, never raised: the group is being given up anyway."""
+    def run() -> None:
         try:
-            pg.shutdown()
-        except Exception as exc:  # noqa: BLE001 - closing must not raise
-            log.debug("rankwise: closing the torch group: %r", exc)
+            call()
+        except Exception as exc:  # noqa: BLE001 - giving a group up must not raise
+            log.debug("rankwise: %s: %r", name, exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _keep(pg: Any) -> None:
