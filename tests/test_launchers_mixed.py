@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_scripts.helpers import env, free_port, run_launcher
+from launch_scripts.helpers import env, free_port, run_bounded, run_launcher
 
 pytest.importorskip("torch")
 
@@ -41,9 +41,10 @@ def _torchrun(script: Path, fail_rank: int, failing_attempts: int = 1, *options:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), *options, str(script), str(fail_rank),
            str(failing_attempts)]
-    res = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=180,
-                         check=False)
-    return res, res.stdout + res.stderr
+    environ = env()
+    environ.pop("RANKWISE_LAUNCHED", None)  # torchrun's job, even inside `rankwise run`
+    res = run_bounded(cmd, environ, 180)
+    return res, res.stdout
 
 
 def _all_reduced(out: str) -> bool:

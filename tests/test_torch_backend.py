@@ -4,10 +4,7 @@ backend ``"rankwise"``, and give the same results as on torch's gloo."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch_scripts.helpers import ROOT, SCRIPTS, env, free_port, run_launcher
+from launch_scripts.helpers import ROOT, SCRIPTS, env, free_port, run_bounded, run_launcher
 from test_diagnosis_programs import line_of
 
 PROGRAM = str(SCRIPTS / "torch_programs.py")
@@ -103,33 +100,21 @@ def test_peer_failure_reaches_the_waiting_rank() -> None:
     assert f"torch_programs.py:{line_of('torch-peer-wait', PROGRAM)} in peer_failure" in out
 
 
-def _bounded(cmd: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` in its own session; on timeout kill the whole session (its ranks too)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
 def test_under_torchrun() -> None:
     """torchrun's own store: rankwise's rendezvous runs on it (no second port)."""
     e = env()
     e.pop("RANKWISE_LAUNCHED", None)
-    proc = _bounded([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                     "--master-port", str(free_port()), PROGRAM, "sbn_check", "rankwise"], e)
+    proc = run_bounded([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(free_port()), PROGRAM, "sbn_check", "rankwise"],
+                       e, TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert len(re.findall(r"sbn-check rank \d max error", proc.stdout)) == 2, proc.stdout
 
 
 def test_overhead_benchmark_runs() -> None:
     """benchmarks/torch_backend.py (a short run: the ratio itself is measured quietly)."""
-    proc = _bounded([sys.executable, str(ROOT / "benchmarks" / "torch_backend.py"),
-                     "--iters", "50", "--blocks", "2"], env())
+    proc = run_bounded([sys.executable, str(ROOT / "benchmarks" / "torch_backend.py"),
+                        "--iters", "50", "--blocks", "2"], env(), TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]
     row = proc.stdout.strip().splitlines()[-1].split()
     assert row[0] == "2" and float(row[3]) > 0, proc.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,22 @@ def run_launcher(*args: str, timeout: float = 30.0) -> subprocess.CompletedProce
     """Run the launcher to completion; a hard timeout kills it (and fails the test)."""
     return subprocess.run(launcher_cmd(*args), check=False, env=env(), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def run_bounded(cmd: list[str], environ: dict[str, str],
+                timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` (another launcher: torchrun, a benchmark that starts ranks) in its own
+    session, stdout and stderr together; on timeout kill the whole session, its ranks
+    too, and fail the test."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def start_launcher(*args: str) -> subprocess.Popen[str]:

@@ -70,7 +70,6 @@ DEFAULT_TIMEOUT = float(os.environ.get("RANKWISE_TIMEOUT", "1800"))
 #: the plain backend names init_process_group accepts on every machine (``"nccl"`` and
 #: the ``"cpu:gloo,cuda:nccl"`` forms too where NCCL can run: ``engines.backends``)
 BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp", "torch-gloo", "cpu:torch-gloo"))
-_TRUE = ("1", "true", "True", "yes")
 
 
 def _check_backend(backend: str | None) -> str:
@@ -302,7 +301,7 @@ def _under_torchrun_agent() -> bool:
     (``rankwise run`` sets torchrun's variables too, for torch code, but serves a
     rankwise store.)"""
     return ("TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1"
-            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") in _TRUE)
+            and _agent())
 
 
 def _open_torchrun_store(spec: _StoreSpec, timeout_s: float) -> Any:
@@ -317,7 +316,7 @@ def _open_torchrun_store(spec: _StoreSpec, timeout_s: float) -> Any:
         from ..store.torch_views import RankwiseStoreView
     except ImportError as exc:
         raise RendezvousError(
-            f"this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
+            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
             f"store, but torch cannot be imported here to reach it ({exc}): start it with "
             "`rankwise run` instead (same options, e.g. `rankwise run --nproc-per-node 2 "
             "script.py`)") from exc
