@@ -95,11 +95,11 @@ def test_check_overhead_benchmark_runs() -> None:
     machine, not asserted here)."""
     import sys
 
-    from launch_scripts.helpers import ROOT, env
-    from test_torch_backend import _bounded
+    from launch_scripts.helpers import ROOT, env, run_bounded
+    from test_torch_backend import TIMEOUT
 
-    proc = _bounded([sys.executable, str(ROOT / "benchmarks" / "torch_engine.py"),
-                     "--iters", "30", "--blocks", "2"], env())
+    proc = run_bounded([sys.executable, str(ROOT / "benchmarks" / "torch_engine.py"),
+                        "--iters", "30", "--blocks", "2"], env(), TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]
     rows = dict(re.findall(r"^  (\S+(?: \S+)*?)\s+([\d.]+) us", proc.stdout, re.MULTILINE))
     assert set(rows) >= {"rankwise async", "rankwise sync", "rankwise off",
