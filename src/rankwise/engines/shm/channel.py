@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import struct
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,7 @@ from ...wire.frames import Op
 from .errors import CallTuple, ShmCallMismatch
 from .futex import fence, futex_wait, futex_wake
 from .layout import (
+    FP_COMPARED,
     FP_COUNT,
     FP_DTYPE,
     FP_FLAGS,
@@ -74,6 +76,10 @@ _LIVENESS_EVERY = 0.1  #: seconds between pid checks while sleeping
 #: the least spin once spinning stopped paying (a 2-rank round trip on separate cores
 #: is a few microseconds; a peer descheduled on our core costs the whole spin per round)
 _MIN_SPIN = 2e-6
+#: a fingerprint as published: op, dtype, count, reduce, root, flags, round, site
+#: (``layout.FP_*`` order)
+_FP = struct.Struct("8q")
+_FP_CMP_BYTES = FP_COMPARED * 8
 
 
 def _describe(rank: int, call: Call | None, site: str) -> str:
@@ -113,6 +119,11 @@ class Channel:
         self._sleep = [lay.record_word(r, R_SLEEPING) for r in range(size)]
         self._futex = [lay.record_word(r, R_FUTEX) for r in range(size)]
         self._fp = [[lay.record_word(r, R_FP[p]) for p in (0, 1)] for r in range(size)]
+        #: byte offsets of our fingerprint copy and the peers', per parity
+        self._my_fp_at = [8 * self._fp[rank][p] for p in (0, 1)]
+        self._peer_fp_at = [[8 * self._fp[r][p] for r in range(size) if r != rank]
+                            for p in (0, 1)]
+        self._mm = seg.mm
         self._peers = [r for r in range(size) if r != rank]
         self._peer_seq = [self._seq[r] for r in self._peers]  #: what a wait polls
         self._peer_fp = [self._fp[r] for r in self._peers]
@@ -158,11 +169,8 @@ class Channel:
         s = self.seq + 1
         w = self.w
         if call is not None:
-            base = self._fp[self.rank][s & 1]
-            w[base + FP_OP], w[base + FP_DTYPE], w[base + FP_COUNT] = call[0], call[1], call[2]
-            w[base + FP_REDUCE], w[base + FP_ROOT], w[base + FP_SITE] = call[3], call[4], call[5]
-            w[base + FP_FLAGS] = call[6]
-            w[base + FP_SEQ] = s
+            _FP.pack_into(self._mm, self._my_fp_at[s & 1], call[0], call[1], call[2], call[3],
+                          call[4], call[6], s, call[5])
         w[self._me_seq] = s
         self.seq = s
         fence()  # our seq store before the sleeping-flag loads (see futex.py)
@@ -330,16 +338,24 @@ class Channel:
         """Compare every rank's fingerprint for round ``s`` with ours (all ranks do the
         same comparisons, so all raise together). ``vary_count``: counts may differ.
 
-        Hot path: word by word, no tuples; any difference goes to ``_disagree``."""
-        w = self.w
-        op, dtype, count, reduce, root, _, flags = mine
+        Hot path: one slice comparison per peer (``layout.FP_COMPARED``), word by word
+        only where counts may differ; any difference goes to ``_disagree``."""
         par = s & 1
+        if not vary_count:
+            mm, n = self._mm, _FP_CMP_BYTES
+            at = self._my_fp_at[par]
+            ours = mm[at:at + n]
+            for at in self._peer_fp_at[par]:
+                if mm[at:at + n] != ours:
+                    self._disagree(s, mine, vary_count)
+            return
+        w = self.w
+        op, dtype, _, reduce, root, _, flags = mine
         for fps in self._peer_fp:
             base = fps[par]
             if w[base + FP_SEQ] != s or w[base + FP_OP] != op or w[base + FP_DTYPE] != dtype \
                     or w[base + FP_REDUCE] != reduce or w[base + FP_ROOT] != root \
-                    or w[base + FP_FLAGS] != flags \
-                    or (w[base + FP_COUNT] != count and not vary_count):
+                    or w[base + FP_FLAGS] != flags:
                 self._disagree(s, mine, vary_count)
 
     def _disagree(self, s: int, mine: Call, vary_count: bool) -> None:

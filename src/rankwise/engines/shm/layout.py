@@ -22,7 +22,7 @@ from typing import ClassVar
 __all__ = ["MAGIC", "VERSION", "Layout", "SegmentLayout"]
 
 MAGIC = 0x52_57_53_48_4D_31  # "RWSHM1"
-VERSION = 2  #: 2: the fingerprint has a flags word (FP_FLAGS)
+VERSION = 3  #: 2: the fingerprint has a flags word (FP_FLAGS); 3: site id last
 PAGE = 4096
 
 # header fields (int64 index)
@@ -39,8 +39,11 @@ R_PID = 4        #: this rank's pid, for liveness checks
 R_SITE_LEN = 5   #: bytes of call-site text in this rank's site area
 R_SITE_ID = 6    #: call-site id whose text is in the site area
 R_FP = (8, 16)   #: fingerprint for rounds of parity 0 / 1 (FP_* fields follow)
-FP_OP, FP_DTYPE, FP_COUNT, FP_REDUCE, FP_ROOT, FP_SITE, FP_SEQ, FP_FLAGS = range(8)
+FP_OP, FP_DTYPE, FP_COUNT, FP_REDUCE, FP_ROOT, FP_FLAGS, FP_SEQ, FP_SITE = range(8)
 FP_WORDS = 8
+#: the leading words every rank's fingerprint must equal byte for byte (all but the site:
+#: ranks may call from different lines), so one slice comparison checks a peer
+FP_COMPARED = 7
 
 STATE_LIVE, STATE_CLOSED, STATE_FAILED = 0, 1, 2
 
