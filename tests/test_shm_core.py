@@ -597,3 +597,52 @@ def test_large_all_reduce_takes_one_round_per_chunk_plus_one(tmp_path: Any) -> N
     for a, rounds in vals:
         np.testing.assert_array_equal(a, want)
         assert rounds == plan.chunks + 1  # one per chunk, plus one
+
+
+def _past_a_page(data: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``data`` that starts ``offset`` bytes past a page boundary."""
+    raw = np.empty(data.nbytes + 8192, np.uint8)
+    skip = (offset - raw.ctypes.data) % 4096
+    out = raw[skip:skip + data.nbytes].view(data.dtype)
+    out[...] = data
+    return out
+
+
+def w_misaligned(rank: int, size: int, path: str, n: int, offsets: list[int]) -> Any:
+    """The same calls, repeated (cached plans, both parities), on buffers at awkward
+    distances from the page-aligned slots (``copying.py``'s slow path)."""
+    g = _group(rank, size, path, slot_bytes=256 << 10)
+    site = _callsite.capture()
+    d = _NUMPY_NATIVE[np.dtype(np.float32)]
+    out = []
+    for k in range(3):
+        for off in offsets:
+            a = _past_a_page(_data(rank, n, d.storage, k), off)
+            g.all_reduce(_fp(Op.all_reduce, d.code, ReduceOp.SUM.code), site, a, d,
+                         ReduceOp.SUM, _deadline())
+            b = _past_a_page(_data(rank, n, d.storage, 7), off)
+            g.broadcast(_fp(Op.broadcast, root=0), site, b, _deadline())
+            ag = [_past_a_page(np.zeros(n, np.float32), off) for _ in range(size)]
+            g.all_gather(_fp(Op.all_gather), site, _past_a_page(_data(rank, n, d.storage, 8),
+                                                                 off), ag, _deadline())
+            out.append((a, b, ag))
+    g.close()
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_buffers_at_any_alignment_move_exactly(size: int, tmp_path: Any) -> None:
+    n, offsets = 60_001, [4, 16, 2052]  # 240 KB: two chunks of 256 KiB slots at 3 ranks
+    vals = _ok(run_ranks(w_misaligned, size, args=(str(tmp_path / "s"), n, offsets),
+                         init=False, timeout=120))
+    f32 = np.dtype(np.float32)
+    for k in range(3):
+        want = _np_reduce([_data(r, n, f32, k) for r in range(size)], "SUM",
+                          _NUMPY_NATIVE[f32].code)
+        for i, off in enumerate(offsets):
+            for r in range(size):
+                a, b, ag = vals[r][k * len(offsets) + i]
+                np.testing.assert_array_equal(a, want, err_msg=f"all_reduce at +{off}")
+                np.testing.assert_array_equal(b, _data(0, n, f32, 7))
+                for j in range(size):
+                    np.testing.assert_array_equal(ag[j], _data(j, n, f32, 8))

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgument
 from . import device, hugepages
+from .quiet import call_quietly
 from .reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
 
 __all__ = ["Buffer", "DType", "ReduceOp", "as_buffer", "coerce_reduce_op", "commit",
@@ -276,8 +277,7 @@ def reduce_into(dst: npt.NDArray[Any], src: npt.NDArray[Any], d: DType, op: Redu
     fn = table.get("int") if op.name in ("BAND", "BOR", "BXOR") else table["num"]
     assert fn is not None
     if d.kind in ("float", "complex"):
-        with np.errstate(all="ignore"):  # inf/nan propagate silently, as in torch
-            fn(dst, src, out=dst)
+        call_quietly(fn, dst, src, out=dst)  # inf/nan propagate silently, as in torch
     else:
         fn(dst, src, out=dst)
 
