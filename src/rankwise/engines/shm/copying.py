@@ -61,27 +61,17 @@ class Copier:
         self._at = address(self._bounce)
 
     def copy(self, dst: Array, src: Array) -> None:
-        n = dst.nbytes
-        if n < SLOW_MIN or n >= SLOW_MAX:
+        if SLOW_MIN <= dst.nbytes < SLOW_MAX:
+            self.copy_at(dst, address(dst), src, address(src))
+        else:
             dst[...] = src
-            return
-        src_at = address(src)
-        if not is_slow(address(dst), src_at, n):
-            dst[...] = src
-            return
-        self.bounce(dst, src, src_at)
 
     def copy_to(self, dst: Array, dst_at: int, src: Array) -> None:
         """``copy`` where the caller knows ``dst``'s address (a slot's, kept)."""
-        n = dst.nbytes
-        if n < SLOW_MIN or n >= SLOW_MAX:
+        if SLOW_MIN <= dst.nbytes < SLOW_MAX:
+            self.copy_at(dst, dst_at, src, address(src))
+        else:
             dst[...] = src
-            return
-        src_at = address(src)
-        if not is_slow(dst_at, src_at, n):
-            dst[...] = src
-            return
-        self.bounce(dst, src, src_at)
 
     def copy_at(self, dst: Array, dst_at: int, src: Array, src_at: int) -> None:
         """``copy`` where the caller knows both addresses."""

@@ -149,6 +149,7 @@ class ShmGroup:
                                        lay.slot(0, 0), (2 * lay.slot_bytes, lay.slot_bytes, 1))
         self._slots: list[list[Array]] = [[self._grid[r, p] for p in (0, 1)]
                                           for r in range(size)]
+        self._grid_at = address(self._grid[0, 0])  #: where slot (0, 0) is mapped here
         self._region = self.slot_bytes // size // ALIGN * ALIGN
         self._small_bytes = min(SMALL_BYTES, self.slot_bytes)
         self._plans: dict[tuple[int, int, int], _SmallPlan] = {}
@@ -200,6 +201,10 @@ class ShmGroup:
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
+
+    def _slot_at(self, rank: int, parity: int, offset: int) -> int:
+        """The address of byte ``offset`` of slot (``rank``, ``parity``) (``copying``)."""
+        return self._grid_at + (2 * rank + parity) * self.slot_bytes + offset
 
     def _parity(self) -> int:
         """Parity of the next round: where to write before publishing it."""
@@ -306,7 +311,7 @@ class ShmGroup:
         rows = tuple(tuple(self._slots[r][p][:nbytes].view(st) for r in range(self.size))
                      for p in (0, 1))
         plan = _SmallPlan((mine[0][:nbytes].view(st), mine[1][:nbytes].view(st)),
-                          (address(mine[0]), address(mine[1])),
+                          (self._slot_at(self.rank, 0, 0), self._slot_at(self.rank, 1, 0)),
                           (rows[0], rows[1]), rows_reducer(dtype, op), op.name == "AVG")
         self._plans[(count, dtype.code, op.code)] = plan
         return plan
@@ -360,11 +365,9 @@ class ShmGroup:
         chunks = plan_chunks(count, item, n, self.slot_bytes)
         base = chunks.base
         order = [(me + 1 + k) % n for k in range(n)]
-        seg_at = address(self._grid[0, 0])
 
         def slot(r: int, p: int, lo: int, hi: int) -> tuple[Array, int]:
-            view = self._slots[r][p][lo:hi]
-            return view, seg_at + (2 * r + p) * self.slot_bytes + lo
+            return self._slots[r][p][lo:hi], self._slot_at(r, p, lo)
 
         rounds: list[_PipelineRound] = []
         for t in range(chunks.chunks + 1):
