@@ -95,6 +95,16 @@ def test_sizes_print_readably() -> None:
                                                               "~64 KiB"]
 
 
+def test_ratios_far_below_one_keep_their_digits() -> None:
+    # a shm engine 200x faster than gloo once printed "0.00", which reads as "no data"
+    from rankwise.launch._bench_report import _ratio_text
+
+    for x in (0.0052, 0.00099, 2.5e-6, 0.15, 1.234, 37.0):
+        text = _ratio_text(x)
+        assert float(text) == pytest.approx(x, rel=0.06), text
+    assert _ratio_text(0.0052) == "0.0052" and _ratio_text(0.15) == "0.15"
+
+
 @pytest.mark.slow
 @pytest.mark.torch
 def test_tiny_real_run(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ Conventions, chosen once here:
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -138,8 +139,20 @@ def _num(value: float | None, scale: float, digits: int) -> str:
 def _ratio(r: tuple[float, float, float] | None) -> str:
     if r is None:
         return f"{'-':>16}"
-    med, lo, hi = (f"{x:.2f}" if x < 10 else f"{x:.0f}" for x in r)
+    med, lo, hi = (_ratio_text(x) for x in r)
     return f"{f'{med} ({lo}-{hi})':>16}"
+
+
+def _ratio_text(x: float) -> str:
+    """Two significant digits below 1 (0.15, 0.0052: a ratio far below gloo's must not
+    print as 0.00), two decimals up to 10, whole numbers above."""
+    if x >= 10:
+        return f"{x:.0f}"
+    if x <= 0:
+        return "0"
+    if x < 1e-4:
+        return f"{x:.1e}"
+    return f"{x:.{max(2, 1 - math.floor(math.log10(x)))}f}"
 
 
 _COLORS = {"gloo": "tab:orange", "mpi": "tab:green"}
