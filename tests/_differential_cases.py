@@ -961,3 +961,28 @@ def cross_group_p2p(rank: int, ws: int, torch_port: int) -> dict[str, Any]:
     finally:
         td.destroy_process_group()
     return out
+
+
+def torch_213_names(rank: int, ws: int, torch_port: int) -> dict[str, Any]:
+    """torch 2.13's ``all_gather_single``/``reduce_scatter_single`` (it deprecates the
+    ``_tensor`` names for them) on rankwise and on gloo, same inputs; rank 0 calls the
+    old name where the others call the new one, which must still be one call."""
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank,
+                          world_size=ws)
+    out: dict[str, Any] = {}
+    try:
+        mine = torch.arange(3, dtype=torch.float32) + 10 * rank
+        big = torch.arange(3 * ws, dtype=torch.int64) * (rank + 1)
+        for name, lib in (("gloo", td), ("rankwise", rw)):
+            gathered = torch.zeros(3 * ws)  # gloo takes the flat form only
+            scattered = torch.zeros(3, dtype=torch.int64)
+            if lib is rw and rank == 0:
+                lib.all_gather_into_tensor(gathered, mine)
+                lib.reduce_scatter_tensor(scattered, big)
+            else:
+                lib.all_gather_single(gathered, mine)
+                lib.reduce_scatter_single(scattered, big)
+            out[name] = (gathered.tolist(), scattered.tolist())
+    finally:
+        td.destroy_process_group()
+    return out

@@ -26,6 +26,7 @@ from _differential_cases import (
     differential_worker,
     gloo_ok,
     make_cases,
+    torch_213_names,
 )
 
 from rankwise.testing import RankResult, free_port, run_ranks
@@ -95,6 +96,17 @@ def test_cases_cover_every_op(ws: int) -> None:
     assert any(c.numel >= (256 << 10) // 4 for c in cases), "no ring-regime all_reduce"
     assert any(c.ring_threshold == 0 and c.numel < 2 * ws for c in cases) or ws == 1
     assert make_cases(_seed(ws), ws, N_CASES) == cases, "case generation is not deterministic"
+
+
+@pytest.mark.usefixtures("engine")
+@pytest.mark.torch_engines
+@pytest.mark.tensor_paths
+def test_torch_213_collective_names() -> None:
+    results = run_ranks(torch_213_names, 3, args=(free_port(),), timeout=45)
+    for r in results:
+        assert r.error_type is None, f"rank {r.rank}: {r.error_type}: {r.message}"
+        assert r.value["rankwise"] == r.value["gloo"], r.rank
+    assert results[1].value["gloo"][1] == [3 * 6, 4 * 6, 5 * 6]  # (1+2+3) x rank 1's slice
 
 
 @pytest.mark.usefixtures("engine")

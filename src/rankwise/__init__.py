@@ -15,6 +15,7 @@ from ._version import __version__ as __version__
 from .api.collectives import (
     all_gather,
     all_gather_into_tensor,
+    all_gather_single,
     all_reduce,
     all_to_all,
     all_to_all_single,
@@ -23,6 +24,7 @@ from .api.collectives import (
     gather,
     reduce,
     reduce_scatter,
+    reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
 )
@@ -152,7 +154,7 @@ __all__ = [
     "DistError", "DistNetworkError", "DistStoreError", "DistTimeout", "FileStore",
     "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "P2POp", "PeerFailure", "PrefixStore",
     "ProcessGroup", "ReduceOp", "RendezvousError", "Store", "StoreError", "TCPStore", "Work",
-    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_backend_config", "get_default_backend_for_device", "get_global_rank",
@@ -162,6 +164,6 @@ __all__ = [
     "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
     "isend", "main_process_first", "monitored_barrier", "new_group", "new_subgroups",
     "new_subgroups_by_enumeration", "rank_zero_first", "recv", "recv_object_list", "reduce",
-    "reduce_op", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
     "send", "send_object_list", "spawn", "supports_complex", "who_is_where",
 ]

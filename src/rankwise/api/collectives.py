@@ -37,9 +37,9 @@ from ..wire.frames import Op
 from .world import resolve_group
 
 __all__ = [
-    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
-    "barrier", "broadcast", "gather", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-    "scatter",
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "gather", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor", "scatter",
 ]
 
 #: a collective's body: given the group's engine and the call, run the data movement
@@ -290,6 +290,11 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                   shape=mine.shape, outputs=[output_tensor])
 
 
+#: torch 2.13's name for it (it deprecates ``all_gather_into_tensor`` in its favour); the
+#: same call, so ranks that mix the two names still match
+all_gather_single = all_gather_into_tensor
+
+
 def _root_slots(g: ProcessGroup, root: int, xs: Any, ref: Buffer, op: str, name: str,
                 role: str, writable: bool) -> list[np.ndarray[Any, Any]] | None:
     """The root's per-rank tensor list for gather/scatter, validated; None elsewhere.
@@ -363,6 +368,10 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
     rop = _reduce_op(op, out, "reduce_scatter_tensor")
     return _reduce_scatter(g, Op.reduce_scatter_tensor, out, flat_copy(inp.array), rop,
                            async_op)
+
+
+#: torch 2.13's name for it (it deprecates ``reduce_scatter_tensor`` in its favour)
+reduce_scatter_single = reduce_scatter_tensor
 
 
 def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, Any],

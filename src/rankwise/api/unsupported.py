@@ -43,7 +43,6 @@ UNSUPPORTED: dict[str, str] = {
                         "engines, not torch's gloo; use rankwise.ProcessGroup",
     "QueueEmptyError": "rankwise's stores have no queue operations (queue_push/queue_pop)",
     "all_gather_coalesced": _COALESCED, "all_reduce_coalesced": _COALESCED,
-    "all_gather_single": _TORCH_API, "reduce_scatter_single": _TORCH_API,
     "shrink_group": _TORCH_API, "split_group": "use new_group or new_subgroups (every rank "
                                                "calls them in the same order)",
     "record_comm": _TORCH_API,
