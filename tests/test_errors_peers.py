@@ -163,7 +163,8 @@ try:
     out = {"type": None}
 except dist.DistError as exc:
     out = {"type": type(exc).__name__, "rank": getattr(exc, "rank", None),
-           "tb": getattr(exc, "remote_traceback", ""), "message": str(exc)}
+           "tb": getattr(exc, "remote_traceback", ""), "message": str(exc),
+           "cause": repr(exc.__cause__) if exc.__cause__ is not None else None}
 out["elapsed"] = time.monotonic() - start
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -191,6 +192,8 @@ def test_uncaught_exception_reaches_peers_with_its_traceback(op: str, victim: in
         assert info["elapsed"] < 5.0, info
         assert "KeyError" in info["message"] and "batch 7" in info["message"], info
         assert "load_batch" in info["tb"] and "KeyError" in info["tb"], info["tb"]
+        # a store lost with its host is a consequence: never printed as "the direct cause"
+        assert info["cause"] is None, info["cause"]
 
 
 # --- user recv(src=None) never swallows library traffic --------------------------------------

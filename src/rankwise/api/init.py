@@ -231,7 +231,9 @@ def _store_watcher(comm: Communicator) -> Watcher:
         if failure is None and err is not None:
             failure = router.wait_for_any_cause(list(range(comm.world_size)), 1.0)
         if failure is not None:
-            raise comm.as_of_now(failure) from err
+            # not ``from err``: the lost store is a consequence of the peer's failure, and
+            # a chain would print it first, as "the direct cause" (it stays the context)
+            raise comm.as_of_now(failure) from None
     return watch
 
 
