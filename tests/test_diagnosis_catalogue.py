@@ -394,6 +394,10 @@ def test_trace_files_and_merge(tmp_path: object) -> None:
     assert [e["args"]["seq"] for e in steps] == [1, 2, 3]
     assert steps[0]["args"]["bytes"] == 32
     assert f"{P}:{line_of('traced-step')}" in steps[0]["args"]["site"]
+    labelled = [e for e in spans if e["name"] == "sync point"]  # dist.record_comm's
+    assert {e["pid"] for e in labelled} == {0, 1}
+    assert {e["args"]["op"] for e in labelled} == {"barrier"}
+    assert not any(e["name"] == "barrier" for e in spans)
     recv = [e for e in spans if e["name"] == "recv"]
     assert recv and recv[0]["args"]["peer"] == 0 and recv[0]["pid"] == 1
     assert any(e["ph"] == "M" and e["args"].get("name") == "rank 1" for e in events)

@@ -179,7 +179,8 @@ def traced(dist, rank, world):
     t = np.ones(8, np.float32)
     for _ in range(3):
         dist.all_reduce(t)  # @traced-step
-    dist.barrier()
+    with dist.record_comm("sync point"):
+        dist.barrier()
     if rank == 0:
         dist.send(t, dst=1)
     else:

@@ -47,3 +47,25 @@ def test_import_does_not_pull_in_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_record_comm_labels_nest_and_stay_per_thread() -> None:
+    import threading
+
+    import pytest
+
+    from rankwise.identity.calls import COMM_LABEL
+
+    seen: list[str | None] = []
+    with rankwise.record_comm("outer"):
+        with rankwise.record_comm("inner"):
+            assert COMM_LABEL.get() == "inner"
+            worker = threading.Thread(target=lambda: seen.append(COMM_LABEL.get()))
+            worker.start()
+            worker.join()
+        assert COMM_LABEL.get() == "outer"
+    assert COMM_LABEL.get() is None and seen == [None]  # a new thread starts unlabelled
+    with pytest.raises(rankwise.InvalidArgument, match="name"), \
+            rankwise.record_comm(7):  # type: ignore[arg-type]
+        pass
+    assert COMM_LABEL.get() is None

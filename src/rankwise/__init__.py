@@ -41,6 +41,7 @@ from .api.compat import (
     is_torchelastic_launched,
     is_ucc_available,
     is_xccl_available,
+    record_comm,
     reduce_op,
     supports_complex,
 )
@@ -163,7 +164,8 @@ __all__ = [
     "is_backend_available", "is_gloo_available", "is_initialized", "is_mpi_available",
     "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
     "isend", "main_process_first", "monitored_barrier", "new_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "rank_zero_first", "recv", "recv_object_list", "reduce",
+    "new_subgroups_by_enumeration", "rank_zero_first", "record_comm", "recv",
+    "recv_object_list", "reduce",
     "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
     "send", "send_object_list", "spawn", "supports_complex", "who_is_where",
 ]

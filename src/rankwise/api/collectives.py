@@ -71,7 +71,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
-        work = run_async(f"{op.name} #{call.seq} on {group.name}",
+        work = run_async(f"{call.label or op.name} #{call.seq} on {group.name}",
                          lambda: _run(runner, call, body, op), outputs)
         if runner.serial:
             group.queued = work

@@ -9,10 +9,13 @@ True where rankwise's NCCL engine can run (torch with NCCL and a CUDA device).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..identity.calls import COMM_LABEL
 from ..wire.reduce_op import ReduceOp, coerce_reduce_op
 from .init import BACKENDS, DEFAULT_TIMEOUT, get_backend
 from .world import current
@@ -21,7 +24,7 @@ __all__ = [
     "default_pg_timeout", "get_backend_config", "get_default_backend_for_device",
     "get_node_local_rank", "get_pg_count", "is_backend_available", "is_gloo_available",
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available",
-    "is_xccl_available", "reduce_op", "supports_complex",
+    "is_xccl_available", "record_comm", "reduce_op", "supports_complex",
 ]
 
 #: torch's deprecated spelling of ``ReduceOp``, still found in older scripts
@@ -105,3 +108,19 @@ def get_pg_count() -> int:
 def supports_complex(reduceOp: Any) -> bool:
     op = reduceOp if isinstance(reduceOp, ReduceOp) else coerce_reduce_op(reduceOp)
     return op.name not in ("MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
+@contextmanager
+def record_comm(name: str) -> Iterator[None]:
+    """torch 2.13's ``record_comm``: the collectives issued inside the block carry ``name``
+    as their profiling title: the span name in ``RANKWISE_TRACE`` timelines (the op stays
+    in its arguments) and the name of an ``async_op`` ``Work``. Blocks nest (the inner
+    name wins); each thread and asyncio task has its own. Ranks may use different names:
+    a label is never compared across ranks."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"record_comm takes a name (str), got {type(name).__name__}")
+    token = COMM_LABEL.set(name)
+    try:
+        yield
+    finally:
+        COMM_LABEL.reset(token)

@@ -45,7 +45,6 @@ UNSUPPORTED: dict[str, str] = {
     "all_gather_coalesced": _COALESCED, "all_reduce_coalesced": _COALESCED,
     "shrink_group": _TORCH_API, "split_group": "use new_group or new_subgroups (every rank "
                                                "calls them in the same order)",
-    "record_comm": _TORCH_API,
     "breakpoint": "`rankwise run` does not forward stdin to the ranks, so pdb on one rank "
                   "could not be driven; use RANKWISE_DUMP or rankwise.who_is_where()",
     "register_rendezvous_handler": _RENDEZVOUS, "rendezvous": _RENDEZVOUS,

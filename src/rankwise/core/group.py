@@ -16,7 +16,7 @@ from datetime import timedelta
 from ..engines.base import Call, Engine
 from ..engines.message import MessageEngine
 from ..errors import InvalidArgument
-from ..identity.calls import Fingerprint
+from ..identity.calls import COMM_LABEL, Fingerprint
 from ..identity.callsite import CallSite
 from ..wire.buffers import DType, ReduceOp
 from .communicator import Communicator
@@ -103,6 +103,9 @@ class ProcessGroup:
         now = time.time()
         call = Call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
                     shape)
+        label = COMM_LABEL.get()
+        if label is not None:
+            call.label = label
         self.history.append(call)
         if frames:
             router.register_call(self.id, seq, fp)

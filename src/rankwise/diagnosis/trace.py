@@ -58,14 +58,17 @@ class Tracer:
         d = dtype_by_code(fp.dtype) if fp.dtype else None
         nbytes = fp.count * d.storage.itemsize if d is not None and fp.count > 0 else 0
         name = Op(fp.op).name if fp.op in Op._value2member_map_ else f"op#{fp.op}"
+        args = {"seq": record.seq, "group": group.name, "bytes": nbytes,
+                "peers": list(group.ranks) if len(group.ranks) <= 64 else len(group.ranks),
+                "call": describe(fp), "site": record.site.chain}
+        label = getattr(record, "label", None)
+        if label:  # record_comm's name titles the span; the op stays in the arguments
+            args["op"] = name
+            name = label
         self._add({
             "name": name, "cat": "collective", "ph": "X", "pid": self.rank,
             "tid": self._tid(), "ts": record.started * 1e6,
-            "dur": max(0.0, record.finished - record.started) * 1e6,
-            "args": {"seq": record.seq, "group": group.name, "bytes": nbytes,
-                     "peers": list(group.ranks) if len(group.ranks) <= 64 else len(group.ranks),
-                     "call": describe(fp),
-                     "site": record.site.chain},
+            "dur": max(0.0, record.finished - record.started) * 1e6, "args": args,
         })
 
     def recv(self, start: float, end: float, src: int, nbytes: int, tag: int,

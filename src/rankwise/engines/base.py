@@ -55,6 +55,7 @@ class Call:
     finished: float = 0.0  #: time.time() when it ended here (0: not yet)
     patient: bool = False
     quiet: bool = False
+    label: str | None = None  #: ``record_comm``'s name for it (traces, async ``Work``)
 
     @property
     def record(self) -> Call:

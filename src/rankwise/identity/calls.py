@@ -8,17 +8,23 @@ train.py:42"), and none of them may import the API to do it.
 from __future__ import annotations
 
 import zlib
+from contextvars import ContextVar
 from typing import NamedTuple, Protocol
 
 from ..wire.buffers import dtype_name, reduce_op_by_code
 from ..wire.frames import CALL_FLAGS, Flag, Frame, Op
 from .callsite import CallSite
 
-__all__ = ["BARRIER_NAMES", "DEVICE_MARK", "CallFields", "Fingerprint", "barrier_name_code",
-           "describe", "describe_call", "flags_shown", "mismatch_advice"]
+__all__ = ["BARRIER_NAMES", "COMM_LABEL", "DEVICE_MARK", "CallFields", "Fingerprint",
+           "barrier_name_code", "describe", "describe_call", "flags_shown", "mismatch_advice"]
 
 #: how a description shows ``Flag.DEVICE`` (after the arguments, before the call site)
 DEVICE_MARK = " on CUDA"
+
+#: the profiling name that ``record_comm`` gives the collectives issued inside it (a
+#: context variable: threads and asyncio tasks each see their own). A label, not
+#: identity: ranks may label the same call differently, so it is never compared.
+COMM_LABEL: ContextVar[str | None] = ContextVar("rankwise_comm_label", default=None)
 
 class Fingerprint(NamedTuple):
     """What must agree across ranks for one collective call.
