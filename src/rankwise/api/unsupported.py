@@ -25,7 +25,8 @@ _COALESCED = "it is deprecated in torch; call the collective once per tensor, or
 _TYPING = "it is a typing alias of torch's internals; use int (ranks) or str (group names)"
 _RENDEZVOUS = ("rankwise's init_method understands env://, tcp://host:port and file://path; "
                "custom rendezvous handlers are not pluggable")
-_TORCH_API = "torch 2.13 marks it experimental; rankwise has not built it"
+_SHRINK = ("rankwise does not shrink a live group around failed ranks: a failure reaches "
+           "every rank as PeerFailure; restart the job (`rankwise run --max-restarts N`)")
 
 UNSUPPORTED: dict[str, str] = {
     "AllToAllOptions": _OPTIONS, "AllreduceCoalescedOptions": _OPTIONS,
@@ -43,7 +44,7 @@ UNSUPPORTED: dict[str, str] = {
                         "engines, not torch's gloo; use rankwise.ProcessGroup",
     "QueueEmptyError": "rankwise's stores have no queue operations (queue_push/queue_pop)",
     "all_gather_coalesced": _COALESCED, "all_reduce_coalesced": _COALESCED,
-    "shrink_group": _TORCH_API, "split_group": "use new_group or new_subgroups (every rank "
+    "shrink_group": _SHRINK, "split_group": "use new_group or new_subgroups (every rank "
                                                "calls them in the same order)",
     "breakpoint": "`rankwise run` does not forward stdin to the ranks, so pdb on one rank "
                   "could not be driven; use RANKWISE_DUMP or rankwise.who_is_where()",
