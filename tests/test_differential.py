@@ -98,24 +98,28 @@ def test_cases_cover_every_op(ws: int) -> None:
     assert make_cases(_seed(ws), ws, N_CASES) == cases, "case generation is not deterministic"
 
 
+def _values_of_3_ranks(worker: Any) -> list[Any]:
+    """Run ``worker(rank, 3, torch_port)`` on 3 ranks; their values, none having raised."""
+    results = run_ranks(worker, 3, args=(free_port(),), timeout=45)
+    for r in results:
+        assert r.error_type is None, f"rank {r.rank}: {r.error_type}: {r.message}"
+    return [r.value for r in results]
+
+
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
 def test_torch_213_collective_names() -> None:
-    results = run_ranks(torch_213_names, 3, args=(free_port(),), timeout=45)
-    for r in results:
-        assert r.error_type is None, f"rank {r.rank}: {r.error_type}: {r.message}"
-        assert r.value["rankwise"] == r.value["gloo"], r.rank
-    assert results[1].value["gloo"][1] == [3 * 6, 4 * 6, 5 * 6]  # (1+2+3) x rank 1's slice
+    values = _values_of_3_ranks(torch_213_names)
+    for rank, value in enumerate(values):
+        assert value["rankwise"] == value["gloo"], rank
+    assert values[1]["gloo"][1] == [3 * 6, 4 * 6, 5 * 6]  # (1+2+3) x rank 1's slice
 
 
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
 def test_p2p_is_scoped_by_group() -> None:
-    results = run_ranks(cross_group_p2p, 3, args=(free_port(),), timeout=45)
-    for r in results:
-        assert r.error_type is None, f"rank {r.rank}: {r.error_type}: {r.message}"
-    got = results[2].value
+    got = _values_of_3_ranks(cross_group_p2p)[2]
     assert got["gloo"] == [(1, 2.0), (1, 2.0), (1, 1.0), (0, 3.0)], got  # torch's semantics
     assert got["rankwise"] == got["gloo"]
