@@ -500,43 +500,44 @@ class ShmGroup:
     def all_to_all(self, fp: Fingerprint, site: _callsite.CallSite, outs: Sequence[Array],
                    ins: Sequence[Array], deadline: float) -> None:
         """``ins[j]`` of every rank i into rank j's ``outs[i]``; sizes may differ per pair
-        (all_to_all_single with split sizes). A first round exchanges every rank's send
-        and receive sizes, so every rank checks every pair and they all agree on how
-        many rounds follow."""
+        (all_to_all_single with split sizes). The first round carries every rank's send
+        and receive sizes and, beside them, the first piece of each pair's bytes: every
+        rank checks every pair before it reads any data, and all agree from the table
+        how many rounds follow (none, for messages that fit a first piece)."""
         n, me = self.size, self.rank
         if len(outs) != n or len(ins) != n:
             raise InvalidArgument(f"all_to_all: needs {n} inputs and {n} outputs")
         call = self._begin(fp, site, -1)
 
         def run() -> None:
-            p = self._parity()
-            sizes = np.array([x.nbytes for x in ins] + [o.nbytes for o in outs], np.int64)
-            self._slots[me][p][:sizes.nbytes] = sizes.view(np.uint8)
-            self._round(call, True, deadline, vary_count=True)
-            m = np.stack([self._slots[r][p][:sizes.nbytes].view(np.int64) for r in range(n)])
-            send, recv = m[:, :n], m[:, n:]
-            if (m < 0).any() or (m > 1 << 50).any():
-                raise DistError("all_to_all: corrupt size table in shared memory")
-            bad = [(i, j) for i in range(n) for j in range(n) if send[i, j] != recv[j, i]]
-            if bad:
-                i, j = bad[0]
-                detail = (f"rank {self.ch.names[i]} sends {send[i, j]} bytes to rank "
-                          f"{self.ch.names[j]}, which expects {recv[j, i]} bytes from it "
-                          f"({len(bad)} disagreeing pair(s))")
-                peer = j if i == me else i
-                theirs, _ = self.ch.peer_call(peer, self.ch.seq)
-                raise ShmCallMismatch(f"all_to_all: {detail}", peer=peer, theirs=theirs,
-                                      their_site=self.ch.peer_site_text(peer), mine=call,
-                                      detail=detail)
+            table = 2 * n * 8
+            head = -(-table // ALIGN) * ALIGN
+            first_piece = (self.slot_bytes - head) // n // ALIGN * ALIGN
             src = [self._u8(x) for x in ins]
             dst = [self._u8(o) for o in outs]
             put = self._copier.copy
+            p = self._parity()
+            slot = self._slots[me][p]
+            slot[:table] = np.array([x.nbytes for x in ins] + [o.nbytes for o in outs],
+                                    np.int64).view(np.uint8)
+            for j in range(n):
+                if j != me:
+                    piece = src[j][:first_piece]
+                    at = head + j * first_piece
+                    put(slot[at:at + piece.size], piece)
+            self._round(call, True, deadline, vary_count=True)
+            send = self._agreed_sizes(p, table, call)
             put(dst[me], src[me])
+            for i in range(n):
+                if i != me:
+                    piece = dst[i][:first_piece]
+                    at = head + me * first_piece
+                    put(piece, self._slots[i][p][at:at + piece.size])
             R = self._region
             longest = int(max((send[i, j] for i in range(n) for j in range(n) if i != j),
                               default=0))
-            for t in range(-(-longest // R)):
-                lo = t * R
+            for t in range(-(-max(0, longest - first_piece) // R)):
+                lo = first_piece + t * R
                 p = self._parity()
                 slot = self._slots[me][p]
                 for j in range(n):
@@ -549,6 +550,27 @@ class ShmGroup:
                         hi = min(dst[i].size, lo + R)
                         put(dst[i][lo:hi], self._slots[i][p][me * R:me * R + hi - lo])
         self._guard(run)
+
+    def _agreed_sizes(self, p: int, table: int, call: Call) -> Array:
+        """all_to_all's size tables (untrusted bytes) from every rank's slot of parity
+        ``p``: the (sender, receiver) byte counts, once every pair agrees; else raise."""
+        n, me = self.size, self.rank
+        m = np.stack([self._slots[r][p][:table].view(np.int64) for r in range(n)])
+        send, recv = m[:, :n], m[:, n:]
+        if (m < 0).any() or (m > 1 << 50).any():
+            raise DistError("all_to_all: corrupt size table in shared memory")
+        if (send != recv.T).any():
+            bad = [(i, j) for i in range(n) for j in range(n) if send[i, j] != recv[j, i]]
+            i, j = bad[0]
+            detail = (f"rank {self.ch.names[i]} sends {send[i, j]} bytes to rank "
+                      f"{self.ch.names[j]}, which expects {recv[j, i]} bytes from it "
+                      f"({len(bad)} disagreeing pair(s))")
+            peer = j if i == me else i
+            theirs, _ = self.ch.peer_call(peer, self.ch.seq)
+            raise ShmCallMismatch(f"all_to_all: {detail}", peer=peer, theirs=theirs,
+                                  their_site=self.ch.peer_site_text(peer), mine=call,
+                                  detail=detail)
+        return send
 
     # --- shutdown --------------------------------------------------------------------
 
