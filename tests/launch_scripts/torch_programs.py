@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def ddp_bn(rank: int, out: Path, backend: str, sync: bool = False) -> None:
         loss.backward()
         opt.step()
     torch.save(model.state_dict(), out / f"{backend}-{'sbn' if sync else 'bn'}-{rank}.pt")
+    # torch's DDP sits in reference cycles that keep its process group alive; left to
+    # interpreter exit, gloo's threads tear down mid-finalization and abort the process
+    # ("terminate called without an active exception", seen once in CI on the plain
+    # gloo run). Collect it while the group is still up, as benchmarks/ddp.py does.
+    del ddp, opt
+    gc.collect()
 
 
 def ddp_sbn(rank: int, out: Path, backend: str) -> None:
