@@ -61,7 +61,7 @@ class Tracer:
         args = {"seq": record.seq, "group": group.name, "bytes": nbytes,
                 "peers": list(group.ranks) if len(group.ranks) <= 64 else len(group.ranks),
                 "call": describe(fp), "site": record.site.chain}
-        label = getattr(record, "label", None)
+        label = record.label
         if label:  # record_comm's name titles the span; the op stays in the arguments
             args["op"] = name
             name = label

@@ -336,7 +336,8 @@ class ShmGroup:
         reducer = rows_reducer(dtype, op)
         avg = op.name == "AVG"
         raw = a.view(np.uint8)
-        at = address(a) if a.nbytes >= SLOW_MIN else 0
+        # where ``a`` is, for the Copier's slow-path check (not needed where it never bounces)
+        at = address(a) if self._copier.bounces and a.nbytes >= SLOW_MIN else 0
         copy_at = self._copier.copy_at
         first = True
         for sends, reduce, gathers in plan.rounds:
@@ -516,39 +517,40 @@ class ShmGroup:
             src = [self._u8(x) for x in ins]
             dst = [self._u8(o) for o in outs]
             put = self._copier.copy
+
+            def send_pieces(p: int, lo: int, width: int, at: int) -> None:
+                """Bytes ``lo:lo+width`` for each peer j into region j (from ``at``)."""
+                slot = self._slots[me][p]
+                for j in range(n):
+                    if j != me and lo < src[j].size:
+                        hi = min(src[j].size, lo + width)
+                        put(slot[at + j * width:at + j * width + hi - lo], src[j][lo:hi])
+
+            def take_pieces(p: int, lo: int, width: int, at: int) -> None:
+                """Each peer i's bytes ``lo:lo+width`` for us from its region ``me``."""
+                for i in range(n):
+                    if i != me and lo < dst[i].size:
+                        hi = min(dst[i].size, lo + width)
+                        put(dst[i][lo:hi],
+                            self._slots[i][p][at + me * width:at + me * width + hi - lo])
+
             p = self._parity()
-            slot = self._slots[me][p]
-            slot[:table] = np.array([x.nbytes for x in ins] + [o.nbytes for o in outs],
-                                    np.int64).view(np.uint8)
-            for j in range(n):
-                if j != me:
-                    piece = src[j][:first_piece]
-                    at = head + j * first_piece
-                    put(slot[at:at + piece.size], piece)
+            self._slots[me][p][:table] = np.array(
+                [x.nbytes for x in ins] + [o.nbytes for o in outs], np.int64).view(np.uint8)
+            send_pieces(p, 0, first_piece, head)
             self._round(call, True, deadline, vary_count=True)
-            send = self._agreed_sizes(p, table, call)
+            send = self._agreed_sizes(p, table, call)  # before any of the data is read
             put(dst[me], src[me])
-            for i in range(n):
-                if i != me:
-                    piece = dst[i][:first_piece]
-                    at = head + me * first_piece
-                    put(piece, self._slots[i][p][at:at + piece.size])
+            take_pieces(p, 0, first_piece, head)
             R = self._region
             longest = int(max((send[i, j] for i in range(n) for j in range(n) if i != j),
                               default=0))
             for t in range(-(-max(0, longest - first_piece) // R)):
                 lo = first_piece + t * R
                 p = self._parity()
-                slot = self._slots[me][p]
-                for j in range(n):
-                    if j != me and lo < src[j].size:
-                        hi = min(src[j].size, lo + R)
-                        put(slot[j * R:j * R + hi - lo], src[j][lo:hi])
+                send_pieces(p, lo, R, 0)
                 self._round(call, False, deadline)
-                for i in range(n):
-                    if i != me and lo < dst[i].size:
-                        hi = min(dst[i].size, lo + R)
-                        put(dst[i][lo:hi], self._slots[i][p][me * R:me * R + hi - lo])
+                take_pieces(p, lo, R, 0)
         self._guard(run)
 
     def _agreed_sizes(self, p: int, table: int, call: Call) -> Array:
