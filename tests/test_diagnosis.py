@@ -199,6 +199,7 @@ def test_trace_merge(tmp_path: Any) -> None:
         fp = Fingerprint(int(Op.barrier), 0, 0, 0, 0)
 
         site = _callsite.UNKNOWN
+        label = None  # as a Call outside record_comm
 
     class Grp:
         name, ranks = "WORLD", [0, 1]
