@@ -13,14 +13,11 @@ deadline it raises ``DistTimeout`` with it (or the mismatch the table shows).
 An error of the torch op itself (a peer's connection closed) is explained by the
 control plane's account when one comes within a second.
 
-On NCCL (``poll=True``) a slice is never ``work.wait(timeout)``: a WorkNCCL whose wait
-times out records a timeout error that NCCL's watchdog then acts on (it aborts the
-communicator, by default tearing the process down). So the waiter polls
-``work.is_completed()`` (a query of the op's CUDA event) with a short backoff and calls
-the plain ``work.wait()`` once the kernel is done (it raises the op's error and orders
-the current stream after NCCL's). That is the price of bounded waits on a GPU: the
-calling thread (the async worker, for ``async_op``) waits on the host until the kernel
-has finished, where torch's own ``wait()`` only makes the current stream wait.
+On NCCL no wait here blocks the host until a kernel has finished: the engine hands
+each work to a watchdog (``nccl_watchdog``) that polls its CUDA event and the control
+plane, and the calling thread only orders its stream after the collective (as torch's
+``wait()`` does). ``CommPlane`` is what that watchdog asks the control plane, built on
+the same reports as ``WorkWaiter``.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from .base import Call
 if TYPE_CHECKING:
     from ..core.communicator import Communicator
 
-__all__ = ["GRACE", "SLICE", "WorkWaiter"]
+__all__ = ["GRACE", "SLICE", "CommPlane", "WorkWaiter"]
 
 #: seconds between two looks at the control plane while a torch op is in flight
 SLICE = 0.2
@@ -60,31 +57,13 @@ def _wait_step(work: Any, span: float) -> bool:
     return True
 
 
-def _poll_step(work: Any, span: float) -> bool:
-    """Whether ``work`` finished within ``span`` seconds, never calling a timed ``wait``
-    (NCCL, see the module's doc): polled with a backoff from 20 us to 5 ms."""
-    if not work.is_completed():
-        end = time.monotonic() + span
-        delay = 20e-6
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(delay, left))
-            if work.is_completed():
-                break
-            delay = min(delay * 2, 0.005)
-    work.wait()  # the op's own error, if any; the current stream waits for the kernel
-    return True
-
-
 class WorkWaiter:
     """Waits for one group's torch works; remembers whether one was left in flight."""
 
-    def __init__(self, comm: Communicator, engine_name: str, poll: bool = False) -> None:
+    def __init__(self, comm: Communicator, engine_name: str) -> None:
         self.comm = comm
         self.engine_name = engine_name
-        self._step = _poll_step if poll else _wait_step
+        self._step = _wait_step
         #: a torch op was abandoned in flight (its group can no longer be destroyed
         #: cleanly: destroying it joins threads that stay blocked in that op)
         self.stuck = False
@@ -157,3 +136,46 @@ class WorkWaiter:
         return PeerFailure(f"rank {self.comm.rank}: {call.record.describe()} (collective "
                            f"#{call.seq} of {call.group.name}) failed on {self.engine_name}: "
                            f"{exc}")
+
+
+class CommPlane:
+    """The control plane as the NCCL watchdog sees it (``nccl_watchdog.Plane``): one
+    group's failures, slow-call logs, deadlock probes and timeout reports, as
+    ``WorkWaiter`` gives them. ``flush``: sends the ring check's batch; it returns False
+    when the check is busy on the calling thread (asked again on the next pass)."""
+
+    def __init__(self, waiter: WorkWaiter, flush: Callable[[], bool]) -> None:
+        self.waiter = waiter
+        self.comm = waiter.comm
+        self._flush = flush
+
+    def failure(self) -> BaseException | None:
+        failure = self.comm.router.failure
+        if failure is None:
+            return None
+        self.comm.await_diagnosis()
+        return self.comm.as_of_now(failure)
+
+    def slow(self, call: Call) -> bool:
+        return self._flush()
+
+    def warn_at(self, call: Call, start: float) -> float:
+        return float("inf") if call.patient or call.quiet else start + self.comm.warn_after
+
+    def warn(self, call: Call) -> None:
+        self.comm.warn_slow(lambda: self.waiter._what(call))
+
+    def probe_at(self, start: float) -> float:
+        return start + self.comm.deadlock.after
+
+    def probe(self, blocked_for: float) -> float:
+        return self.comm.deadlock.probe(blocked_for)
+
+    def timed_out(self, call: Call) -> BaseException:
+        self.waiter.stuck = True
+        return self.waiter._timeout(call)
+
+    def op_failed(self, call: Call, err: BaseException) -> BaseException:
+        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
+            return self.waiter._torch_error(call, err)
+        return err
