@@ -29,6 +29,18 @@ from typing import Any
 
 #: seconds within which an error must reach every rank
 WITHIN = 20.0
+#: ``GPU_CHECK_CPU=1``: a smoke test of these programs without a GPU (CPU tensors staged
+#: as CUDA ones would be; the NCCL-only parts are left out)
+CPU = bool(os.environ.get("GPU_CHECK_CPU"))
+DEV = "cpu" if CPU else "cuda"
+ENV = {"RANKWISE_TENSOR_PATH": "staged"} if CPU else {}
+
+
+def _sync() -> None:
+    import torch
+
+    if not CPU:
+        torch.cuda.synchronize()
 
 
 def _no_host_sync(rank: int, world: int) -> dict[str, Any]:
@@ -39,7 +51,7 @@ def _no_host_sync(rank: int, world: int) -> dict[str, Any]:
     t = torch.ones(1 << 10, device="cuda")
     dist.all_reduce(t)  # the call site is confirmed; the communicator is up
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(6e9))  # ~3 s of GPU time on the current stream (clock ~2 GHz)
+    torch.cuda._sleep(int(6e9))  # type: ignore[no-untyped-call]  # ~3 s of GPU time on the current stream (clock ~2 GHz)
     start = time.perf_counter()
     dist.all_reduce(t)  # ordered after the sleep: it cannot finish for seconds
     returned = time.perf_counter() - start
@@ -82,7 +94,7 @@ def _count_mismatch(rank: int, world: int) -> None:
 
     import rankwise as dist
 
-    dist.all_reduce(torch.ones(4 + rank, device="cuda"))  # CALL: 4 vs 5 elements
+    dist.all_reduce(torch.ones(4 + rank, device=DEV))  # CALL: 4 vs 5 elements
 
 
 def _plane_mismatch(rank: int, world: int) -> None:
@@ -99,7 +111,7 @@ def _killed(rank: int, world: int) -> None:
 
     import rankwise as dist
 
-    t = torch.ones(4, device="cuda")
+    t = torch.ones(4, device=DEV)
     dist.all_reduce(t)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -129,9 +141,12 @@ def case_mismatch() -> bool:
     from rankwise.testing import run_ranks
 
     start = time.monotonic()
-    res = run_ranks(_count_mismatch, 2, timeout=60, init_kwargs={"backend": "gloo"})
+    res = run_ranks(_count_mismatch, 2, timeout=60, init_kwargs={"backend": "gloo"}, env=ENV)
     ok1, text1 = _expect(res, ("CollectiveMismatch",), "all_reduce", start)
     print(f"staged CUDA tensors, 4 vs 5 elements: {text1}")
+    if CPU:
+        print(f"RESULT: {'PASS' if ok1 else 'FAIL'}: (CPU smoke test: count case only)")
+        return ok1
     start = time.monotonic()
     res = run_ranks(_plane_mismatch, 2, timeout=60,
                     init_kwargs={"backend": "cpu:gloo,cuda:nccl"})
@@ -150,7 +165,8 @@ def case_killed() -> bool:
     from rankwise.testing import run_ranks
 
     start = time.monotonic()
-    res = run_ranks(_killed, 2, timeout=60, init_kwargs={"backend": "gloo", "timeout": 60})
+    res = run_ranks(_killed, 2, timeout=60, init_kwargs={"backend": "gloo", "timeout": 60},
+                    env=ENV)
     ok, text = _expect(res, ("PeerFailure",), "rank 1", start, ranks=[0])
     print(f"RESULT: {'PASS' if ok else 'FAIL'}: killed rank 1, rank 0 {text}")
     return ok
@@ -164,7 +180,7 @@ def _mlp(width: int) -> Any:
     layers: list[Any] = []
     for _ in range(6):
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers).cuda()
+    return torch.nn.Sequential(*layers).to(DEV)
 
 
 def _steps(rank: int, world: int, impl: str, steps: int, width: int) -> list[float]:
@@ -173,6 +189,7 @@ def _steps(rank: int, world: int, impl: str, steps: int, width: int) -> list[flo
 
     torch.manual_seed(0)
     model = _mlp(width)
+    ddp: Any
     if impl == "rankwise":
         from rankwise.nn import DistributedDataParallel as DDP
         ddp = DDP(model)
@@ -180,15 +197,15 @@ def _steps(rank: int, world: int, impl: str, steps: int, width: int) -> list[flo
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
         ddp = TorchDDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x = torch.randn(64, width, device="cuda")
+    x = torch.randn(64, width, device=DEV)
     times = []
     for i in range(steps + 5):
-        torch.cuda.synchronize()
+        _sync()
         start = time.perf_counter()
         opt.zero_grad()
         ddp(x).square().mean().backward()
         opt.step()
-        torch.cuda.synchronize()
+        _sync()
         if i >= 5:
             times.append(time.perf_counter() - start)
     return times
@@ -213,15 +230,16 @@ def _rankwise_ddp(rank: int, world: int, steps: int, width: int) -> list[float]:
 def case_bench() -> bool:
     from rankwise.testing import free_port, run_ranks
 
-    steps, width = 30, 2048
+    steps, width = (30, 2048) if not CPU else (3, 64)
     rows = []
-    for world, rw_backend, torch_backend in ((1, "nccl", "nccl"), (2, "gloo", "gloo")):
+    setups = ((1, "nccl", "nccl"), (2, "gloo", "gloo")) if not CPU else ((2, "gloo", "gloo"),)
+    for world, rw_backend, torch_backend in setups:
         medians: dict[str, list[float]] = {"rankwise": [], "torch": []}
         for _ in range(2):  # alternate, twice
             for impl in ("rankwise", "torch"):
                 if impl == "rankwise":
                     res = run_ranks(_rankwise_ddp, world, args=(steps, width), timeout=120,
-                                    init_kwargs={"backend": rw_backend})
+                                    init_kwargs={"backend": rw_backend}, env=ENV)
                 else:
                     res = run_ranks(_torch_ddp, world, args=(torch_backend, free_port(),
                                                              steps, width),
