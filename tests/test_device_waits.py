@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from rankwise.core.work import Work
-from rankwise.engines.device_streams import (
+from rankwise.engines.torch.streams import (
     CudaStreams,
     DeviceWaits,
     DeviceWork,
@@ -29,7 +29,7 @@ from rankwise.engines.device_streams import (
     Streams,
     current_holder,
 )
-from rankwise.engines.nccl_watchdog import GRACE, Watchdog
+from rankwise.engines.torch.watchdog import GRACE, Watchdog
 from rankwise.errors import CollectiveMismatch, DistTimeout, InvalidArgument
 
 torch = pytest.importorskip("torch")
@@ -373,8 +373,8 @@ def _call() -> Any:
 
 
 def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
-    from rankwise.engines.torch_engine import TorchEngine
-    from rankwise.engines.torch_tensors import DeviceTensors
+    from rankwise.engines.torch.engine import TorchEngine
+    from rankwise.engines.torch.tensors import DeviceTensors
 
     tensors = DeviceTensors(torch.device("cpu"))
     tensors.check(_call(), (torch.ones(2), torch.ones(3)))

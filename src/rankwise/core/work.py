@@ -21,7 +21,7 @@ __all__ = ["Work", "completed_work", "in_flight", "run_async"]
 class Work:
     """Completion handle of one communication call.
 
-    ``device``: the call's part on a device (NCCL: ``engines.device_streams.DeviceWork``)
+    ``device``: the call's part on a device (NCCL: ``engines.torch.streams.DeviceWork``)
     that goes on after the host part ended, as torch's: ``wait`` orders the current
     stream after it, ``is_completed`` asks its kernels, the future completes with them."""
 

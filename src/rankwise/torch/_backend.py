@@ -162,8 +162,16 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[Tensors], inputs: Tensors,
                             opts: Any = None) -> tdist.Work | None:
-        for outs, inp in zip(output_lists, inputs, strict=True):
-            coll.all_gather(outs, inp, group=self.group)
+        # torch's layout is ``output_lists[rank][i]`` (rank r's copy of input i), the
+        # transpose of what one all_gather per input wants: gather input i into column i
+        size = self.group.size()
+        if len(output_lists) != size or any(len(row) != len(inputs) for row in output_lists):
+            raise InvalidArgument(
+                f"all_gather_coalesced: output_tensor_lists must be {size} lists (one per "
+                f"rank) of {len(inputs)} tensors (one per input), got "
+                f"{[len(row) for row in output_lists]}")
+        for i, inp in enumerate(inputs):
+            coll.all_gather([row[i] for row in output_lists], inp, group=self.group)
         return _finish(opts, output_lists)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .base import Call
+    from ..base import Call
 
 __all__ = ["GRACE", "POLL", "Pending", "Plane", "Watchdog"]
 
@@ -43,7 +43,7 @@ POLL_MAX = 0.005
 
 
 class Plane(Protocol):
-    """What the watchdog asks rankwise's control plane (``torch_wait.CommPlane``)."""
+    """What the watchdog asks rankwise's control plane (``wait.CommPlane``)."""
 
     def failure(self) -> BaseException | None:
         """The job's failure known by now (as this rank should raise it), or None."""

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InvalidArgument
-from .base import Call
+from ...errors import InvalidArgument
+from ..base import Call
 
 __all__ = ["DeviceTensors", "HostArrays", "Tensors"]
 

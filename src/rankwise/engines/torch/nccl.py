@@ -29,13 +29,13 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, InvalidArgument
-from ..wire.device import tensor_path
-from .base import Engine
+from ...errors import DistError, InvalidArgument
+from ...wire.device import tensor_path
+from ..base import Engine
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
-    from .torch_engine import TorchEngine
+    from ...core.group import ProcessGroup
+    from .engine import TorchEngine
 
 __all__ = ["create_device_engine", "first_collective", "nccl_missing", "resolve_device",
            "shared_gpus"]
@@ -48,7 +48,7 @@ def nccl_missing() -> str | None:
     """Why no NCCL engine can run here (None when it can), without any I/O."""
     if tensor_path() == "device":
         return None
-    from .select import cuda_missing
+    from ..select import cuda_missing
 
     why = cuda_missing()
     if why is not None:
@@ -99,7 +99,7 @@ def _gpu_identity(device: Any) -> str:
     """What makes two processes' GPUs the same one: the host and the GPU's UUID."""
     import torch
 
-    from .select import host_identity
+    from ...shmem.host import host_identity
 
     props = torch.cuda.get_device_properties(device)
     uuid = getattr(props, "uuid", None)
@@ -122,9 +122,9 @@ def shared_gpus(identities: list[str]) -> list[tuple[int, int, str]]:
 def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
                          device: Any) -> Engine:
     """The engine for ``group``'s CUDA tensors (collective over its members)."""
-    from .device_streams import CudaStreams, HostStreams
-    from .torch_engine import TORCH_GRACE, TorchEngine
-    from .torch_tensors import DeviceTensors
+    from .engine import TORCH_GRACE, TorchEngine
+    from .streams import CudaStreams, HostStreams
+    from .tensors import DeviceTensors
 
     if tensor_path() == "device":
         engine = TorchEngine.create(group, store, timeout, prefix="device", name=STAND_IN,
@@ -133,10 +133,10 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
         return engine
     import torch.distributed as tdist
 
-    from ..store.prefix import PrefixStore
-    from ..store.torch_views import TorchStoreView
-    from .ring_check import check_mode
-    from .select import exchange
+    from ...store.prefix import PrefixStore
+    from ...store.torch_views import TorchStoreView
+    from ..ring_check import check_mode
+    from ..select import exchange
 
     check = check_mode()
     ids = exchange(store, f"engine/{group.id}/gpu", _gpu_identity(device), group.size(),
@@ -171,8 +171,8 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
     this thread watches the deadline and the control plane (a peer that failed)."""
     import torch
 
-    from ..errors import DistTimeout
-    from .torch_engine import _keep, on_thread
+    from ...errors import DistTimeout
+    from .engine import _keep, on_thread
 
     comm = engine.group.comm
     t = torch.zeros(1, device=engine.tensors.device)
@@ -187,7 +187,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
     maker.start()
     deadline = time.monotonic() + timeout
     while True:
-        failure = comm.router.failure
+        failure = engine.waiter.failure()
         if failure is not None:
             _keep(engine.pg)
             engine.waiter.stuck = True

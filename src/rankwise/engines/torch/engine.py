@@ -6,7 +6,7 @@ checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
 torch's global init, so rankwise's own world is untouched. The checks ride beside the
 data on rankwise's control plane (``ring_check``); waits are released by it
-(``torch_wait``), on NCCL without a host sync (``device_streams``, ``nccl_watchdog``).
+(``torch_wait``), on NCCL without a host sync (``streams``, ``watchdog``).
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from ..errors import CollectiveMismatch
-from ..store.torch_views import TorchStoreView
-from ..torch_gate import check_torch
-from .base import Array, Call
-from .device_streams import DeviceWaits, DeviceWork, Streams
-from .nccl_watchdog import Watchdog
-from .ring_check import RingCheck, check_mode
-from .torch_splits import check_splits
-from .torch_tensors import HostArrays, Tensors
-from .torch_wait import CommPlane, WorkWaiter
+from ...errors import CollectiveMismatch
+from ...store.torch_views import TorchStoreView
+from ...torch_gate import check_torch
+from ..base import Array, Call
+from ..ring_check import RingCheck, check_mode
+from .splits import check_splits
+from .streams import DeviceWaits, DeviceWork, Streams
+from .tensors import HostArrays, Tensors
+from .wait import CommPlane, WorkWaiter
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ...core.group import ProcessGroup
 
 __all__ = ["TORCH_GRACE", "TorchEngine"]
 
@@ -124,7 +124,7 @@ class TorchEngine:
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
     or tensors as they are, see ``torch_tensors``) and by how its works are waited for
     (``streams``: None, a bounded host wait (``torch_wait``); else the device engine's
-    watchdog and stream ordering, see ``device_streams``)."""
+    watchdog and stream ordering, see ``streams``)."""
 
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
@@ -167,7 +167,7 @@ class TorchEngine:
                tensors: Tensors | None = None, streams: Streams | None = None) -> TorchEngine:
         """On torch's gloo (``prefix`` keeps two torch groups of one rankwise group apart
         in the store: the host plane's and a test stand-in's for NCCL)."""
-        from ..store.prefix import PrefixStore
+        from ...store.prefix import PrefixStore
 
         check = check_mode()  # before any I/O: a typo must not cost a rendezvous
         tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/{prefix}/", store))
@@ -191,7 +191,7 @@ class TorchEngine:
     def adopt_async(self, job: Callable[[], None]) -> tuple[Callable[[], None],
                                                               DeviceWork | None]:
         """An ``async_op`` call about to be queued: on a device engine it runs on the
-        side stream after the caller's (see ``device_streams``)."""
+        side stream after the caller's (see ``streams``)."""
         if self.device is None:
             return job, None
         return self.device.adopt_async(job)

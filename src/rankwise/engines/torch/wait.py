@@ -14,7 +14,7 @@ An error of the torch op itself (a peer's connection closed) is explained by the
 control plane's account when one comes within a second.
 
 On NCCL no wait here blocks the host until a kernel has finished: the engine hands
-each work to a watchdog (``nccl_watchdog``) that polls its CUDA event and the control
+each work to a watchdog (``watchdog``) that polls its CUDA event and the control
 plane, and the calling thread only orders its stream after the collective (as torch's
 ``wait()`` does). ``CommPlane`` is what that watchdog asks the control plane, built on
 the same reports as ``WorkWaiter``.
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, DistTimeout, PeerFailure
-from .base import Call
+from ...errors import DistError, DistTimeout, PeerFailure
+from ..base import Call
 
 if TYPE_CHECKING:
-    from ..core.communicator import Communicator
+    from ...core.communicator import Communicator
 
 __all__ = ["GRACE", "SLICE", "CommPlane", "WorkWaiter"]
 
@@ -73,7 +73,6 @@ class WorkWaiter:
         with the who-is-where table, or the torch op's own error. ``on_slow`` runs once
         if the op is not done within ``GRACE`` seconds."""
         comm = self.comm
-        router = comm.router
         activity = comm.activity  # who-is-where: the op is torch's now, not ours
         activity.enqueued, activity.engine = time.time(), self.engine_name
         start = time.monotonic()
@@ -82,7 +81,7 @@ class WorkWaiter:
         # deadlock, or ranks in this very call whose other calls went to another plane
         probe_at = start + comm.deadlock.after
         while True:
-            failure = router.failure
+            failure = self.failure()
             if failure is not None:
                 self.stuck = not work.is_completed()
                 comm.await_diagnosis()
@@ -110,6 +109,10 @@ class WorkWaiter:
                 slow()
             # a slice ran out: look at the control plane again
 
+    def failure(self) -> BaseException | None:
+        """The job's failure the control plane knows of by now, or None."""
+        return self.comm.router.failure
+
     def _what(self, call: Call) -> str:
         return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "
                 f"{call.record.describe()} (collective #{call.seq} of {call.group.name}) on "
@@ -121,7 +124,7 @@ class WorkWaiter:
         table = self.comm.mismatches.check_where(
             f"rank {self.comm.rank} timed out in {call.record.describe()} on "
             f"{self.engine_name}")
-        failure = self.comm.router.failure
+        failure = self.failure()
         if failure is not None:  # the table found a mismatch no frame revealed
             return failure if isinstance(failure, DistError) else DistError(str(failure))
         return DistTimeout(self._what(call), report=table)
@@ -139,7 +142,7 @@ class WorkWaiter:
 
 
 class CommPlane:
-    """The control plane as the NCCL watchdog sees it (``nccl_watchdog.Plane``): one
+    """The control plane as the NCCL watchdog sees it (``watchdog.Plane``): one
     group's failures, slow-call logs, deadlock probes and timeout reports, as
     ``WorkWaiter`` gives them. ``flush``: sends the ring check's batch; it returns False
     when the check is busy on the calling thread (asked again on the next pass)."""
@@ -150,7 +153,7 @@ class CommPlane:
         self._flush = flush
 
     def failure(self) -> BaseException | None:
-        failure = self.comm.router.failure
+        failure = self.waiter.failure()
         if failure is None:
             return None
         self.comm.await_diagnosis()

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, DistTimeout
-from .nccl_watchdog import Pending, Watchdog
+from ...errors import DistError, DistTimeout
+from .watchdog import Pending, Watchdog
 
 if TYPE_CHECKING:
-    from .base import Call
+    from ..base import Call
 
 __all__ = ["CudaStreams", "DeviceWaits", "DeviceWork", "HostStreams", "Streams",
            "current_holder"]
