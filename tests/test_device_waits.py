@@ -395,3 +395,22 @@ def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
     assert checked == [], "the ring check (I/O) ran before the device check"
     engine._before(_call(), torch.ones(1))
     assert len(checked) == 1
+
+
+def test_torchs_error_handling_is_off_only_while_rankwise_builds_its_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's default would tear the process down when the works rankwise's watchdog
+    aborted report their error; a value the user chose is kept."""
+    import os
+
+    from rankwise.engines.torch.nccl import _rankwise_handles_errors
+
+    name = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    monkeypatch.delenv(name, raising=False)
+    with _rankwise_handles_errors():
+        assert os.environ[name] == "0"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "1")
+    with _rankwise_handles_errors():
+        assert os.environ[name] == "1"
+    assert os.environ[name] == "1"

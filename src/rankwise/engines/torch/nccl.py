@@ -23,9 +23,11 @@ runs on a machine without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -152,11 +154,33 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
     tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/nccl/", store))
     opts = tdist.ProcessGroupNCCL.Options()
     opts._timeout = timedelta(seconds=timeout + TORCH_GRACE)
-    pg = tdist.ProcessGroupNCCL(tstore, group.group_rank, group.size(), opts)
+    with _rankwise_handles_errors():
+        pg = tdist.ProcessGroupNCCL(tstore, group.group_rank, group.size(), opts)
     engine = TorchEngine(group, pg, check, tstore, name="nccl",
                          tensors=DeviceTensors(device), streams=CudaStreams(device))
     first_collective(engine, timeout)
     return engine
+
+
+#: torch's NCCL error handling (read when a ProcessGroupNCCL is built)
+_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+@contextlib.contextmanager
+def _rankwise_handles_errors() -> Iterator[None]:
+    """Build rankwise's NCCL groups with torch's own error handling off (0, unless the
+    user chose a value): rankwise's watchdog aborts the communicator before torch's
+    timeout (``TORCH_GRACE`` later), and torch's default (3) would tear the whole
+    process down when the aborted works report their error, instead of the error
+    reaching the user as ``DistTimeout``/``PeerFailure``. Other torch groups keep it."""
+    if _ERROR_HANDLING in os.environ:
+        yield
+        return
+    os.environ[_ERROR_HANDLING] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(_ERROR_HANDLING, None)
 
 
 #: seconds between two looks at the control plane while the communicator is made
