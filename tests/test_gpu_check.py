@@ -97,3 +97,30 @@ def test_the_budget_bounds_every_step(tmp_path: Path) -> None:
     step = gc.Step("late", "no time left", [sys.executable, "-c", "pass"], 30)
     (outcome,) = gc.run_all([step], budget=gc.RESERVE, out_dir=tmp_path, echo=False)
     assert outcome.status == "skipped" and "no time left" in outcome.verdict
+
+
+def test_the_torch_suite_step_runs_only_a_suite_with_the_cuda_switch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gc = _load()
+    monkeypatch.setattr(gc, "ROOT", tmp_path)
+    assert gc.torch_suite_step().skip.startswith("not available yet: no tests/torch_suite/")
+    suite = tmp_path / "tests" / "torch_suite"
+    suite.mkdir(parents=True)
+    (suite / "test_suite.py").write_text("BACKEND = 'rankwise'\n")
+    assert "has no CUDA switch" in gc.torch_suite_step().skip
+    (suite / "test_suite.py").write_text("DEVICE = os.environ.get("
+                                         "'RANKWISE_TORCH_SUITE_DEVICE')\n")
+    step = gc.torch_suite_step()
+    assert step.skip is None and step.env == {"RANKWISE_TORCH_SUITE_DEVICE": "cuda"}
+    assert step.argv[-1] == str(suite)
+
+
+def test_the_vendored_expecttest_wheel_is_on_the_steps_path() -> None:
+    gc = _load()
+    path = gc.env()["PYTHONPATH"].split(os.pathsep)
+    wheels = [p for p in path if p.endswith(".whl")]
+    assert wheels and all(Path(w).stat().st_size < 64 * 1024 for w in wheels)
+    out = subprocess.run([sys.executable, "-c", "import expecttest"], check=False,
+                         env={"PYTHONPATH": os.pathsep.join(wheels), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
