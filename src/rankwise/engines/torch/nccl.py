@@ -128,7 +128,7 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
 
     from ...store.prefix import PrefixStore
     from ...store.torch_views import TorchStoreView
-    from ..ring_check import check_mode
+    from ..base import check_mode
     from ..select import exchange
 
     check = check_mode()
