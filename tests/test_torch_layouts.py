@@ -1,4 +1,4 @@
-"""Every list layout torch hands the backend, against gloo (issue 26).
+"""Every list layout torch hands the backend, and group names, against gloo (issue 26).
 
 torch's Python wrappers pass lists of lists whose order is easy to transpose silently
 (``all_gather_coalesced``'s ``output_tensor_lists`` is ``[rank][i]``). Each rank makes a
@@ -155,6 +155,8 @@ def _objects(pg: Any, rank: int, world: int) -> Any:
 def _batch_p2p(pg: Any, rank: int, world: int) -> Any:
     import torch.distributed as tdist
 
+    if world == 1:
+        return None  # gloo has no pair to itself
     right, left = (rank + 1) % world, (rank - 1) % world
     send = _val(rank, 0, (2,))
     recv = torch.zeros(2)
@@ -206,6 +208,34 @@ CASES: dict[str, Case] = {
 }
 
 
+def _names(world: int) -> dict[str, Any]:
+    """A gloo and a rankwise subgroup of the same ranks, side by side: their names as
+    torch reads them, and what ``destroy_process_group`` leaves behind."""
+    import torch.distributed as tdist
+    from torch.distributed import distributed_c10d as c10d
+
+    got: dict[str, Any] = {}
+    for backend in ("gloo", "rankwise"):
+        sub = tdist.new_group(list(range(world)), backend=backend)
+        name = sub.group_name  # raised "ProcessGroup name not set" on rankwise
+        t = torch.ones(1)
+        tdist.all_reduce(t, group=sub)
+        assert c10d._resolve_process_group(name) is sub
+        tdist.destroy_process_group(sub)
+        got[backend] = {
+            "name_is_torchs": name == c10d._world.pg_names.get(sub, name),
+            "name_is_str": isinstance(name, str) and name != "",
+            "sum": t.tolist(),
+            "still_known": sub in c10d._world.pg_map,
+        }
+    # the group made after a destroyed one works (a fresh name, a fresh rankwise group)
+    again = tdist.new_group(list(range(world)), backend="rankwise")
+    t = torch.ones(1)
+    tdist.all_reduce(t, group=again)
+    got["again"] = t.tolist()
+    return got
+
+
 def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     """Run every case on a gloo group and on a rankwise group of the same ranks."""
     import torch.distributed as tdist
@@ -218,11 +248,12 @@ def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     got: dict[str, Any] = {}
     for name, case in CASES.items():
         got[name] = {"gloo": case(None, rank, world), "rankwise": case(mine, rank, world)}
+    got["names"] = _names(world)
     tdist.destroy_process_group()
     return got
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_list_layout_agrees_with_gloo(world: int) -> None:
     per_rank = run_ranks(_both, world, free_port(), backend="rankwise", timeout=180)
     for rank, got in enumerate(per_rank):
@@ -233,3 +264,10 @@ def test_every_list_layout_agrees_with_gloo(world: int) -> None:
     # the defect the issue names, spelled out: rank r's copy of input i at [r][i]
     assert per_rank[0]["all_gather_coalesced_same_shape"]["rankwise"] == [
         [[10.0 * r + i] for i in range(2)] for r in range(world)]
+
+    # group names (issue 26 item 2): readable, torch's own, and destroy forgets the group
+    for got in per_rank:
+        assert got["names"]["rankwise"] == got["names"]["gloo"] == {
+            "name_is_torchs": True, "name_is_str": True, "sum": [float(world)],
+            "still_known": False}
+        assert got["names"]["again"] == [float(world)]

@@ -115,6 +115,23 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # --- the group's name -----------------------------------------------------------------
+    # c10d keeps a group's name on its registered ``Backend`` objects (``setGroupName``
+    # writes to each, ``getGroupName`` reads the first); a Python ``ProcessGroup`` has
+    # none, so torch's ``pg._set_group_name(name)`` (``_new_process_group_helper``) was
+    # lost and ``pg.group_name`` raised "ProcessGroup name not set", breaking
+    # ``destroy_process_group(pg)`` and every Python reader of the name. Kept here.
+    _rankwise_group_name: str | None = None
+
+    def _set_group_name(self, name: str) -> None:
+        self._rankwise_group_name = str(name)
+
+    @property
+    def group_name(self) -> str:
+        if self._rankwise_group_name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._rankwise_group_name
+
     @property
     def rankwise_group(self) -> RankwiseGroup:
         """The rankwise group under this torch group (for rankwise's own API)."""
