@@ -33,7 +33,7 @@ import torch
 import torch.distributed as tdist
 
 from ..api import collectives as coll
-from ..api import p2p
+from ..api import p2p, profiling
 from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
@@ -144,8 +144,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         if opts is None or len(tensors) != 1:
             rop = _reduce_op(opts)
-            for t in tensors:
-                coll.all_reduce(t, rop, group=self.group)
+            with profiling.event("all_reduce", tensors):  # one event, as on gloo
+                for t in tensors:
+                    coll.all_reduce(t, rop, group=self.group)
             return _finish(opts, tensors)
         # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
         # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
@@ -155,15 +156,16 @@ class TorchProcessGroup(tdist.ProcessGroup):
         buf, memo = self._views.view(tensors[0], "tensor")
         body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
         coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
-                    shape=buf.shape)
+                    shape=buf.shape, inputs=tensors)
         return DoneWork(tensors) if opts.asyncOp else None
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
-        for t in tensors:
-            coll.broadcast(t, group=self.group, group_src=opts.rootRank)
+        with profiling.event("broadcast", tensors):
+            for t in tensors:
+                coll.broadcast(t, group=self.group, group_src=opts.rootRank)
         return _finish(opts, tensors)
 
     def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
@@ -187,8 +189,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
                 f"all_gather_coalesced: output_tensor_lists must be {size} lists (one per "
                 f"rank) of {len(inputs)} tensors (one per input), got "
                 f"{[len(row) for row in output_lists]}")
-        for i, inp in enumerate(inputs):
-            coll.all_gather([row[i] for row in output_lists], inp, group=self.group)
+        with profiling.event("all_gather", inputs):  # gloo's name for it too
+            for i, inp in enumerate(inputs):
+                coll.all_gather([row[i] for row in output_lists], inp, group=self.group)
         return _finish(opts, output_lists)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -200,8 +203,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any = None) -> tdist.Work | None:
-        for out, inp in zip(outputs, inputs, strict=True):
-            coll.all_gather_into_tensor(out, inp, group=self.group)
+        with profiling.event("all_gather_into_tensor", inputs):
+            for out, inp in zip(outputs, inputs, strict=True):
+                coll.all_gather_into_tensor(out, inp, group=self.group)
         return _finish(opts, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -222,8 +226,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any) -> tdist.Work | None:
-        for out, inp in zip(outputs, inputs, strict=True):
-            coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
+        with profiling.event("reduce_scatter_tensor", inputs):
+            for out, inp in zip(outputs, inputs, strict=True):
+                coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
         return _finish(opts, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
