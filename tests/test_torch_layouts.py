@@ -167,6 +167,24 @@ def _batch_p2p(pg: Any, rank: int, world: int) -> Any:
     return recv.tolist()
 
 
+def _sparse_all_reduce(pg: Any, rank: int, world: int) -> Any:
+    """Sparse COO sums (gloo's way): index sets differ per rank, overlap, repeat within a
+    rank (uncoalesced input), and the values have a dense dimension."""
+    import torch.distributed as tdist
+
+    idx = torch.tensor([[rank, 3, rank + 1, 3]])  # row 3 on every rank, twice
+    vals = torch.arange(8, dtype=torch.float32).reshape(4, 2) + 10 * rank
+    t = torch.sparse_coo_tensor(idx, vals, (6, 2))
+    tdist.all_reduce(t, group=pg)
+    empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0),
+                                    (4,))  # nnz 0 on every rank but the last
+    if rank == world - 1:
+        empty = torch.sparse_coo_tensor(torch.tensor([[2]]), torch.tensor([5.0]), (4,))
+    tdist.all_reduce(empty, group=pg)
+    return [t.is_sparse, t.is_coalesced(), t._indices().tolist(), t._values().tolist(),
+            empty.to_dense().tolist()]
+
+
 def _coalescing_manager(pg: Any, rank: int, world: int) -> Any:
     """torch's fast-path coalescing: the recorded ops reach the backend as one
     ``*_coalesced`` call with parallel lists of outputs and inputs."""
@@ -190,6 +208,7 @@ def _coalescing_manager(pg: Any, rank: int, world: int) -> Any:
 
 
 CASES: dict[str, Case] = {
+    "sparse_all_reduce": _sparse_all_reduce,
     "coalescing_manager": _coalescing_manager,
     "all_gather_coalesced": _all_gather_coalesced,
     "all_gather_coalesced_same_shape": _all_gather_coalesced_same_shape,
@@ -236,6 +255,25 @@ def _names(world: int) -> dict[str, Any]:
     return got
 
 
+def _sparse_refusals(pg: Any) -> list[str]:
+    """What gloo refuses for sparse tensors, rankwise refuses before any I/O (the group
+    still works after)."""
+    import torch.distributed as tdist
+
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+    got = []
+    for op in (tdist.ReduceOp.MAX, tdist.ReduceOp.PRODUCT):
+        try:
+            tdist.all_reduce(sparse, op=op, group=pg)
+            got.append("none")
+        except ValueError as exc:  # rankwise's InvalidArgument is a ValueError
+            got.append(f"{type(exc).__name__}: {'SUM only' in str(exc)}")
+    t = torch.ones(1)
+    tdist.all_reduce(t, group=pg)
+    got.append(str(t.tolist()))
+    return got
+
+
 def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     """Run every case on a gloo group and on a rankwise group of the same ranks."""
     import torch.distributed as tdist
@@ -249,6 +287,7 @@ def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     for name, case in CASES.items():
         got[name] = {"gloo": case(None, rank, world), "rankwise": case(mine, rank, world)}
     got["names"] = _names(world)
+    got["sparse_refused"] = _sparse_refusals(mine)
     tdist.destroy_process_group()
     return got
 
@@ -265,6 +304,8 @@ def test_every_list_layout_agrees_with_gloo(world: int) -> None:
     assert per_rank[0]["all_gather_coalesced_same_shape"]["rankwise"] == [
         [[10.0 * r + i] for i in range(2)] for r in range(world)]
 
+    for got in per_rank:
+        assert got["sparse_refused"] == ["InvalidArgument: True"] * 2 + [str([float(world)])]
     # group names (issue 26 item 2): readable, torch's own, and destroy forgets the group
     for got in per_rank:
         assert got["names"]["rankwise"] == got["names"]["gloo"] == {

@@ -40,12 +40,14 @@ from ..errors import InvalidArgument
 from ..wire.buffers import ReduceOp, coerce_reduce_op
 from ..wire.frames import Op
 from ..wire.reduce_op import make_premul_sum
+from ._sparse import check_sparse, sparse_all_reduce
 from ._views import TensorViews
 from ._work import DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
 BACKEND_NAME = "rankwise"
+_STRIDED = torch.strided  #: a dense tensor's layout (sparse COO ones take ``_sparse``)
 Tensors = list[torch.Tensor]
 
 
@@ -142,11 +144,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # --- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
-        if opts is None or len(tensors) != 1:
+        if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED:
             rop = _reduce_op(opts)
+            for t in tensors:  # every sparse tensor checked before any I/O
+                if t.layout is not _STRIDED:
+                    check_sparse(t, rop)
             with profiling.event("all_reduce", tensors):  # one event, as on gloo
                 for t in tensors:
-                    coll.all_reduce(t, rop, group=self.group)
+                    if t.layout is _STRIDED:
+                        coll.all_reduce(t, rop, group=self.group)
+                    else:
+                        sparse_all_reduce(t, rop, self.group)
             return _finish(opts, tensors)
         # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
         # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
