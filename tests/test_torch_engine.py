@@ -213,7 +213,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     import time
     from types import SimpleNamespace
 
-    from rankwise.engines import torch_engine
+    from rankwise.engines.torch import engine as torch_engine
 
     monkeypatch.setattr(torch_engine, "SHUTDOWN_LIMIT", 0.3)
     kept: list[Any] = []

@@ -19,7 +19,7 @@ from ..core.communicator import Activity
 from ..core.group import ProcessGroup
 from ..core.work import Work, run_async
 from ..engines.base import Call, Engine
-from ..engines.device import device_engine
+from ..engines.device.pair import device_engine
 from ..errors import InvalidArgument
 from ..identity.calls import Fingerprint, barrier_name_code
 from ..identity.callsite import capture

@@ -34,8 +34,8 @@ from ..core.work import stop_worker
 from ..diagnosis.dump import install_signal_dumps
 from ..diagnosis.recorders import attach_recorders
 from ..engines.backends import parse_backend
-from ..engines.nccl import nccl_missing, resolve_device
-from ..engines.select import choose_engine, host_identity, requested_engine
+from ..engines.select import choose_engine, requested_engine
+from ..engines.torch.nccl import nccl_missing, resolve_device
 from ..errors import (
     DistError,
     DistTimeout,
@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..identity.callsite import capture
 from ..launch.env import detect_env, uses_agent_store
+from ..shmem.host import host_identity
 from ..store import FileStore, PrefixStore, TCPStore
 from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold

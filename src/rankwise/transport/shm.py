@@ -36,12 +36,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..engines.shm.errors import ShmUnavailable
-from ..engines.shm.futex import fence, futex_wait, futex_wake, supported
-from ..engines.shm.liveness import PidWatch
-from ..engines.shm.segment import Segment, StoreLike, open_segment
-from ..engines.shm.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..errors import DistError, DistNetworkError, DistTimeout
+from ..shmem.errors import ShmUnavailable
+from ..shmem.futex import fence, futex_wait, futex_wake, supported
+from ..shmem.liveness import PidWatch
+from ..shmem.segment import Segment, StoreLike, open_segment
+from ..shmem.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler, NoDriving
 from .shm_ring import CLOSED, DOORBELL, LIVE, PID, SLEEPING, STATE, RingLayout, RingView

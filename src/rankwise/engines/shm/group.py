@@ -38,17 +38,18 @@ import numpy.typing as npt
 from ...errors import DistError, InvalidArgument
 from ...identity import callsite as _callsite
 from ...identity.calls import Fingerprint
+from ...shmem.errors import ShmUnavailable
+from ...shmem.futex import supported
+from ...shmem.layout import Layout
+from ...shmem.segment import StoreLike, open_segment
+from ...shmem.waiting import usable_cpus
 from ...wire.buffers import DType, ReduceOp, divide_in_place
 from ...wire.frames import Op
 from .channel import Call, Channel
 from .chunks import ALIGN, padding, plan_chunks
 from .copying import SLOW_MIN, Copier, address
-from .errors import ShmCallMismatch, ShmUnavailable
-from .futex import supported
-from .layout import Layout
+from .errors import ShmCallMismatch
 from .reduce import Reducer, reduce_rows, rows_reducer
-from .segment import StoreLike, open_segment
-from .waiting import usable_cpus
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
 

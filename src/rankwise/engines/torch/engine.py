@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from ..errors import CollectiveMismatch
-from ..store.torch_views import TorchStoreView
-from .base import Array, Call
-from .ring_check import RingCheck, check_mode
-from .torch_splits import check_splits
-from .torch_tensors import HostArrays, Tensors
-from .torch_wait import WorkWaiter
+from ...errors import CollectiveMismatch
+from ...store.torch_views import TorchStoreView
+from ..base import Array, Call
+from ..ring_check import RingCheck, check_mode
+from .splits import check_splits
+from .tensors import HostArrays, Tensors
+from .wait import WorkWaiter
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ...core.group import ProcessGroup
 
 __all__ = ["TORCH_GRACE", "TorchEngine"]
 
@@ -150,7 +150,7 @@ class TorchEngine:
                tensors: Tensors | None = None, poll: bool = False) -> TorchEngine:
         """On torch's gloo (``prefix`` keeps two torch groups of one rankwise group apart
         in the store: the host plane's and a test stand-in's for NCCL)."""
-        from ..store.prefix import PrefixStore
+        from ...store.prefix import PrefixStore
 
         check = check_mode()  # before any I/O: a typo must not cost a rendezvous
         tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/{prefix}/", store))

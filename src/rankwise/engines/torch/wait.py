@@ -30,11 +30,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, DistTimeout, PeerFailure
-from .base import Call
+from ...errors import DistError, DistTimeout, PeerFailure
+from ..base import Call
 
 if TYPE_CHECKING:
-    from ..core.communicator import Communicator
+    from ...core.communicator import Communicator
 
 __all__ = ["GRACE", "SLICE", "WorkWaiter"]
 

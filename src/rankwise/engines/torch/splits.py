@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import CollectiveMismatch
-from ..identity.calls import describe, mismatch_advice
-from ..identity.callsite import CallSite
-from .base import Array, Call
+from ...errors import CollectiveMismatch
+from ...identity.calls import describe, mismatch_advice
+from ...identity.callsite import CallSite
+from ..base import Array, Call
 
 __all__ = ["SITE_BYTES", "check_splits"]
 
