@@ -368,7 +368,7 @@ def test_cuda_order_is_a_stream_wait_never_a_timed_one() -> None:
 # --- the device check ---------------------------------------------------------------------
 
 def _call() -> Any:
-    group = SimpleNamespace(comm=SimpleNamespace(rank=3), name="the default group (WORLD)")
+    group = SimpleNamespace(port=SimpleNamespace(rank=3), name="the default group (WORLD)")
     return SimpleNamespace(group=group, describe=lambda: "all_reduce(float32 x 4, op=SUM)")
 
 

@@ -1,4 +1,4 @@
-"""Every list layout torch hands the backend, against gloo (issue 26).
+"""Every list layout torch hands the backend, and group names, against gloo (issue 26).
 
 torch's Python wrappers pass lists of lists whose order is easy to transpose silently
 (``all_gather_coalesced``'s ``output_tensor_lists`` is ``[rank][i]``). Each rank makes a
@@ -155,6 +155,8 @@ def _objects(pg: Any, rank: int, world: int) -> Any:
 def _batch_p2p(pg: Any, rank: int, world: int) -> Any:
     import torch.distributed as tdist
 
+    if world == 1:
+        return None  # gloo has no pair to itself
     right, left = (rank + 1) % world, (rank - 1) % world
     send = _val(rank, 0, (2,))
     recv = torch.zeros(2)
@@ -163,6 +165,24 @@ def _batch_p2p(pg: Any, rank: int, world: int) -> Any:
     for w in tdist.batch_isend_irecv(ops):
         w.wait()
     return recv.tolist()
+
+
+def _sparse_all_reduce(pg: Any, rank: int, world: int) -> Any:
+    """Sparse COO sums (gloo's way): index sets differ per rank, overlap, repeat within a
+    rank (uncoalesced input), and the values have a dense dimension."""
+    import torch.distributed as tdist
+
+    idx = torch.tensor([[rank, 3, rank + 1, 3]])  # row 3 on every rank, twice
+    vals = torch.arange(8, dtype=torch.float32).reshape(4, 2) + 10 * rank
+    t = torch.sparse_coo_tensor(idx, vals, (6, 2))
+    tdist.all_reduce(t, group=pg)
+    empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0),
+                                    (4,))  # nnz 0 on every rank but the last
+    if rank == world - 1:
+        empty = torch.sparse_coo_tensor(torch.tensor([[2]]), torch.tensor([5.0]), (4,))
+    tdist.all_reduce(empty, group=pg)
+    return [t.is_sparse, t.is_coalesced(), t._indices().tolist(), t._values().tolist(),
+            empty.to_dense().tolist()]
 
 
 def _coalescing_manager(pg: Any, rank: int, world: int) -> Any:
@@ -188,6 +208,7 @@ def _coalescing_manager(pg: Any, rank: int, world: int) -> Any:
 
 
 CASES: dict[str, Case] = {
+    "sparse_all_reduce": _sparse_all_reduce,
     "coalescing_manager": _coalescing_manager,
     "all_gather_coalesced": _all_gather_coalesced,
     "all_gather_coalesced_same_shape": _all_gather_coalesced_same_shape,
@@ -206,6 +227,53 @@ CASES: dict[str, Case] = {
 }
 
 
+def _names(world: int) -> dict[str, Any]:
+    """A gloo and a rankwise subgroup of the same ranks, side by side: their names as
+    torch reads them, and what ``destroy_process_group`` leaves behind."""
+    import torch.distributed as tdist
+    from torch.distributed import distributed_c10d as c10d
+
+    got: dict[str, Any] = {}
+    for backend in ("gloo", "rankwise"):
+        sub = tdist.new_group(list(range(world)), backend=backend)
+        name = sub.group_name  # raised "ProcessGroup name not set" on rankwise
+        t = torch.ones(1)
+        tdist.all_reduce(t, group=sub)
+        assert c10d._resolve_process_group(name) is sub
+        tdist.destroy_process_group(sub)
+        got[backend] = {
+            "name_is_torchs": name == c10d._world.pg_names.get(sub, name),
+            "name_is_str": isinstance(name, str) and name != "",
+            "sum": t.tolist(),
+            "still_known": sub in c10d._world.pg_map,
+        }
+    # the group made after a destroyed one works (a fresh name, a fresh rankwise group)
+    again = tdist.new_group(list(range(world)), backend="rankwise")
+    t = torch.ones(1)
+    tdist.all_reduce(t, group=again)
+    got["again"] = t.tolist()
+    return got
+
+
+def _sparse_refusals(pg: Any) -> list[str]:
+    """What gloo refuses for sparse tensors, rankwise refuses before any I/O (the group
+    still works after)."""
+    import torch.distributed as tdist
+
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+    got = []
+    for op in (tdist.ReduceOp.MAX, tdist.ReduceOp.PRODUCT):
+        try:
+            tdist.all_reduce(sparse, op=op, group=pg)
+            got.append("none")
+        except ValueError as exc:  # rankwise's InvalidArgument is a ValueError
+            got.append(f"{type(exc).__name__}: {'SUM only' in str(exc)}")
+    t = torch.ones(1)
+    tdist.all_reduce(t, group=pg)
+    got.append(str(t.tolist()))
+    return got
+
+
 def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     """Run every case on a gloo group and on a rankwise group of the same ranks."""
     import torch.distributed as tdist
@@ -218,11 +286,13 @@ def _both(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
     got: dict[str, Any] = {}
     for name, case in CASES.items():
         got[name] = {"gloo": case(None, rank, world), "rankwise": case(mine, rank, world)}
+    got["names"] = _names(world)
+    got["sparse_refused"] = _sparse_refusals(mine)
     tdist.destroy_process_group()
     return got
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_list_layout_agrees_with_gloo(world: int) -> None:
     per_rank = run_ranks(_both, world, free_port(), backend="rankwise", timeout=180)
     for rank, got in enumerate(per_rank):
@@ -233,3 +303,12 @@ def test_every_list_layout_agrees_with_gloo(world: int) -> None:
     # the defect the issue names, spelled out: rank r's copy of input i at [r][i]
     assert per_rank[0]["all_gather_coalesced_same_shape"]["rankwise"] == [
         [[10.0 * r + i] for i in range(2)] for r in range(world)]
+
+    for got in per_rank:
+        assert got["sparse_refused"] == ["InvalidArgument: True"] * 2 + [str([float(world)])]
+    # group names (issue 26 item 2): readable, torch's own, and destroy forgets the group
+    for got in per_rank:
+        assert got["names"]["rankwise"] == got["names"]["gloo"] == {
+            "name_is_torchs": True, "name_is_str": True, "sum": [float(world)],
+            "still_known": False}
+        assert got["names"]["again"] == [float(world)]

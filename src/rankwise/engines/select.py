@@ -25,11 +25,11 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, InvalidArgument
+from ..errors import InvalidArgument
 from ..shmem.host import host_identity
 from ..wire.device import tensor_path
 from .backends import parse_backend
-from .base import Engine
+from .base import Engine, EngineUnavailable
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
@@ -41,10 +41,6 @@ log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
 ENGINES = ("auto", "tcp", "shm", "torch-gloo")
-
-
-class EngineUnavailable(DistError):
-    """The engine asked for cannot serve this group (said once, with the reason)."""
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the

@@ -6,7 +6,7 @@ checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
 torch's global init, so rankwise's own world is untouched. The checks ride beside the
 data on rankwise's control plane (``ring_check``); waits are released by it
-(``torch_wait``), on NCCL without a host sync (``streams``, ``watchdog``).
+(``wait``), on NCCL without a host sync (``streams``, ``watchdog``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from ...errors import CollectiveMismatch
 from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
-from ..base import Array, Call
-from ..ring_check import RingCheck, check_mode
+from ..base import Array, Call, check_mode
 from .splits import check_splits
 from .streams import DeviceWaits, DeviceWork, Streams
 from .tensors import HostArrays, Tensors
@@ -123,7 +121,7 @@ class TorchEngine:
     Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
     or tensors as they are, see ``torch_tensors``) and by how its works are waited for
-    (``streams``: None, a bounded host wait (``torch_wait``); else the device engine's
+    (``streams``: None, a bounded host wait (``wait``); else the device engine's
     watchdog and stream ordering, see ``streams``)."""
 
     serial = True
@@ -142,11 +140,11 @@ class TorchEngine:
         #: the store view ``pg`` was built on: torch holds only its C++ half, and without
         #: this reference the Python overrides vanish under it
         self.store = store
-        self.check = RingCheck(group, check)
+        self.check = group.port.fingerprints(group, check)
         #: without checks no frame of this group's calls ever arrives: the router need
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
-        self.waiter = WorkWaiter(group.comm, name)
+        self.waiter = WorkWaiter(group.port, name)
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
         #: held while the ring check is used: the watchdog flushes it from its thread
@@ -154,12 +152,11 @@ class TorchEngine:
         #: the device engine's waits (NCCL and its stand-in), None on host memory
         self.device: DeviceWaits | None = None
         if streams is not None:
-            watchdog = Watchdog(CommPlane(self.waiter, self._try_flush),
-                                lambda: self._abort(None), name=name)
-            self.device = DeviceWaits(watchdog, streams, lambda c, e: watchdog.plane.op_failed(
-                c, e))
+            plane = CommPlane(self.waiter, self._try_flush)
+            watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
+            self.device = DeviceWaits(watchdog, streams, plane.op_failed)
             watchdog.start()
-        group.comm.router.on_failure.append(self._abort)
+        group.port.on_failure.append(self._abort)
 
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float, *,
@@ -226,8 +223,7 @@ class TorchEngine:
             self.check.enqueued()  # the op is in flight: a full or old batch goes out now
         device = self.device
         if device is not None:  # the watchdog sends the batch if the op is slow
-            activity = self.group.comm.activity  # who-is-where: the kernel's now
-            activity.enqueued, activity.engine = time.time(), self.name
+            self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
             device.wait(call, work)
             return
         # an op that is not done within a grace period may wait for a batched fingerprint
@@ -334,11 +330,7 @@ class TorchEngine:
             self._wait(call, self.pg.allgather([parts], [mine]))
             for r, p in zip(rows, parts, strict=True):
                 r[...] = p.cpu().numpy()
-        try:
-            check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
-        except CollectiveMismatch as exc:
-            self.group.comm.router.fail_all(exc)  # every later call raises it too
-            raise
+        check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
 
     def barrier(self, call: Call) -> None:
         self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions())))
@@ -358,7 +350,7 @@ class TorchEngine:
             if not watchdog.drain(self.group.timeout):
                 self.waiter.stuck = True
             watchdog.stop()
-        listeners = self.group.comm.router.on_failure
+        listeners = self.group.port.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)
         aborting = self._aborting

@@ -137,7 +137,7 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
 
     from ...store.prefix import PrefixStore
     from ...store.torch_views import TorchStoreView
-    from ..ring_check import check_mode
+    from ..base import check_mode
     from ..select import exchange
 
     check = check_mode()
@@ -198,7 +198,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
     from ...errors import DistTimeout
     from .engine import _keep, on_thread
 
-    comm = engine.group.comm
+    port = engine.group.port
     t = torch.zeros(1, device=engine.tensors.device)
     box: list[Any] = []
 
@@ -211,14 +211,13 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
     maker.start()
     deadline = time.monotonic() + timeout
     while True:
-        failure = engine.waiter.failure()
-        if failure is not None:
+        if port.failure is not None:
             _keep(engine.pg)
             engine.waiter.stuck = True
-            raise comm.as_of_now(failure)
+            port.raise_failure()
         if box:
             if isinstance(box[0], RuntimeError):
-                raise DistError(f"rank {comm.rank}: {engine.name}'s communicator for "
+                raise DistError(f"rank {port.rank}: {engine.name}'s communicator for "
                                 f"{engine.group.name} could not be made: {box[0]}")
             if box[0].is_completed():
                 box[0].wait()  # its own error, if any
@@ -228,7 +227,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
             on_thread(engine.pg.abort, "rankwise-torch-abort")
             where = "made" if box else "enqueued"
             raise DistTimeout(
-                f"rank {comm.rank}: {engine.name}'s communicator for {engine.group.name} "
+                f"rank {port.rank}: {engine.name}'s communicator for {engine.group.name} "
                 f"({engine.group.size()} ranks) was not {where} within {timeout:.0f}s (the "
                 "group's first collective): a rank of the group did not join, or NCCL "
                 "cannot reach it (NCCL_DEBUG=INFO shows which)")

@@ -90,7 +90,7 @@ class DeviceTensors(Tensors):
             if a.device != device:
                 what = "the tensor" if len(arrays) == 1 else f"tensor {i} of the call"
                 raise InvalidArgument(
-                    f"rank {call.group.comm.rank}: {call.describe()}: {what} is on "
+                    f"rank {call.group.port.rank}: {call.describe()}: {what} is on "
                     f"{a.device}, but {call.group.name}'s NCCL communicator is on {device}; "
                     "move it there (tensor.to(...)) or make the group on its device "
                     "(init_process_group(device_id=...), torch.cuda.set_device)")

@@ -1,23 +1,10 @@
-"""Waiting for a torch ``Work`` the rankwise way: bounded, and released by rankwise's
-control plane.
-
-Why not ``work.wait()``: torch's gloo ``abort`` does not release a rank blocked in an op
-whose peers never join (it stays blocked until gloo's own timeout or a peer's connection
-closes), and NCCL's watchdog takes minutes. So the wait is cut in short slices; between
-them the rank looks at what its control plane knows (a mismatch found by the ring
-check, a dead or failed peer) and raises that at once. From ``RANKWISE_DEADLOCK_AFTER``
-on it asks, as every rankwise wait does, whether the job is stuck for good (a deadlock,
-or ranks in this call whose other calls went to another data plane: a mismatch no ring
-check sees). Past ``RANKWISE_WARN_AFTER`` it logs the who-is-where table; at the group's
-deadline it raises ``DistTimeout`` with it (or the mismatch the table shows).
-An error of the torch op itself (a peer's connection closed) is explained by the
-control plane's account when one comes within a second.
-
-On NCCL no wait here blocks the host until a kernel has finished: the engine hands
-each work to a watchdog (``watchdog``) that polls its CUDA event and the control
-plane, and the calling thread only orders its stream after the collective (as torch's
-``wait()`` does). ``CommPlane`` is what that watchdog asks the control plane, built on
-the same reports as ``WorkWaiter``.
+"""Waiting for a torch ``Work`` the rankwise way: in short slices, between which the
+control plane's failures are raised at once, the slow and deadlock hooks run, and the
+deadline is kept. Why: docs/design.md, "Waiting on torch work". On NCCL no wait here
+blocks the host until a kernel has finished: the engine hands each work to a watchdog
+(``watchdog``) that polls its CUDA event and the control plane, and the calling thread
+only orders its stream after the collective, as torch's ``wait()`` does (docs/gpu.md).
+``CommPlane`` is what that watchdog asks the control plane.
 """
 
 from __future__ import annotations
@@ -27,11 +14,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ...errors import DistError, DistTimeout, PeerFailure
-from ..base import Call
+from ...errors import DistError
+from ..base import Call, DeadlinePassed, PeerGone
 
 if TYPE_CHECKING:
-    from ...core.communicator import Communicator
+    from ...core.port import ControlPlane
 
 __all__ = ["GRACE", "SLICE", "CommPlane", "WorkWaiter"]
 
@@ -60,9 +47,10 @@ def _wait_step(work: Any, span: float) -> bool:
 class WorkWaiter:
     """Waits for one group's torch works; remembers whether one was left in flight."""
 
-    def __init__(self, comm: Communicator, engine_name: str) -> None:
-        self.comm = comm
+    def __init__(self, port: ControlPlane, engine_name: str) -> None:
+        self.port = port
         self.engine_name = engine_name
+        self._where = f" on {engine_name}"
         self._step = _wait_step
         #: a torch op was abandoned in flight (its group can no longer be destroyed
         #: cleanly: destroying it joins threads that stay blocked in that op)
@@ -72,30 +60,27 @@ class WorkWaiter:
         """Return when ``work`` is done; raise the control plane's failure, a timeout
         with the who-is-where table, or the torch op's own error. ``on_slow`` runs once
         if the op is not done within ``GRACE`` seconds."""
-        comm = self.comm
-        activity = comm.activity  # who-is-where: the op is torch's now, not ours
-        activity.enqueued, activity.engine = time.time(), self.engine_name
+        port = self.port
         start = time.monotonic()
-        warn_at = float("inf") if call.patient or call.quiet else start + comm.warn_after
-        # from ``deadlock.after`` s on, ask (backing off) whether every rank is stuck: a
+        port.busy(self.engine_name, time.time())  # who-is-where: the op is torch's now
+        warn_at = float("inf") if call.patient or call.quiet else start + port.warn_after
+        # from ``stuck_after`` s on, ask (backing off) whether every rank is stuck: a
         # deadlock, or ranks in this very call whose other calls went to another plane
-        probe_at = start + comm.deadlock.after
+        probe_at = start + port.stuck_after
         while True:
-            failure = self.failure()
-            if failure is not None:
+            if port.failure is not None:
                 self.stuck = not work.is_completed()
-                comm.await_diagnosis()
-                raise comm.as_of_now(failure)
+                port.raise_failure()
             now = time.monotonic()
             if now >= call.deadline:
                 self.stuck = True
-                raise self._timeout(call)
+                raise DeadlinePassed(self._where)
             if now >= warn_at:
                 warn_at = float("inf")
-                comm.warn_slow(lambda: self._what(call))
+                port.slow(call, self._where)
                 continue
             if now >= probe_at:
-                probe_at = time.monotonic() + comm.deadlock.probe(now - start)
+                probe_at = time.monotonic() + port.probe(now - start)
                 continue
             span = GRACE if on_slow is not None else SLICE \
                 if call.deadline - now > SLICE else max(0.001, call.deadline - now)
@@ -109,76 +94,55 @@ class WorkWaiter:
                 slow()
             # a slice ran out: look at the control plane again
 
-    def failure(self) -> BaseException | None:
-        """The job's failure the control plane knows of by now, or None."""
-        return self.comm.router.failure
-
-    def _what(self, call: Call) -> str:
-        return (f"rank {self.comm.rank} timed out after {call.group.timeout:.0f}s in "
-                f"{call.record.describe()} (collective #{call.seq} of {call.group.name}) on "
-                f"{self.engine_name}")
-
-    def _timeout(self, call: Call) -> DistError:
-        if call.quiet:
-            return DistTimeout(self._what(call))
-        table = self.comm.mismatches.check_where(
-            f"rank {self.comm.rank} timed out in {call.record.describe()} on "
-            f"{self.engine_name}")
-        failure = self.failure()
-        if failure is not None:  # the table found a mismatch no frame revealed
-            return failure if isinstance(failure, DistError) else DistError(str(failure))
-        return DistTimeout(self._what(call), report=table)
-
-    def _torch_error(self, call: Call, exc: RuntimeError) -> BaseException:
-        """The torch op failed (a peer's connection closed, ...): the control plane
-        usually knows why (the peer's traceback, its goodbye, a mismatch)."""
-        failure = self.comm.router.wait_for_any_cause(call.group.ranks, 1.0)
-        if failure is not None:
-            self.comm.await_diagnosis()
-            return self.comm.as_of_now(failure)
-        return PeerFailure(f"rank {self.comm.rank}: {call.record.describe()} (collective "
-                           f"#{call.seq} of {call.group.name}) failed on {self.engine_name}: "
-                           f"{exc}")
+    def _torch_error(self, call: Call, exc: RuntimeError) -> PeerGone:
+        """The torch op failed (a peer's connection closed, ...): the guard asks the
+        control plane why (the peer's traceback, its goodbye, a mismatch)."""
+        return PeerGone(None, f"rank {self.port.rank}: {call.describe()} (collective "
+                              f"#{call.seq} of {call.group.name}) failed on "
+                              f"{self.engine_name}: {exc}")
 
 
 class CommPlane:
-    """The control plane as the NCCL watchdog sees it (``watchdog.Plane``): one
-    group's failures, slow-call logs, deadlock probes and timeout reports, as
-    ``WorkWaiter`` gives them. ``flush``: sends the ring check's batch; it returns False
-    when the check is busy on the calling thread (asked again on the next pass)."""
+    """The control plane as the NCCL watchdog sees it (``watchdog.Plane``): the port's
+    failure state, slow and deadlock hooks, and its wording of a call's failure (the
+    watchdog reports a call's failure after the call returned, outside the API's guard).
+    ``flush`` sends the ring check's batch; it returns False when the check is busy on
+    the calling thread (asked again on the next pass)."""
 
     def __init__(self, waiter: WorkWaiter, flush: Callable[[], bool]) -> None:
         self.waiter = waiter
-        self.comm = waiter.comm
+        self.port = waiter.port
         self._flush = flush
 
     def failure(self) -> BaseException | None:
-        failure = self.waiter.failure()
-        if failure is None:
+        if self.port.failure is None:
             return None
-        self.comm.await_diagnosis()
-        return self.comm.as_of_now(failure)
+        try:
+            self.port.raise_failure()
+        except BaseException as exc:  # noqa: BLE001 - handed to the watchdog
+            return exc
+        return None
 
     def slow(self, call: Call) -> bool:
         return self._flush()
 
     def warn_at(self, call: Call, start: float) -> float:
-        return float("inf") if call.patient or call.quiet else start + self.comm.warn_after
+        return float("inf") if call.patient or call.quiet else start + self.port.warn_after
 
     def warn(self, call: Call) -> None:
-        self.comm.warn_slow(lambda: self.waiter._what(call))
+        self.port.slow(call, self.waiter._where)
 
     def probe_at(self, start: float) -> float:
-        return start + self.comm.deadlock.after
+        return start + self.port.stuck_after
 
     def probe(self, blocked_for: float) -> float:
-        return self.comm.deadlock.probe(blocked_for)
+        return self.port.probe(blocked_for)
 
     def timed_out(self, call: Call) -> BaseException:
         self.waiter.stuck = True
-        return self.waiter._timeout(call)
+        return self.port.explain(call, DeadlinePassed(self.waiter._where))
 
     def op_failed(self, call: Call, err: BaseException) -> BaseException:
         if isinstance(err, RuntimeError) and not isinstance(err, DistError):
-            return self.waiter._torch_error(call, err)
+            return self.port.explain(call, self.waiter._torch_error(call, err))
         return err
