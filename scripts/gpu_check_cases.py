@@ -5,7 +5,7 @@ exits 0 on PASS; ``scripts/gpu-check`` bounds each with its own timeout.
 Cases:
 - ``no-host-sync``: one rank on NCCL; a GPU sleep kernel holds the current stream, so an
   ``all_reduce`` cannot finish: the call must return at once (no host sync) with the
-  stream still busy, and with ``timeout=1.5`` the watchdog must abort the communicator
+  stream still busy, and with ``timeout=3`` the watchdog must abort the communicator
   and the next call raise ``DistTimeout``.
 - ``mismatch``: two ranks with CUDA tensors of different sizes on the staged engine
   (``CollectiveMismatch`` on both, within seconds); and a CPU tensor on one rank where
@@ -51,7 +51,8 @@ def _no_host_sync(rank: int, world: int) -> dict[str, Any]:
     t = torch.ones(1 << 10, device="cuda")
     dist.all_reduce(t)  # the call site is confirmed; the communicator is up
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(6e9))  # type: ignore[no-untyped-call]  # ~3 s of GPU time on the current stream (clock ~2 GHz)
+    # 1.2e10 GPU cycles: 6-9 s on the current stream, past the group's 3 s timeout
+    torch.cuda._sleep(int(1.2e10))  # type: ignore[no-untyped-call]
     start = time.perf_counter()
     dist.all_reduce(t)  # ordered after the sleep: it cannot finish for seconds
     returned = time.perf_counter() - start
@@ -76,7 +77,7 @@ def case_no_host_sync() -> bool:
     from rankwise.testing import run_ranks
 
     res = run_ranks(_no_host_sync, 1, timeout=90,
-                    init_kwargs={"backend": "nccl", "timeout": 1.5})[0]
+                    init_kwargs={"backend": "nccl", "timeout": 3.0})[0]
     if not res.ok:
         print(f"RESULT: FAIL: {res.error_type}: {res.message}\n{res.traceback}")
         return False

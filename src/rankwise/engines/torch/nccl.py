@@ -183,6 +183,9 @@ def _rankwise_handles_errors() -> Iterator[None]:
         os.environ.pop(_ERROR_HANDLING, None)
 
 
+#: seconds communicator creation may take at least, whatever the group's timeout: NCCL's
+#: init (topology discovery, bootstrap) takes a few seconds, more than a test's timeout
+FIRST_MIN = 30.0
 #: seconds between two looks at the control plane while the communicator is made
 _FIRST_SLICE = 0.05
 
@@ -209,6 +212,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
             box.append(exc)
     maker = threading.Thread(target=make, name="rankwise-nccl-init", daemon=True)
     maker.start()
+    timeout = max(timeout, FIRST_MIN)
     deadline = time.monotonic() + timeout
     while True:
         if port.failure is not None:
