@@ -46,7 +46,7 @@ def test_errors_form_one_tree() -> None:
 
 @pytest.mark.procs
 def test_import_does_not_pull_in_torch() -> None:
-    code = "import sys, rankwise, rankwise.store, rankwise.launch.cli; print('torch' in sys.modules)"
+    code = "import sys, rankwise, rankwise.store, rankwise.cli; print('torch' in sys.modules)"
     out = _procs.run([sys.executable, "-c", code], timeout=60, check=True, cwd=None)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
