@@ -11,10 +11,10 @@ shared memory only if it worked everywhere, and never splits across engines.
 
 ``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
 the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
-(torch's gloo moves the data, rankwise checks it: ``torch_engine``). The backend name
+(torch's gloo moves the data, rankwise checks it: ``engines.torch.engine``). The backend name
 ``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
 rankwise's own engine. A backend that names NCCL (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)
-adds the NCCL engine for CUDA tensors beside that choice (``engines.device``).
+adds the NCCL engine for CUDA tensors beside that choice (``engines.device.pair``).
 """
 
 from __future__ import annotations

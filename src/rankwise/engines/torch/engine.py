@@ -6,7 +6,7 @@ checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
 torch's global init, so rankwise's own world is untouched. The checks ride beside the
 data on rankwise's control plane (``ring_check``); waits are released by it
-(``wait``), on NCCL without a host sync (``streams``, ``watchdog``).
+(``engines.torch.wait``), on NCCL without a host sync (``streams``, ``watchdog``).
 """
 
 from __future__ import annotations
@@ -120,9 +120,9 @@ class TorchEngine:
 
     Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
-    or tensors as they are, see ``torch_tensors``) and by how its works are waited for
-    (``streams``: None, a bounded host wait (``wait``); else the device engine's
-    watchdog and stream ordering, see ``streams``)."""
+    or tensors as they are, see ``engines.torch.tensors``) and by how its works are waited
+    for (``streams``: None, a bounded host wait (``engines.torch.wait``); else the device
+    engine's watchdog and stream ordering, see ``engines.torch.streams``)."""
 
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
@@ -195,7 +195,7 @@ class TorchEngine:
 
     def _abort(self, failure: BaseException | None) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
-        thread (a backend's abort may block). Waiters are released by ``torch_wait``.
+        thread (a backend's abort may block). Waiters are released by ``engines.torch.wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
@@ -320,7 +320,7 @@ class TorchEngine:
         self._run(call, body, *outs, *ins)
 
     def _agree_splits(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
-        """Uneven sizes must never reach gloo (see ``torch_splits``). The size table
+        """Uneven sizes must never reach gloo (see ``engines.torch.splits``). The size table
         lives in host memory; on a device it travels through the device and back."""
         device = self.tensors.device
 
