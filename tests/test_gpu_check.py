@@ -18,6 +18,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _procs import run
+
+pytestmark = pytest.mark.procs
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
@@ -38,9 +41,7 @@ def _load() -> ModuleType:
 def _run(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "GPU_CHECK_FORCE")}
     env["PATH"] = "/usr/bin:/bin"  # no nvidia-smi
-    return subprocess.run([sys.executable, str(SCRIPT), *args], check=False,
-                          capture_output=True,
-                          text=True, timeout=120, env=env, cwd=tmp)
+    return run([sys.executable, str(SCRIPT), *args], timeout=120, env=env, cwd=tmp)
 
 
 def test_no_gpu_exits_at_once_with_its_line_and_code(tmp_path: Path) -> None:
@@ -120,7 +121,6 @@ def test_the_vendored_expecttest_wheel_is_on_the_steps_path() -> None:
     path = gc.env()["PYTHONPATH"].split(os.pathsep)
     wheels = [p for p in path if p.endswith(".whl")]
     assert wheels and all(Path(w).stat().st_size < 64 * 1024 for w in wheels)
-    out = subprocess.run([sys.executable, "-c", "import expecttest"], check=False,
-                         env={"PYTHONPATH": os.pathsep.join(wheels), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=60)
+    out = run([sys.executable, "-c", "import expecttest"], timeout=60,
+              env={"PYTHONPATH": os.pathsep.join(wheels), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

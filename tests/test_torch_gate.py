@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
+from _procs import run
 
 from rankwise.torch_gate import SUPPORTED, check_torch, supported
 
@@ -38,13 +38,12 @@ def test_pyproject_states_the_same_range() -> None:
     assert f'torch = ["torch{SUPPORTED}"]' in text
 
 
+@pytest.mark.procs
 def test_importing_the_torch_parts_under_an_old_torch_fails_at_import() -> None:
     """``rankwise.nn`` imported with a torch that says it is 2.9: the gate's line."""
     pytest.importorskip("torch")
     code = ("import torch; torch.__version__ = '2.9.0'\n"
             "try:\n    import rankwise.nn\nexcept ImportError as e:\n    print('REFUSED', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
-                         text=True,
-                         timeout=120, env={"PATH": "/usr/bin:/bin"})
+    out = run([sys.executable, "-c", code], timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert out.stdout.startswith("REFUSED rankwise supports torch " + SUPPORTED), \
         out.stdout + out.stderr
