@@ -124,3 +124,34 @@ def test_ddp_with_a_cuda_model(backend: str) -> None:
     results = run_ranks(_ddp_on_gpu, world, init_kwargs={"backend": backend}, timeout=240)
     _all_ok(results)
     assert all(r.value == results[0].value for r in results)
+
+
+def _async_on_a_side_stream(rank: int, world: int) -> dict[str, Any]:
+    """Issue 28: an async collective issued on a user stream is ordered after that
+    stream's work (it runs on rankwise's side stream, which follows the caller's), and
+    ``wait``/``get_future``/``is_completed`` behave as torch's."""
+    import torch
+
+    import rankwise as dist
+
+    user = torch.cuda.Stream()
+    out = torch.zeros(1 << 20, device="cuda")
+    with torch.cuda.stream(user):
+        t = torch.ones(1 << 20, device="cuda")
+        torch.cuda._sleep(int(2e8))  # a race with the collective would read t before x3
+        t.mul_(3)
+        work = dist.all_gather_into_tensor(out, t, async_op=True)
+        assert work is not None
+        fut = work.get_future()
+        work.wait()  # the user stream waits for the collective; the host does not
+        total = out.sum().item()
+    fut.wait()
+    return {"total": total, "completed": work.is_completed(), "future": fut.done()}
+
+
+def test_async_collective_follows_the_callers_stream() -> None:
+    results = run_ranks(_async_on_a_side_stream, 1, init_kwargs={"backend": "nccl"},
+                        timeout=240)
+    _all_ok(results)
+    v = results[0].value
+    assert v == {"total": 3.0 * (1 << 20), "completed": True, "future": True}, v

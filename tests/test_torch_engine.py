@@ -215,6 +215,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     """Leaving must stay bounded when torch's shutdown of a group blocks: ``close`` gives
     up after ``SHUTDOWN_LIMIT``, keeps the group alive (destroying it would block the
     same way) and says so, instead of hanging the rank's exit."""
+    import threading
     import time
     from types import SimpleNamespace
 
@@ -226,6 +227,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     pg = _BlockingGroup()
     fake = SimpleNamespace(
         check=SimpleNamespace(flush=lambda: None), _abort=None, _aborting=None, pg=pg,
+        _check_lock=threading.Lock(), device=None,
         waiter=SimpleNamespace(stuck=False), name="torch-gloo",
         group=SimpleNamespace(name="the default group (WORLD)",
                               port=SimpleNamespace(on_failure=[])))

@@ -78,8 +78,13 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
-        work = run_async(f"{call.label or op.name} #{call.seq} on {group.name}",
-                         lambda: _run(runner, call, body, op, ev), outputs)
+        job: Callable[[], None] = lambda: _run(runner, call, body, op, ev)
+        device = None
+        adopt = getattr(runner, "adopt_async", None)  # device engines: the caller's stream
+        if adopt is not None:
+            job, device = adopt(job)
+        work = run_async(f"{call.label or op.name} #{call.seq} on {group.name}", job,
+                         outputs, device)
         if runner.serial:
             group.queued = work
         return work

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .failures import call_timeout, cause_of
+from .failures import call_timeout, cause_of, explain
 from .ring_check import RingCheck
 
 if TYPE_CHECKING:
-    from ..engines.base import Call
+    from ..engines.base import Call, EngineFact
     from .communicator import Communicator
     from .group import ProcessGroup
 
@@ -59,6 +59,12 @@ class ControlPlane:
     def fail(self, exc: BaseException) -> None:
         """Fail the whole job with ``exc``: every wait and every later call raises it."""
         self._router.fail_all(exc)
+
+    def explain(self, call: Call, fact: EngineFact) -> BaseException:
+        """The public exception for ``fact`` of ``call``, for an engine that learns of a
+        call's failure after the call returned (the NCCL watchdog: outside the API's
+        guard, which words the facts raised inside a call)."""
+        return explain(self._comm, call, fact)
 
     def cause(self, ranks: Sequence[int], wait: float = 1.0) -> BaseException | None:
         """The real cause of a lost peer among ``ranks`` (see ``core.failures.cause_of``)."""

@@ -19,9 +19,13 @@ __all__ = ["Work", "completed_work", "in_flight", "run_async"]
 
 
 class Work:
-    """Completion handle of one communication call."""
+    """Completion handle of one communication call.
 
-    def __init__(self, description: str, result: Any = None) -> None:
+    ``device``: the call's part on a device (NCCL: ``engines.torch.streams.DeviceWork``)
+    that goes on after the host part ended, as torch's: ``wait`` orders the current
+    stream after it, ``is_completed`` asks its kernels, the future completes with them."""
+
+    def __init__(self, description: str, result: Any = None, device: Any = None) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result = result
@@ -29,6 +33,7 @@ class Work:
         self._on_done: list[Callable[[], None]] = []
         self._future: Future | None = None
         self._future_lock = threading.Lock()
+        self.device = device
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
@@ -39,8 +44,14 @@ class Work:
             self._settle(future)
 
     def _settle(self, future: Future) -> None:
-        if self._error is not None:
-            future.set_exception(self._error)
+        if self._error is None and self.device is not None:
+            self.device.when_done(lambda error: self._complete(future, error))
+            return
+        self._complete(future, self._error)
+
+    def _complete(self, future: Future, error: BaseException | None) -> None:
+        if error is not None:
+            future.set_exception(error)
         else:
             future.set_result(self._result)
 
@@ -64,13 +75,15 @@ class Work:
             raise DistTimeout(f"{self.description} did not complete within {seconds}s")
         if self._error is not None:
             raise self._error
+        if self.device is not None:
+            self.device.wait()
         for fn in self._on_done:
             fn()
         self._on_done.clear()
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._done.is_set() and (self.device is None or self.device.done())
 
     def done_within(self, timeout: float) -> bool:
         """Wait (bounded) for completion without raising the operation's error."""
@@ -154,12 +167,13 @@ _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
 
-def run_async(description: str, fn: Callable[[], None], result: Any = None) -> Work:
+def run_async(description: str, fn: Callable[[], None], result: Any = None,
+              device: Any = None) -> Work:
     global _worker
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()
-        work = Work(description, result)
+        work = Work(description, result, device)
         _worker.submitted += 1
         _worker.submit(work, fn)
     return work

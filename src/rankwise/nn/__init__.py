@@ -6,6 +6,10 @@
   ``no_sync()`` accumulation, ``join()`` for uneven inputs.
 """
 
+from rankwise.torch_gate import check_torch
+
+check_torch()  # before any torch internals are touched
+
 from rankwise.nn import parallel
 from rankwise.nn._errors import DDPError, ParameterMismatch
 from rankwise.nn._reducer import ReducerStatistics

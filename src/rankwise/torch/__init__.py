@@ -14,6 +14,10 @@ tensors; this drop-in does not (and works with backend ``"gloo"`` as well).
 
 from __future__ import annotations
 
+from ..torch_gate import check_torch
+
+check_torch()  # before any torch internals are touched
+
 from ._backend import BACKEND_NAME, TorchProcessGroup
 from ._register import install
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm

@@ -6,7 +6,7 @@ checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
 torch's global init, so rankwise's own world is untouched. The checks ride beside the
 data on rankwise's control plane (``ring_check``); waits are released by it
-(``engines.torch.wait``).
+(``engines.torch.wait``), on NCCL without a host sync (``streams``, ``watchdog``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,10 +23,13 @@ import torch
 import torch.distributed as tdist
 
 from ...store.torch_views import TorchStoreView
+from ...torch_gate import check_torch
 from ..base import Array, Call, check_mode
 from .splits import check_splits
+from .streams import DeviceWaits, DeviceWork, Streams
 from .tensors import HostArrays, Tensors
-from .wait import WorkWaiter
+from .wait import CommPlane, WorkWaiter
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["TORCH_GRACE", "TorchEngine"]
 
 log = logging.getLogger("rankwise")
+
+check_torch(torch)  # the private torch API below: a torch outside the range is refused
 
 #: PREMUL_SUM is a SUM here: the API multiplied each rank's input by its factor already
 _OPS = {"SUM": tdist.ReduceOp.SUM, "AVG": tdist.ReduceOp.AVG,
@@ -114,8 +120,9 @@ class TorchEngine:
 
     Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
-    or tensors as they are, see ``engines.torch.tensors``) and by how its works are waited for
-    (``poll``, see ``engines.torch.wait``)."""
+    or tensors as they are, see ``engines.torch.tensors``) and by how its works are waited
+    for (``streams``: None, a bounded host wait (``engines.torch.wait``); else the device
+    engine's watchdog and stream ordering, see ``engines.torch.streams``)."""
 
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
@@ -123,7 +130,7 @@ class TorchEngine:
 
     def __init__(self, group: ProcessGroup, pg: Any, check: str,
                  store: TorchStoreView | None = None, *, name: str = "torch-gloo",
-                 tensors: Tensors | None = None, poll: bool = False) -> None:
+                 tensors: Tensors | None = None, streams: Streams | None = None) -> None:
         self.group = group
         self.pg = pg
         self.name = name
@@ -137,15 +144,24 @@ class TorchEngine:
         #: without checks no frame of this group's calls ever arrives: the router need
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
-        self.waiter = WorkWaiter(group.port, name, poll=poll)
+        self.waiter = WorkWaiter(group.port, name)
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
+        #: held while the ring check is used: the watchdog flushes it from its thread
+        self._check_lock = threading.Lock()
+        #: the device engine's waits (NCCL and its stand-in), None on host memory
+        self.device: DeviceWaits | None = None
+        if streams is not None:
+            plane = CommPlane(self.waiter, self._try_flush)
+            watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
+            self.device = DeviceWaits(watchdog, streams, plane.op_failed)
+            watchdog.start()
         group.port.on_failure.append(self._abort)
 
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float, *,
                prefix: str = "torch", name: str = "torch-gloo",
-               tensors: Tensors | None = None, poll: bool = False) -> TorchEngine:
+               tensors: Tensors | None = None, streams: Streams | None = None) -> TorchEngine:
         """On torch's gloo (``prefix`` keeps two torch groups of one rankwise group apart
         in the store: the host plane's and a test stand-in's for NCCL)."""
         from ...store.prefix import PrefixStore
@@ -156,25 +172,60 @@ class TorchEngine:
         opts._timeout = timedelta(seconds=timeout + TORCH_GRACE)
         opts._devices = [tdist.ProcessGroupGloo.create_default_device()]
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
-        return cls(group, pg, check, tstore, name=name, tensors=tensors, poll=poll)
+        return cls(group, pg, check, tstore, name=name, tensors=tensors, streams=streams)
 
-    def _abort(self, failure: BaseException) -> None:
+    def _try_flush(self) -> bool:
+        """The watchdog's flush of the ring check's batch; False while the calling
+        thread uses the check (the watchdog asks again on its next pass)."""
+        if not self._check_lock.acquire(blocking=False):
+            return False
+        try:
+            self.check.flush()
+        finally:
+            self._check_lock.release()
+        return True
+
+    def adopt_async(self, job: Callable[[], None]) -> tuple[Callable[[], None],
+                                                              DeviceWork | None]:
+        """An ``async_op`` call about to be queued: on a device engine it runs on the
+        side stream after the caller's (see ``streams``)."""
+        if self.device is None:
+            return job, None
+        return self.device.adopt_async(job)
+
+    def _abort(self, failure: BaseException | None) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
         thread (a backend's abort may block). Waiters are released by ``engines.torch.wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
-        if pg is not None:
+        if pg is not None and self._aborting is None:
             self._aborting = on_thread(pg.abort, "rankwise-torch-abort")
 
-    def _run(self, call: Call, body: Callable[[], None]) -> None:
+    def _before(self, call: Call, *arrays: Any) -> None:
+        """Before any I/O: the tensors are on the group's device, the group was not
+        aborted by its watchdog; then the call's check on the control plane."""
+        device = self.device
+        if device is not None:
+            self.tensors.check(call, arrays)
+            device.raise_failed()
+        with self._check_lock:
+            self.check.before(call)
+
+    def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
         """Check the call on the control plane, move the data, check again."""
-        self.check.before(call)
+        self._before(call, *arrays)
         body()
         self.check.after()
 
     def _wait(self, call: Call, work: Any) -> None:
-        self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+        with self._check_lock:
+            self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+        device = self.device
+        if device is not None:  # the watchdog sends the batch if the op is slow
+            self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
+            device.wait(call, work)
+            return
         # an op that is not done within a grace period may wait for a batched fingerprint
         # (a mismatch that hangs the data plane): send the batch then
         self.waiter.wait(call, work, self.check.flush)
@@ -205,36 +256,38 @@ class TorchEngine:
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         self._run(call, lambda: self._wait(call, self.pg.broadcast([self._raw(data)],
-                                                                   _bopts(root))))
+                                                                   _bopts(root))), data)
 
     def all_reduce(self, call: Call, data: Array) -> None:
         # ``_run`` written out: no closure on the hot path
-        check = self.check
-        check.before(call)
+        self._before(call, data)
         self._all_reduce(call, self._values(data, call))
-        check.after()
+        self.check.after()
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result
-        self._run(call, lambda: self._all_reduce(call, self._values(data, call)))
+        self._run(call, lambda: self._all_reduce(call, self._values(data, call)), data)
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
         raw = self._raw
+        self._before(call, *slots)
         mine = raw(slots[call.rank]).clone()
-        self._run(call, lambda: self._wait(
-            call, self.pg.allgather([[raw(s) for s in slots]], [mine])))
+        self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]))
+        self.check.after()
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.GatherOptions()
         o.rootRank = root
         outs = [[self._raw(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [self._raw(mine)], o)))
+        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [self._raw(mine)], o)),
+                  mine, *(slots or ()))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.ScatterOptions()
         o.rootRank = root
         ins = [[self._raw(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.scatter([self._raw(out)], ins, o)))
+        self._run(call, lambda: self._wait(call, self.pg.scatter([self._raw(out)], ins, o)),
+                  out, *(slots or ()))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
         def body() -> None:
@@ -245,7 +298,7 @@ class TorchEngine:
             start = sum(len(p) for p in parts[:call.rank])
             mine = parts[call.rank]
             mine.copy_(flat[start:start + len(mine)])
-        self._run(call, body)
+        self._run(call, body, *chunks)
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         raw = self._raw
@@ -264,7 +317,7 @@ class TorchEngine:
             for o in outs:
                 raw(o).copy_(dst[at:at + o.nbytes])
                 at += o.nbytes
-        self._run(call, body)
+        self._run(call, body, *outs, *ins)
 
     def _agree_splits(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         """Uneven sizes must never reach gloo (see ``engines.torch.splits``). The size table
@@ -284,12 +337,19 @@ class TorchEngine:
 
     def settle(self) -> None:
         """The last confirmed calls' fingerprints, ahead of the goodbye."""
-        self.check.flush()
+        with self._check_lock:
+            self.check.flush()
 
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
-        self.check.flush()  # a group destroyed alone: its last calls are checked too
+        with self._check_lock:
+            self.check.flush()  # a group destroyed alone: its last calls are checked too
+        if self.device is not None:  # destroying is a sync point: kernels end first
+            watchdog = self.device.watchdog
+            if not watchdog.drain(self.group.timeout):
+                self.waiter.stuck = True
+            watchdog.stop()
         listeners = self.group.port.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)

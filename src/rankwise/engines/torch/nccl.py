@@ -9,7 +9,7 @@ watchdog minutes later). What differs is passed in: the group, the tensors as th
 are (``DeviceTensors``: no numpy, no host copy) and a waiter that polls the kernel's
 completion instead of a timed ``wait`` (see ``engines.torch.wait``). The group is built over a
 view of the rankwise store, never through torch's global init; NCCL's communicator
-is made lazily by torch on the group's first collective.
+is made at once, bounded (``first_collective``), not lazily by the user's first call.
 
 Device: ``init_process_group(device_id=...)``, else ``LOCAL_RANK``, else the current
 device, chosen before any I/O (``resolve_device``). Two ranks of one NCCL group on one
@@ -23,7 +23,11 @@ runs on a machine without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +37,10 @@ from ..base import Engine
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
+    from .engine import TorchEngine
 
-__all__ = ["create_device_engine", "nccl_missing", "resolve_device", "shared_gpus"]
+__all__ = ["create_device_engine", "first_collective", "nccl_missing", "resolve_device",
+           "shared_gpus"]
 
 #: the test stand-in's name: reports then say "kernel" as they would on NCCL
 STAND_IN = "nccl(gloo stand-in)"
@@ -119,11 +125,14 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
                          device: Any) -> Engine:
     """The engine for ``group``'s CUDA tensors (collective over its members)."""
     from .engine import TORCH_GRACE, TorchEngine
+    from .streams import CudaStreams, HostStreams
     from .tensors import DeviceTensors
 
     if tensor_path() == "device":
-        return TorchEngine.create(group, store, timeout, prefix="device", name=STAND_IN,
-                                  tensors=DeviceTensors(device), poll=True)
+        engine = TorchEngine.create(group, store, timeout, prefix="device", name=STAND_IN,
+                                    tensors=DeviceTensors(device), streams=HostStreams())
+        first_collective(engine, timeout)
+        return engine
     import torch.distributed as tdist
 
     from ...store.prefix import PrefixStore
@@ -145,6 +154,85 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
     tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/nccl/", store))
     opts = tdist.ProcessGroupNCCL.Options()
     opts._timeout = timedelta(seconds=timeout + TORCH_GRACE)
-    pg = tdist.ProcessGroupNCCL(tstore, group.group_rank, group.size(), opts)
-    return TorchEngine(group, pg, check, tstore, name="nccl",
-                       tensors=DeviceTensors(device), poll=True)
+    with _rankwise_handles_errors():
+        pg = tdist.ProcessGroupNCCL(tstore, group.group_rank, group.size(), opts)
+    engine = TorchEngine(group, pg, check, tstore, name="nccl",
+                         tensors=DeviceTensors(device), streams=CudaStreams(device))
+    first_collective(engine, timeout)
+    return engine
+
+
+#: torch's NCCL error handling (read when a ProcessGroupNCCL is built)
+_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+@contextlib.contextmanager
+def _rankwise_handles_errors() -> Iterator[None]:
+    """Build rankwise's NCCL groups with torch's own error handling off (0, unless the
+    user chose a value): rankwise's watchdog aborts the communicator before torch's
+    timeout (``TORCH_GRACE`` later), and torch's default (3) would tear the whole
+    process down when the aborted works report their error, instead of the error
+    reaching the user as ``DistTimeout``/``PeerFailure``. Other torch groups keep it."""
+    if _ERROR_HANDLING in os.environ:
+        yield
+        return
+    os.environ[_ERROR_HANDLING] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(_ERROR_HANDLING, None)
+
+
+#: seconds communicator creation may take at least, whatever the group's timeout: NCCL's
+#: init (topology discovery, bootstrap) takes a few seconds, more than a test's timeout
+FIRST_MIN = 30.0
+#: seconds between two looks at the control plane while the communicator is made
+_FIRST_SLICE = 0.05
+
+
+def first_collective(engine: TorchEngine, timeout: float) -> None:
+    """Make NCCL's communicator now, bounded: torch makes it lazily in the group's first
+    collective, and ``ncclCommInitRank`` blocks the calling thread until every rank has
+    joined, so a peer that never comes would hang the user's first call for good. Here
+    it is made by a one-element all_reduce on a helper thread, at group creation, while
+    this thread watches the deadline and the control plane (a peer that failed)."""
+    import torch
+
+    from ...errors import DistTimeout
+    from .engine import _keep, on_thread
+
+    port = engine.group.port
+    t = torch.zeros(1, device=engine.tensors.device)
+    box: list[Any] = []
+
+    def make() -> None:
+        try:
+            box.append(engine.pg.allreduce([t]))
+        except RuntimeError as exc:
+            box.append(exc)
+    maker = threading.Thread(target=make, name="rankwise-nccl-init", daemon=True)
+    maker.start()
+    timeout = max(timeout, FIRST_MIN)
+    deadline = time.monotonic() + timeout
+    while True:
+        if port.failure is not None:
+            _keep(engine.pg)
+            engine.waiter.stuck = True
+            port.raise_failure()
+        if box:
+            if isinstance(box[0], RuntimeError):
+                raise DistError(f"rank {port.rank}: {engine.name}'s communicator for "
+                                f"{engine.group.name} could not be made: {box[0]}")
+            if box[0].is_completed():
+                box[0].wait()  # its own error, if any
+                return
+        if time.monotonic() >= deadline:
+            engine.waiter.stuck = True
+            on_thread(engine.pg.abort, "rankwise-torch-abort")
+            where = "made" if box else "enqueued"
+            raise DistTimeout(
+                f"rank {port.rank}: {engine.name}'s communicator for {engine.group.name} "
+                f"({engine.group.size()} ranks) was not {where} within {timeout:.0f}s (the "
+                "group's first collective): a rank of the group did not join, or NCCL "
+                "cannot reach it (NCCL_DEBUG=INFO shows which)")
+        maker.join(_FIRST_SLICE / (1 if maker.is_alive() else 10))

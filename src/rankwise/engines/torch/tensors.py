@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import InvalidArgument
 from ..base import Call
 
 __all__ = ["DeviceTensors", "HostArrays", "Tensors"]
@@ -33,6 +34,9 @@ class Tensors:
 
     def values(self, a: Any, call: Call) -> torch.Tensor:
         raise NotImplementedError
+
+    def check(self, call: Call, arrays: tuple[Any, ...]) -> None:
+        """``InvalidArgument`` (before any I/O) for a buffer this engine cannot move."""
 
 
 #: arrays whose torch view ``HostArrays.values`` keeps, at most, and their largest size
@@ -77,6 +81,19 @@ class DeviceTensors(Tensors):
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+
+    def check(self, call: Call, arrays: tuple[Any, ...]) -> None:
+        """Every tensor is on the group's device: NCCL's communicator is bound to one
+        GPU, and a tensor on another would fail obscurely inside NCCL (or hang)."""
+        device = self.device
+        for i, a in enumerate(arrays):
+            if a.device != device:
+                what = "the tensor" if len(arrays) == 1 else f"tensor {i} of the call"
+                raise InvalidArgument(
+                    f"rank {call.group.port.rank}: {call.describe()}: {what} is on "
+                    f"{a.device}, but {call.group.name}'s NCCL communicator is on {device}; "
+                    "move it there (tensor.to(...)) or make the group on its device "
+                    "(init_process_group(device_id=...), torch.cuda.set_device)")
 
     def raw(self, a: Any) -> torch.Tensor:
         t: torch.Tensor = a.view(torch.uint8)

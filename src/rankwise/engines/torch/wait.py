@@ -1,7 +1,10 @@
 """Waiting for a torch ``Work`` the rankwise way: in short slices, between which the
 control plane's failures are raised at once, the slow and deadlock hooks run, and the
-deadline is kept (NCCL: polled, never a timed ``wait``). Why: docs/design.md, "Waiting
-on torch work".
+deadline is kept. Why: docs/design.md, "Waiting on torch work". On NCCL no wait here
+blocks the host until a kernel has finished: the engine hands each work to a watchdog
+(``watchdog``) that polls its CUDA event and the control plane, and the calling thread
+only orders its stream after the collective, as torch's ``wait()`` does (docs/gpu.md).
+``CommPlane`` is what that watchdog asks the control plane.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ...errors import DistError
 from ..base import Call, DeadlinePassed, PeerGone
 
 if TYPE_CHECKING:
     from ...core.port import ControlPlane
 
-__all__ = ["GRACE", "SLICE", "WorkWaiter"]
+__all__ = ["GRACE", "SLICE", "CommPlane", "WorkWaiter"]
 
 #: seconds between two looks at the control plane while a torch op is in flight
 SLICE = 0.2
@@ -40,32 +44,14 @@ def _wait_step(work: Any, span: float) -> bool:
     return True
 
 
-def _poll_step(work: Any, span: float) -> bool:
-    """Whether ``work`` finished within ``span`` seconds, never calling a timed ``wait``
-    (NCCL, see the module's doc): polled with a backoff from 20 us to 5 ms."""
-    if not work.is_completed():
-        end = time.monotonic() + span
-        delay = 20e-6
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(delay, left))
-            if work.is_completed():
-                break
-            delay = min(delay * 2, 0.005)
-    work.wait()  # the op's own error, if any; the current stream waits for the kernel
-    return True
-
-
 class WorkWaiter:
     """Waits for one group's torch works; remembers whether one was left in flight."""
 
-    def __init__(self, port: ControlPlane, engine_name: str, poll: bool = False) -> None:
+    def __init__(self, port: ControlPlane, engine_name: str) -> None:
         self.port = port
         self.engine_name = engine_name
         self._where = f" on {engine_name}"
-        self._step = _poll_step if poll else _wait_step
+        self._step = _wait_step
         #: a torch op was abandoned in flight (its group can no longer be destroyed
         #: cleanly: destroying it joins threads that stay blocked in that op)
         self.stuck = False
@@ -114,3 +100,49 @@ class WorkWaiter:
         return PeerGone(None, f"rank {self.port.rank}: {call.describe()} (collective "
                               f"#{call.seq} of {call.group.name}) failed on "
                               f"{self.engine_name}: {exc}")
+
+
+class CommPlane:
+    """The control plane as the NCCL watchdog sees it (``watchdog.Plane``): the port's
+    failure state, slow and deadlock hooks, and its wording of a call's failure (the
+    watchdog reports a call's failure after the call returned, outside the API's guard).
+    ``flush`` sends the ring check's batch; it returns False when the check is busy on
+    the calling thread (asked again on the next pass)."""
+
+    def __init__(self, waiter: WorkWaiter, flush: Callable[[], bool]) -> None:
+        self.waiter = waiter
+        self.port = waiter.port
+        self._flush = flush
+
+    def failure(self) -> BaseException | None:
+        if self.port.failure is None:
+            return None
+        try:
+            self.port.raise_failure()
+        except BaseException as exc:  # noqa: BLE001 - handed to the watchdog
+            return exc
+        return None
+
+    def slow(self, call: Call) -> bool:
+        return self._flush()
+
+    def warn_at(self, call: Call, start: float) -> float:
+        return float("inf") if call.patient or call.quiet else start + self.port.warn_after
+
+    def warn(self, call: Call) -> None:
+        self.port.slow(call, self.waiter._where)
+
+    def probe_at(self, start: float) -> float:
+        return start + self.port.stuck_after
+
+    def probe(self, blocked_for: float) -> float:
+        return self.port.probe(blocked_for)
+
+    def timed_out(self, call: Call) -> BaseException:
+        self.waiter.stuck = True
+        return self.port.explain(call, DeadlinePassed(self.waiter._where))
+
+    def op_failed(self, call: Call, err: BaseException) -> BaseException:
+        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
+            return self.port.explain(call, self.waiter._torch_error(call, err))
+        return err

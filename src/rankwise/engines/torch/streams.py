@@ -1,0 +1,256 @@
+"""Ordering work after a device collective without blocking the host.
+
+Why a seam: on CUDA, "wait for the collective" means "the current stream waits for the
+collective's kernel" (torch's ``WorkNCCL.wait()``, an event wait on the stream), which
+the host never blocks on; on the test stand-in (torch's gloo over CPU tensors) there is
+no stream, so waiting means the host waits until the watchdog settles the work. The
+engine uses one interface (``Streams``) for both, and tests pass a fake one.
+
+``async_op`` (``adopt_async``): the call runs on rankwise's async worker thread, whose
+current stream is not the caller's. So the work is enqueued on a side stream that first
+waits for the caller's stream as it is at call time (the tensors' producers), post-steps
+(dtype write-backs) run there too, and ``Work.wait()`` makes the waiting thread's
+current stream wait for an event recorded on the side stream at the end (``DeviceWork``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...errors import DistError, DistTimeout
+from .watchdog import Pending, Watchdog
+
+if TYPE_CHECKING:
+    from ..base import Call
+
+__all__ = ["CudaStreams", "DeviceWaits", "DeviceWork", "HostStreams", "Streams",
+           "current_holder"]
+
+#: seconds the host stand-in waits past a call's deadline for the watchdog's verdict
+_MARGIN = 30.0
+
+
+class Streams:
+    """The stream operations the device engine needs (CUDA: ``CudaStreams``)."""
+
+    def current(self) -> Any:
+        """The calling thread's current stream (None: no streams here)."""
+        return None
+
+    def side(self) -> Any:
+        """The engine's side stream for async calls (one: the async worker is serial)."""
+        return None
+
+    def follow(self, stream: Any, other: Any) -> None:
+        """``stream`` waits for what is queued on ``other`` now (no host block)."""
+
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        """Make ``stream`` this thread's current stream inside the block."""
+        yield
+
+    def record(self, stream: Any) -> Any:
+        """An event marking what is queued on ``stream`` now."""
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        """The current stream waits for ``event`` (no host block)."""
+
+    def query(self, event: Any) -> bool:
+        return True
+
+    def synchronize(self, event: Any) -> None:
+        """The host waits for ``event`` (only where the work is known to be done)."""
+
+    def order(self, p: Pending) -> None:
+        """Whatever runs next on this thread sees the collective's result."""
+        raise NotImplementedError
+
+
+class CudaStreams(Streams):
+    """Real CUDA streams of ``device``; ``order`` is torch's ``WorkNCCL.wait()``: the
+    current stream waits for the collective's end event, the host goes on."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch: Any = torch
+        self.device = device
+        self._side: Any = None
+
+    def current(self) -> Any:
+        return self.torch.cuda.current_stream(self.device)
+
+    def side(self) -> Any:
+        if self._side is None:
+            self._side = self.torch.cuda.Stream(device=self.device)
+        return self._side
+
+    def follow(self, stream: Any, other: Any) -> None:
+        stream.wait_stream(other)
+
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        with self.torch.cuda.stream(stream):
+            yield
+
+    def record(self, stream: Any) -> Any:
+        event = self.torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        if event is not None:
+            self.current().wait_event(event)
+
+    def query(self, event: Any) -> bool:
+        return event is None or bool(event.query())
+
+    def synchronize(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()
+
+    def order(self, p: Pending) -> None:
+        if p.settled.is_set() and p.error is not None:
+            raise p.error
+        p.work.wait()  # a stream wait: the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
+
+
+class HostStreams(Streams):
+    """No streams (the stand-in's CPU tensors): ``order`` blocks the host until the
+    watchdog settles the work, bounded, then raises its error or the op's own."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+
+    def order(self, p: Pending) -> None:
+        end = p.call.deadline + _MARGIN
+        delay = 20e-6
+        while not p.done():  # polled here too: the watchdog's pass may be later
+            left = end - self.clock()
+            if left <= 0:
+                raise DistTimeout(f"{p.call.describe()}: no verdict from the watchdog "
+                                  f"{_MARGIN:.0f}s past the deadline")
+            p.settled.wait(min(delay, left))
+            delay = min(delay * 2, 0.005)
+        if p.settled.is_set() and p.error is not None:
+            raise p.error
+        p.work.wait()  # done: raises the op's own error, if any
+        p.settle(None)  # seen done here: its future need not wait for the watchdog
+
+
+_local = threading.local()
+
+
+def current_holder() -> DeviceWork | None:
+    """The ``DeviceWork`` of the async call running on this thread, if any."""
+    holder: DeviceWork | None = getattr(_local, "holder", None)
+    return holder
+
+
+class DeviceWork:
+    """The device side of one async ``Work``: its torch works in flight and the event
+    that ends its side stream's part (see the module's doc)."""
+
+    def __init__(self, streams: Streams) -> None:
+        self.streams = streams
+        self.pendings: list[Pending] = []
+        self.event: Any = None
+
+    def run_on(self, side: Any, job: Callable[[], None]) -> None:
+        """Run ``job`` (the call, on the async worker) with this holder current and
+        ``side`` as the current stream; mark the side stream's end."""
+        _local.holder = self
+        try:
+            with self.streams.use(side):
+                job()
+                self.event = self.streams.record(side)
+        finally:
+            _local.holder = None
+
+    def add(self, p: Pending) -> None:
+        self.pendings.append(p)
+
+    def error(self) -> BaseException | None:
+        for p in self.pendings:
+            if p.settled.is_set() and p.error is not None:
+                return p.error
+        return None
+
+    def done(self) -> bool:
+        """As torch's ``is_completed``: every kernel of the call has finished."""
+        return all(p.done() for p in self.pendings) and self.streams.query(self.event)
+
+    def wait(self) -> None:
+        """The current stream waits for the call (no host block); a verdict of the
+        watchdog known by now is raised."""
+        error = self.error()
+        if error is not None:
+            raise error
+        self.streams.wait_event(self.event)
+
+    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        """``fn(error)`` once every torch work of the call is settled (on the watchdog's
+        thread, or here if they are): futures complete when the kernels have."""
+        pendings = list(self.pendings)
+        left = [len(pendings)]
+        lock = threading.Lock()
+
+        def one(_: Pending) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                error = self.error()
+                if error is None:
+                    self.streams.synchronize(self.event)  # the kernels are done: brief
+                fn(error)
+
+        if not pendings:
+            fn(None)
+            return
+        for p in pendings:
+            p.on_settled(one)
+
+
+class DeviceWaits:
+    """How the device engine waits for a torch work: the watchdog watches it, the
+    current stream is ordered after it (``Streams.order``), and an async call's
+    ``DeviceWork`` remembers it. ``op_failed`` explains a torch op's own error."""
+
+    def __init__(self, watchdog: Watchdog, streams: Streams,
+                 op_failed: Callable[[Call, BaseException], BaseException]) -> None:
+        self.watchdog = watchdog
+        self.streams = streams
+        self._op_failed = op_failed
+
+    def wait(self, call: Call, work: Any) -> None:
+        p = self.watchdog.watch(call, work)
+        holder = current_holder()
+        if holder is not None:
+            holder.add(p)
+        try:
+            self.streams.order(p)
+        except DistError:
+            raise  # the watchdog's verdict, as it is
+        except RuntimeError as err:  # the op itself failed (torch raised it)
+            raise self._op_failed(call, err) from None
+
+    def raise_failed(self) -> None:
+        """The watchdog aborted the group: every later call raises why."""
+        failed = self.watchdog.failed
+        if failed is not None:
+            raise failed
+
+    def adopt_async(self, job: Callable[[], None]) -> tuple[Callable[[], None], DeviceWork]:
+        """``job`` (an async call, about to be queued) made to run on the side stream,
+        after what the caller's stream holds now; its ``DeviceWork`` for the ``Work``."""
+        streams = self.streams
+        side = streams.side()
+        streams.follow(side, streams.current())
+        holder = DeviceWork(streams)
+        return lambda: holder.run_on(side, job), holder

@@ -1,0 +1,50 @@
+"""The torch versions rankwise's torch parts run on, checked when they are imported.
+
+Why a gate: rankwise drives torch's process groups below ``init_process_group``
+(``ProcessGroupGloo``/``ProcessGroupNCCL`` built directly, their private options,
+``abort``/``shutdown``, a Python ``ProcessGroup`` registered as a backend, DDP's
+reducer hooks). Those are not public API and change between torch minors, so a torch
+outside the range it was built and checked on fails with one line naming the range,
+never with an AttributeError deep inside a collective.
+
+The range (also in pyproject's ``torch`` extra and the README): 2.13 is what CI runs;
+2.11 is the GPU machine's, which ``scripts/gpu-check`` proves. None of the private
+names above differs between them, as far as rankwise uses them (torch's 2.12/2.13
+additions rankwise offers, ``record_comm`` and the ``*_single`` names, are rankwise's
+own functions, not calls into torch). ``RANKWISE_TORCH_ANY=1`` skips the check (at
+your own risk: to try a newer torch).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+__all__ = ["SUPPORTED", "check_torch", "supported"]
+
+#: the torch versions rankwise runs on: [low, high)
+LOW, HIGH = (2, 11), (2, 14)
+SUPPORTED = f">={LOW[0]}.{LOW[1]},<{HIGH[0]}.{HIGH[1]}"
+ANY_ENV = "RANKWISE_TORCH_ANY"
+
+
+def supported(version: str) -> bool:
+    """Whether torch ``version`` ("2.11.0+cu130", "2.13.0a0+git...") is in the range."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return False
+    v = (int(m.group(1)), int(m.group(2)))
+    return LOW <= v < HIGH
+
+
+def check_torch(torch: Any = None) -> None:
+    """Refuse (``ImportError``, one line) a torch outside ``SUPPORTED``."""
+    if os.environ.get(ANY_ENV, "").strip() in ("1", "true", "yes"):
+        return
+    if torch is None:
+        import torch
+    version = str(getattr(torch, "__version__", "?"))
+    if not supported(version):
+        raise ImportError(f"rankwise supports torch {SUPPORTED}; this is torch {version} "
+                          f"(install a torch in that range, or set {ANY_ENV}=1 to try it)")

@@ -1,0 +1,416 @@
+"""Issue 28: the NCCL engine's waits without a host sync, in-process, with fakes.
+
+A fake torch work whose event never completes, a fake clock and fake streams stand in
+for the GPU: ``wait()`` must return while the kernel still runs (the current stream is
+ordered after it instead), the watchdog must abort the group and settle the work with
+the error past the deadline (or on a control-plane failure), async calls must be
+enqueued on a side stream that follows the caller's and be waited for on the waiter's
+stream, and ``Work.is_completed``/``get_future`` must follow the kernels, as torch's.
+No thread is needed but where the watchdog's own thread is the point; no sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rankwise.core.work import Work
+from rankwise.engines.torch.streams import (
+    CudaStreams,
+    DeviceWaits,
+    DeviceWork,
+    HostStreams,
+    Streams,
+    current_holder,
+)
+from rankwise.engines.torch.watchdog import GRACE, Watchdog
+from rankwise.errors import CollectiveMismatch, DistTimeout, InvalidArgument
+
+torch = pytest.importorskip("torch")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeCall:
+    deadline: float
+    patient: bool = False
+    quiet: bool = False
+
+    def describe(self, site: bool = True) -> str:
+        return "all_reduce(float32 x 4, op=SUM)"
+
+
+@dataclass
+class FakePlane:
+    """The control plane: records what the watchdog asked."""
+
+    failed: BaseException | None = None
+    busy: bool = False
+    slowed: list[Any] = field(default_factory=list)
+    warned: list[Any] = field(default_factory=list)
+    probes: list[float] = field(default_factory=list)
+
+    def failure(self) -> BaseException | None:
+        return self.failed
+
+    def slow(self, call: Any) -> bool:
+        self.slowed.append(call)
+        return not self.busy
+
+    def warn_at(self, call: Any, start: float) -> float:
+        return start + 10.0
+
+    def warn(self, call: Any) -> None:
+        self.warned.append(call)
+
+    def probe_at(self, start: float) -> float:
+        return start + 20.0
+
+    def probe(self, blocked_for: float) -> float:
+        self.probes.append(blocked_for)
+        return 5.0
+
+    def timed_out(self, call: Any) -> BaseException:
+        return DistTimeout(f"timed out in {call.describe()}")
+
+    def op_failed(self, call: Any, err: BaseException) -> BaseException:
+        return DistTimeout(f"op failed: {err}")
+
+
+class FakeStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.log: list[tuple[str, Any]] = []
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class FakeStreams(Streams):
+    """CUDA-like streams: per-thread current stream, ops recorded, nothing blocks."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.default = FakeStream("default")
+        self._side = FakeStream("side")
+        self.events = 0
+
+    def current(self) -> FakeStream:
+        cur: FakeStream = getattr(self._local, "stream", self.default)
+        return cur
+
+    def side(self) -> FakeStream:
+        return self._side
+
+    def follow(self, stream: Any, other: Any) -> None:
+        stream.log.append(("follows", other))
+
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        before = self.current()
+        self._local.stream = stream
+        try:
+            yield
+        finally:
+            self._local.stream = before
+
+    def record(self, stream: Any) -> Any:
+        self.events += 1
+        event = ("event", self.events, stream)
+        stream.log.append(("record", event))
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        if event is not None:
+            self.current().log.append(("waits", event))
+
+    def order(self, p: Any) -> None:
+        CudaStreams.order(self, p)  # type: ignore[arg-type]  # the real ordering rule
+
+
+class FakeWork:
+    """A torch work whose 'CUDA event' completes only when the test says so;
+    ``wait()`` is a stream wait (recorded), never a host block."""
+
+    def __init__(self, streams: FakeStreams | None = None) -> None:
+        self.completed = False
+        self.error: RuntimeError | None = None
+        self.streams = streams
+        self.waits: list[Any] = []
+
+    def is_completed(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.completed
+
+    def wait(self, *args: Any) -> bool:
+        assert not args, "a timed wait: NCCL's watchdog would tear the process down"
+        self.waits.append(self.streams.current() if self.streams else None)
+        return True
+
+
+def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[Watchdog, list[int]]:
+    aborts: list[int] = []
+    dog = Watchdog(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
+    return dog, aborts
+
+
+# --- wait() returns before the kernel does; the watchdog bounds it ---------------------
+
+def test_wait_returns_before_the_event_completes_and_the_watchdog_raises_past_the_deadline(
+        ) -> None:
+    clock = Clock()
+    dog, aborts = _watchdog(clock)
+    streams = FakeStreams()
+    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    work = FakeWork(streams)
+    call = FakeCall(deadline=clock.now + 3.0)
+
+    waits.wait(call, work)  # returns at once: the kernel has not finished
+    assert work.waits == [streams.default], "the current stream must wait for the kernel"
+    assert not work.completed and dog.in_flight() == 1
+
+    clock.now += 2.9
+    dog.tick()
+    assert dog.in_flight() == 1 and not aborts and dog.failed is None
+    waits.raise_failed()  # nothing to raise yet
+
+    clock.now += 0.2  # past the deadline: abort the communicator, settle the work
+    dog.tick()
+    assert aborts == [1] and dog.in_flight() == 0
+    assert isinstance(dog.failed, DistTimeout) and "timed out in all_reduce" in str(dog.failed)
+    with pytest.raises(DistTimeout, match="timed out in all_reduce"):
+        waits.raise_failed()  # the next call on the group
+    later = FakeWork(streams)
+    with pytest.raises(DistTimeout):
+        waits.wait(FakeCall(deadline=clock.now + 3.0), later)  # settled with it at once
+    dog.tick()
+    assert aborts == [1], "the group is aborted once"
+
+
+def test_a_failure_on_the_control_plane_aborts_at_once() -> None:
+    clock = Clock()
+    plane = FakePlane()
+    dog, aborts = _watchdog(clock, plane)
+    p = dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
+    dog.tick()
+    assert not p.settled.is_set()
+    plane.failed = CollectiveMismatch("rank 1 called all_reduce, rank 0 broadcast")
+    dog.tick()
+    assert aborts == [1] and p.settled.is_set() and p.error is plane.failed
+
+
+def test_finished_works_settle_and_slow_ones_send_the_check_batch() -> None:
+    clock = Clock()
+    plane = FakePlane(busy=True)
+    dog, aborts = _watchdog(clock, plane)
+    fast, slow = FakeWork(), FakeWork()
+    pf = dog.watch(FakeCall(deadline=clock.now + 60.0), fast)
+    ps = dog.watch(FakeCall(deadline=clock.now + 60.0), slow)
+    fast.completed = True
+    dog.tick()
+    assert pf.settled.is_set() and pf.error is None and dog.in_flight() == 1
+    assert plane.slowed == []  # within the grace period
+    clock.now += 2 * GRACE
+    dog.tick()
+    dog.tick()
+    assert plane.slowed == [ps.call, ps.call]  # the check was busy: asked again
+    plane.busy = False
+    dog.tick()
+    dog.tick()
+    assert len(plane.slowed) == 3, "sent once it could be"
+    clock.now += 10.0
+    dog.tick()
+    assert plane.warned == [ps.call]
+    clock.now += 10.0
+    dog.tick()
+    assert plane.probes and not aborts
+
+
+def test_an_op_error_settles_with_the_planes_account() -> None:
+    clock = Clock()
+    dog, aborts = _watchdog(clock)
+    work = FakeWork()
+    p = dog.watch(FakeCall(deadline=clock.now + 60.0), work)
+    work.error = RuntimeError("NCCL error: remote process exited")
+    dog.tick()
+    assert aborts == [1] and isinstance(p.error, DistTimeout)
+    assert "remote process exited" in str(p.error)
+
+
+def test_the_watchdog_thread_aborts_past_the_deadline() -> None:
+    """The same verdict from the watchdog's own thread (it polls; the test only waits
+    for the settlement event, bounded)."""
+    clock = Clock()
+    dog, aborts = _watchdog(clock)
+    dog.start()
+    try:
+        p = dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
+        clock.now += 2.0
+        assert p.settled.wait(10.0), "the watchdog never settled the work"
+        assert isinstance(p.error, DistTimeout) and aborts == [1]
+    finally:
+        dog.stop()
+
+
+# --- streams: async calls on a side stream, waited for on the waiter's stream ----------
+
+def test_async_runs_on_a_side_stream_after_the_callers_and_wait_orders_the_waiter() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    streams = FakeStreams()
+    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    caller = FakeStream("caller")
+    work = FakeWork(streams)
+    seen: list[Any] = []
+
+    def job() -> None:  # what the engine does on the async worker
+        seen.append((streams.current(), current_holder()))
+        waits.wait(FakeCall(deadline=clock.now + 5.0), work)
+
+    with streams.use(caller):
+        run, holder = waits.adopt_async(job)
+    side = streams.side()
+    assert side.log == [("follows", caller)], "the side stream must follow the caller's"
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(10.0)
+    assert seen == [(side, holder)] and work.waits == [side]
+    assert current_holder() is None
+    event = holder.event
+    assert event is not None and ("record", event) in side.log
+
+    w = Work("all_reduce #1", device=holder)
+    w._finish()
+    waiter = FakeStream("waiter")
+    with streams.use(waiter):
+        assert w.wait() is True  # returns: the kernel still runs
+    assert waiter.log == [("waits", event)]
+
+
+def test_is_completed_and_the_future_follow_the_kernels() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    streams = FakeStreams()
+    holder = DeviceWork(streams)
+    work = FakeWork(streams)
+    holder.add(dog.watch(FakeCall(deadline=clock.now + 5.0), work))
+    w = Work("all_reduce #1", result=["out"], device=holder)
+    fut = w.get_future()
+    w._finish()  # the host part (the enqueue) ended
+    assert not w.is_completed() and not fut.done()
+    work.completed = True
+    assert w.is_completed(), "asked of the kernel directly, not after the watchdog's pass"
+    assert not fut.done()
+    dog.tick()
+    assert fut.done() and fut.wait() == ["out"]
+    assert w.get_future() is fut
+
+
+def test_a_failed_kernel_fails_the_future_and_wait() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    streams = FakeStreams()
+    holder = DeviceWork(streams)
+    holder.add(dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork(streams)))
+    w = Work("all_reduce #1", device=holder)
+    w._finish()
+    fut = w.get_future()
+    clock.now += 2.0
+    dog.tick()
+    assert w.is_completed()
+    with pytest.raises(DistTimeout):
+        fut.wait()
+    with pytest.raises(DistTimeout):
+        w.wait()
+
+
+def test_the_host_stand_in_waits_for_the_verdict() -> None:
+    """No streams (CPU tensors): the host waits, bounded, and raises the verdict."""
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    waits = DeviceWaits(dog, HostStreams(clock), lambda c, e: e)
+    done = FakeWork()
+    done.completed = True
+    waits.wait(FakeCall(deadline=clock.now + 1.0), done)
+    assert done.waits == [None]  # the op's own error, once it is done
+    p = dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
+    dog.fail(DistTimeout("the verdict"))
+    with pytest.raises(DistTimeout, match="the verdict"):
+        HostStreams(clock).order(p)
+    stuck = _watchdog(clock)[0].watch(FakeCall(deadline=clock.now - 31.0), FakeWork())
+    with pytest.raises(DistTimeout, match="no verdict"):
+        HostStreams(clock).order(stuck)
+
+
+def test_cuda_order_is_a_stream_wait_never_a_timed_one() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    work = FakeWork()
+    p = dog.watch(FakeCall(deadline=clock.now + 1.0), work)
+    CudaStreams.order(CudaStreams(torch.device("cpu")), p)
+    assert work.waits == [None] and not p.settled.is_set()
+
+
+# --- the device check ---------------------------------------------------------------------
+
+def _call() -> Any:
+    group = SimpleNamespace(port=SimpleNamespace(rank=3), name="the default group (WORLD)")
+    return SimpleNamespace(group=group, describe=lambda: "all_reduce(float32 x 4, op=SUM)")
+
+
+def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
+    from rankwise.engines.torch.engine import TorchEngine
+    from rankwise.engines.torch.tensors import DeviceTensors
+
+    tensors = DeviceTensors(torch.device("cpu"))
+    tensors.check(_call(), (torch.ones(2), torch.ones(3)))
+    other = torch.empty(2, device="meta")  # stands for cuda:1 on a group on cuda:0
+    with pytest.raises(InvalidArgument, match=r"rank 3: all_reduce\(float32 x 4, op=SUM\): "
+                       r"tensor 1 of the call is on meta, but the default group \(WORLD\)'s "
+                       r"NCCL communicator is on cpu"):
+        tensors.check(_call(), (torch.ones(2), other))
+
+    engine = TorchEngine.__new__(TorchEngine)  # only what ``_before`` reads
+    checked: list[Any] = []
+    engine.device = DeviceWaits(_watchdog(Clock())[0], FakeStreams(), lambda c, e: e)
+    engine.tensors = tensors
+    engine.check = SimpleNamespace(before=checked.append)  # type: ignore[assignment]
+    engine._check_lock = threading.Lock()
+    with pytest.raises(InvalidArgument, match="is on meta"):
+        engine._before(_call(), other)
+    assert checked == [], "the ring check (I/O) ran before the device check"
+    engine._before(_call(), torch.ones(1))
+    assert len(checked) == 1
+
+
+def test_torchs_error_handling_is_off_only_while_rankwise_builds_its_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's default would tear the process down when the works rankwise's watchdog
+    aborted report their error; a value the user chose is kept."""
+    import os
+
+    from rankwise.engines.torch.nccl import _rankwise_handles_errors
+
+    name = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    monkeypatch.delenv(name, raising=False)
+    with _rankwise_handles_errors():
+        assert os.environ[name] == "0"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "1")
+    with _rankwise_handles_errors():
+        assert os.environ[name] == "1"
+    assert os.environ[name] == "1"
