@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .foreign_alarm import ForeignAlarm
+from .nodewatch import Detached, DetachedPeers, NodeWatch
 from .rendezvous import NodeInfo, StorePeers, rendezvous
 from .summary import (
     WorkerOutcome,
@@ -109,11 +110,12 @@ class _ExitNotices:
     rendezvous timeout for a rank that is gone. Best effort: a store problem here must
     not take the launcher down."""
 
-    def __init__(self, opts: JobOptions, port: int) -> None:
+    def __init__(self, opts: JobOptions, port: int, runner: Detached) -> None:
         self._opts = opts
         self._port = port
         self._store: Any | None = None
         self._told: set[int] = set()
+        self._runner = runner  # a silent store must not stall the teardown
 
     def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
         # only the first ending of an attempt: it is the cause; later ones are mostly ranks
@@ -121,6 +123,9 @@ class _ExitNotices:
         if attempt in self._told:
             return
         self._told.add(attempt)
+        self._runner.submit(lambda: self._tell(attempt, outcome))
+
+    def _tell(self, attempt: int, outcome: WorkerOutcome) -> None:
         how = (f"ended ({exit_status_text(outcome.returncode)}, pid {outcome.pid} on "
                f"{outcome.host})")
         try:
@@ -184,6 +189,8 @@ def run_job(opts: JobOptions) -> int:
     run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
     server: Any | None = None
     peers: StorePeers | None = None
+    watch: NodeWatch | None = None
+    runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
     watchdog: subprocess.Popen[bytes] | None = None
     token, origin = resolve_job_token(opts)
@@ -206,7 +213,12 @@ def run_job(opts: JobOptions) -> int:
                               rdzv_id=opts.rdzv_id or "none")
                 assignment = rendezvous(store, me, timeout=opts.timeout)
                 node_rank, nnodes = assignment.node_rank, assignment.nnodes
-                peers = StorePeers(store, lambda: _client(opts, port), node_rank)
+                store.close()
+                # after the rendezvous, store calls are short: none may hold up the job's end
+                short = replace(opts, timeout=min(opts.timeout, 5.0))
+                peers = StorePeers(_client(short, port), lambda: _client(short, port), node_rank)
+                watch = NodeWatch(lambda: _client(replace(opts, timeout=2.0), port), node_rank,
+                                  [n.host for n in assignment.nodes], opts.nproc)
         except DistError as exc:
             _say(f"rankwise run: {exc}")
             return 1
@@ -226,14 +238,20 @@ def run_job(opts: JobOptions) -> int:
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
         )
-        notices = _ExitNotices(opts, port)
-        agent = LocalAgent(config, peers, notices)
+        notices = _ExitNotices(opts, port, runner)
+        agent = LocalAgent(config, None if peers is None else DetachedPeers(peers, runner),
+                           notices)
         alarm.agent = agent
-        code = _run_attempts(agent, opts, peers)
+        if watch is not None:
+            watch.start(agent.abort)
+        code = _run_attempts(agent, opts, peers, watch)
         if peers is not None:
-            peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
+            _finish(peers, watch, code, nnodes, server is not None, opts.timeout)
         return code
     finally:
+        if watch is not None:
+            watch.stop()
+        runner.drain(2.0)
         _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
@@ -242,7 +260,22 @@ def run_job(opts: JobOptions) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None) -> int:
+def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, hosting: bool,
+            timeout: float) -> None:
+    """Tell the other nodes this one is done; the store's host keeps it up for them, but
+    after a failure only a few seconds (a lost node would never say it is done), and not at
+    all when this node cannot reach the store."""
+    if watch is not None and not watch.store_answers():
+        return
+    if watch is not None and watch.lost:
+        timeout = min(timeout, 2.0)
+    elif code != 0:
+        timeout = min(timeout, 5.0)
+    peers.finish(nnodes, hosting=hosting, timeout=timeout)
+
+
+def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None,
+                  watch: NodeWatch | None = None) -> int:
     with _forward_signals(agent):
         for attempt in range(opts.max_restarts + 1):
             result = agent.run_attempt(attempt)
@@ -258,12 +291,18 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None)
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
                      f"(restart {attempt + 1} of {opts.max_restarts})")
                 continue
-            return _report(result, attempt, opts, peers)
+            return _report(result, attempt, opts, peers, watch)
     return 1  # unreachable: the loop returns on its last attempt
 
 
-def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None) -> int:
-    remote = peers.remote_outcome(attempt) if peers is not None else None
+def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,
+            watch: NodeWatch | None = None) -> int:
+    lost = (watch.lost or watch.suspect()) if watch is not None else ""
+    if lost:  # a lost node is the root cause of whatever failed after it
+        _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
+        return 1
+    reachable = peers is not None and (watch is None or watch.store_answers())
+    remote = peers.remote_outcome(attempt) if reachable and peers is not None else None
     local = root_cause(result.outcomes)
     cause = root_cause([o for o in (local, remote) if o is not None])
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
