@@ -54,6 +54,7 @@ from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
 from ..wire.frames import VERSION as WIRE_VERSION
+from .init_done import wait_all_initialized
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
@@ -209,6 +210,7 @@ def init_process_group(
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
+    wait_all_initialized(scoped, comm, timeout_s)  # no rank leaves a peer still in init
 
 
 def _set_watcher(store: Any, watcher: Watcher | None) -> None:
