@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -14,6 +15,7 @@ from rankwise.core.heartbeat import DEFAULT_TIMEOUT, heartbeat_timeout
 from rankwise.launch.nodewatch import NodeWatch, describe_node
 from rankwise.store import HashStore
 from rankwise.testing.threads import run_threads
+from rankwise.transport.keepalive import keep_alive
 
 
 def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,8 +25,10 @@ def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert heartbeat_timeout() == 0
     for bad in ("soon", "-1", "nan"):
         monkeypatch.setenv("RANKWISE_HEARTBEAT_TIMEOUT", bad)
-        with pytest.raises(ValueError, match="RANKWISE_HEARTBEAT_TIMEOUT"):
+        with pytest.raises(dist.InvalidArgument, match="RANKWISE_HEARTBEAT_TIMEOUT"):
             heartbeat_timeout()
+        with pytest.raises(dist.InvalidArgument, match="RANKWISE_HEARTBEAT_TIMEOUT"):
+            dist.init_process_group(init_method="tcp://127.0.0.1:1", rank=0, world_size=2)
 
 
 def test_silent_rank_fails_the_waits_of_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,3 +94,15 @@ def test_node_watch_off_node_zero_names_the_store_host() -> None:
     text = watch.verdict(watch.store_ok_at + 7)
     assert text.startswith("node 0 (h0, ranks 0-1) stopped answering 7.0 s ago"), text
     assert "cannot reach the job's store" in text and watch.store_lost
+
+
+def test_sockets_get_keepalive_and_user_timeout() -> None:
+    a, b = socket.socket(), socket.socket()  # TCP
+    with a, b:
+        keep_alive(a, 6.0)
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 12000
+            assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+        keep_alive(b, 0)  # heartbeats off: left as it is
+        assert b.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0

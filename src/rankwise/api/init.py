@@ -50,6 +50,7 @@ from ..store import FileStore, PrefixStore, TCPStore
 from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
+from ..transport.keepalive import heartbeat_timeout
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
@@ -163,6 +164,7 @@ def init_process_group(
     # this rank's GPU for NCCL groups, checked here: a wrong LOCAL_RANK costs no rendezvous
     device = resolve_device(device_id) if parse_backend(backend_name).nccl else None
     requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
+    heartbeat_timeout()  # ... and a bad RANKWISE_HEARTBEAT_TIMEOUT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")

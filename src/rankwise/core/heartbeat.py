@@ -16,39 +16,19 @@ separate threads: a send blocked on a full socket must not stop this rank from w
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from ..errors import DistError, PeerFailure
+from ..transport.keepalive import DEFAULT_TIMEOUT, heartbeat_timeout
 from ..wire.frames import Kind, encode_header
 
 if TYPE_CHECKING:
     from .communicator import Communicator
 
 __all__ = ["DEFAULT_TIMEOUT", "Heartbeat", "heartbeat_timeout"]
-
-#: seconds of silence before a peer is reported (docs/heartbeats.md says why 15)
-DEFAULT_TIMEOUT = 15.0
-_ENV = "RANKWISE_HEARTBEAT_TIMEOUT"
-
-
-def heartbeat_timeout() -> float:
-    """``RANKWISE_HEARTBEAT_TIMEOUT`` in seconds; 0 turns heartbeats off; a bad value is
-    refused at once (a typo must not silently disable failure detection)."""
-    raw = os.environ.get(_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{_ENV} must be a number of seconds (0 turns heartbeats off), "
-                         f"got {raw!r}") from None
-    if not value >= 0:  # negative, or nan
-        raise ValueError(f"{_ENV} must be >= 0 seconds, got {raw!r}")
-    return value
 
 
 class Heartbeat:

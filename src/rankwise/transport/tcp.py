@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from ..errors import DistError, DistNetworkError, DistTimeout
 from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler
+from .keepalive import keep_alive
 
 __all__ = ["TcpTransport"]
 
@@ -93,6 +94,7 @@ class TcpTransport:
         for peer, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)  # a vanished host's connection errors out in the end
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
                     sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
