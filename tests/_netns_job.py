@@ -24,14 +24,14 @@ class Job:
     """Two launchers (node 0 on host 0 hosting the store, node 1 on host 1)."""
 
     def __init__(self, hosts: SimHosts, worker_args: Sequence[str], env: dict[str, str],
-                 nproc: int = 2, extra: Sequence[str] = ()) -> None:
+                 nproc: int = 2, extra: Sequence[str] = (), nnodes: str = "2") -> None:
         self.hosts = hosts
         self.lines: list[tuple[float, int, str]] = []
         self._cv = threading.Condition()
         self.launchers: list[subprocess.Popen[bytes]] = []
         full_env = {**os.environ, "RANKWISE_TOKEN": "netns-test-token", **env}
         for node in range(2):
-            cmd = [sys.executable, "-m", "rankwise", "run", "--nnodes", "2",
+            cmd = [sys.executable, "-m", "rankwise", "run", "--nnodes", nnodes,
                    "--nproc-per-node", str(nproc), "--node-rank", str(node),
                    "--master-addr", hosts.addr(0), "--master-port", str(PORT), *extra,
                    WORKER, *worker_args]

@@ -115,3 +115,16 @@ def test_rank_busy_in_python_is_never_reported(hosts: SimHosts) -> None:
     assert [job.wait_exit(n, 90) for n in range(2)] == [0, 0], job.text()
     assert _raised(job) == []
     assert sum(line.startswith("done ") for _, _, line in job.lines) == 4
+
+
+def test_elastic_restart_goes_on_without_a_lost_node(hosts: SimHosts) -> None:
+    """``--nnodes 1:2 --max-restarts 1``: node 1 is killed; node 0 meets alone in a new
+    rendezvous round and completes the job with 2 ranks."""
+    job = Job(hosts, ["loop", "3"], FAST, nnodes="1:2", extra=["--max-restarts", "1"])
+    _ready(job)
+    for pid in hosts.pids(1):
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait_exit(0, 60) == 0, job.text()
+    text = job.text(0)
+    assert "rendezvous round 1: 1 node(s), this is node 0; 2 ranks" in text, text
+    assert sum(line.startswith("done ") for _, n, line in job.lines if n == 0) == 2, text

@@ -1,8 +1,8 @@
 """A rank for the simulated-host tests: all_reduce in a loop, telling the test where it is.
 
-Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS, each result
-checked; ``busy``: rank 3 computes in pure Python for SECONDS while the others wait in a
-barrier. Prints ``ready <rank> <pid>`` once the group works, ``done <rank> <sum>`` at the end,
+Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS (of the fastest rank),
+each result checked; ``busy``: rank 3 computes in pure Python for SECONDS while the others wait in a
+barrier. Prints ``ready <rank> <pid>`` once the group works, ``done <rank> <calls>`` at the end,
 and on an error ``raised <rank> <monotonic> <type>: <message>``.
 """
 
@@ -36,12 +36,15 @@ def main() -> int:
                 while time.monotonic() < end:
                     x += 1
             dist.barrier()
-        while mode == "loop" and time.monotonic() < end:
-            buf = np.array([rank + 1.0])
+        while mode == "loop":
+            # the second element: ranks whose time is up; all stop on the same call
+            buf = np.array([rank + 1.0, float(time.monotonic() >= end)])
             dist.all_reduce(buf)
             if buf[0] != expect:
                 raise AssertionError(f"rank {rank}: all_reduce gave {buf[0]}, not {expect}")
             n += 1
+            if buf[1]:
+                break
             time.sleep(0.01)
         print(f"done {rank} {n}", flush=True)
     except dist.DistError as exc:

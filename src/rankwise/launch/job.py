@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,9 +23,10 @@ from typing import Any
 
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
+from .elastic import Round, join_round
 from .foreign_alarm import ForeignAlarm
 from .nodewatch import Detached, DetachedPeers, NodeWatch
-from .rendezvous import NodeInfo, StorePeers, rendezvous
+from .rendezvous import StorePeers
 from .summary import (
     WorkerOutcome,
     cause_line,
@@ -188,8 +188,7 @@ def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
     run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
     server: Any | None = None
-    peers: StorePeers | None = None
-    watch: NodeWatch | None = None
+    rounds: list[Round] = []  # this node's rendezvous rounds, the current one last
     runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
     watchdog: subprocess.Popen[bytes] | None = None
@@ -206,19 +205,8 @@ def run_job(opts: JobOptions) -> int:
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
-                store = _client(opts, port)
-                me = NodeInfo(host=socket.gethostname(), pid=os.getpid(), nproc=opts.nproc,
-                              node_rank=-1 if opts.node_rank is None else opts.node_rank,
-                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
-                              rdzv_id=opts.rdzv_id or "none")
-                assignment = rendezvous(store, me, timeout=opts.timeout)
-                node_rank, nnodes = assignment.node_rank, assignment.nnodes
-                store.close()
-                # after the rendezvous, store calls are short: none may hold up the job's end
-                short = replace(opts, timeout=min(opts.timeout, 5.0))
-                peers = StorePeers(_client(short, port), lambda: _client(short, port), node_rank)
-                watch = NodeWatch(lambda: _client(replace(opts, timeout=2.0), port), node_rank,
-                                  [n.host for n in assignment.nodes], opts.nproc)
+                rounds.append(_join(opts, port, 0, -1 if opts.node_rank is None else opts.node_rank))
+                node_rank, nnodes = rounds[0].node_rank, rounds[0].nnodes
         except DistError as exc:
             _say(f"rankwise run: {exc}")
             return 1
@@ -239,18 +227,19 @@ def run_job(opts: JobOptions) -> int:
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
         )
         notices = _ExitNotices(opts, port, runner)
-        agent = LocalAgent(config, None if peers is None else DetachedPeers(peers, runner),
+        agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
                            notices)
         alarm.agent = agent
-        if watch is not None:
-            watch.start(agent.abort)
-        code = _run_attempts(agent, opts, peers, watch)
-        if peers is not None:
-            _finish(peers, watch, code, nnodes, server is not None, opts.timeout)
+        if rounds:
+            rounds[0].watch.start(agent.abort)
+        code = _run_attempts(agent, opts, rounds, port, runner)
+        if rounds:
+            last = rounds[-1]
+            _finish(last.peers, last.watch, code, last.nnodes, server is not None, opts.timeout)
         return code
     finally:
-        if watch is not None:
-            watch.stop()
+        for rnd in rounds:
+            rnd.watch.stop()
         runner.drain(2.0)
         _stop_watchdog(watchdog)
         if notices is not None:
@@ -274,8 +263,41 @@ def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, 
     peers.finish(nnodes, hosting=hosting, timeout=timeout)
 
 
-def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None,
-                  watch: NodeWatch | None = None) -> int:
+def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
+    def client(timeout: float | None) -> Any:
+        return _client(opts if timeout is None else replace(opts, timeout=timeout), port)
+
+    return join_round(number, client, opts.nproc, opts.min_nodes, opts.max_nodes,
+                      opts.rdzv_id or "none", node_rank, opts.timeout)
+
+
+def _may_restart(result: AttemptResult, opts: JobOptions, rnd: Round | None) -> bool:
+    """Restart after this failed attempt? Not after a launcher abort (it would repeat)
+    unless the abort was a lost node and MIN nodes may remain; never on a node that cannot
+    reach the store (it is the one cut off)."""
+    lost = rnd is not None and bool(rnd.watch.lost)
+    if result.aborted and not (lost and opts.min_nodes < opts.max_nodes):
+        return False
+    return rnd is None or rnd.watch.store_answers()
+
+
+def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
+                runner: Detached) -> None:
+    """Meet the surviving nodes again (``elastic.py``); the agent follows the new ranks."""
+    old = rounds[-1]
+    old.watch.stop()
+    wish = 0 if old.node_rank == 0 else (-1 if opts.min_nodes < opts.max_nodes else old.node_rank)
+    new = _join(opts, port, len(rounds), wish)
+    rounds.append(new)
+    agent.config = replace(agent.config, node_rank=new.node_rank, nnodes=new.nnodes)
+    agent.peers = DetachedPeers(new.peers, runner)
+    new.watch.start(agent.abort)
+    _say(f"rankwise run: rendezvous round {new.number}: {new.nnodes} node(s), this is node "
+         f"{new.node_rank}; {new.nnodes * opts.nproc} ranks")
+
+
+def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
+                  runner: Detached) -> int:
     with _forward_signals(agent):
         for attempt in range(opts.max_restarts + 1):
             result = agent.run_attempt(attempt)
@@ -285,13 +307,21 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None,
                 return 128 + result.interrupted_by
             if not result.failed:
                 return 0
-            if attempt < opts.max_restarts and not result.aborted:  # aborts would repeat
+            rnd = rounds[-1] if rounds else None
+            if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
-                what = cause_line(cause) if cause else result.remote_failure
+                what = cause_line(cause) if cause else (result.remote_failure or result.aborted)
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
                      f"(restart {attempt + 1} of {opts.max_restarts})")
+                if rounds:
+                    try:
+                        _next_round(agent, opts, rounds, port, runner)
+                    except DistError as exc:
+                        _say(f"rankwise run: could not meet the other nodes again: {exc}")
+                        return 1
                 continue
-            return _report(result, attempt, opts, peers, watch)
+            return _report(result, attempt, opts, rnd.peers if rnd else None,
+                           rnd.watch if rnd else None)
     return 1  # unreachable: the loop returns on its last attempt
 
 
