@@ -24,17 +24,20 @@ class Job:
     """Two launchers (node 0 on host 0 hosting the store, node 1 on host 1)."""
 
     def __init__(self, hosts: SimHosts, worker_args: Sequence[str], env: dict[str, str],
-                 nproc: int = 2, extra: Sequence[str] = (), nnodes: str = "2") -> None:
+                 nproc: int = 2, extra: Sequence[str] = (), nnodes: str = "2",
+                 worker: str | None = None) -> None:
+        """``worker``: a script to run under torchrun instead of ``WORKER`` under rankwise."""
         self.hosts = hosts
         self.lines: list[tuple[float, int, str]] = []
         self._cv = threading.Condition()
         self.launchers: list[subprocess.Popen[bytes]] = []
         full_env = {**os.environ, "RANKWISE_TOKEN": "netns-test-token", **env}
         for node in range(2):
-            cmd = [sys.executable, "-m", "rankwise", "run", "--nnodes", nnodes,
+            launcher = ["rankwise", "run"] if worker is None else ["torch.distributed.run"]
+            cmd = [sys.executable, "-m", *launcher, "--nnodes", nnodes,
                    "--nproc-per-node", str(nproc), "--node-rank", str(node),
                    "--master-addr", hosts.addr(0), "--master-port", str(PORT), *extra,
-                   WORKER, *worker_args]
+                   worker or WORKER, *worker_args]
             proc = hosts.popen(node, cmd, env=full_env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
             self.launchers.append(proc)
