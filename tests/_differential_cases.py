@@ -33,7 +33,7 @@ import torch.distributed as td
 
 import rankwise as rw
 from rankwise.algorithms import ring as rw_ring
-from rankwise.engines import message as rw_message
+from rankwise.core import messages as rw_message
 
 # --- dtypes and ops ------------------------------------------------------------------------
 

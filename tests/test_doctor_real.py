@@ -70,7 +70,7 @@ def junk_listener() -> Iterator[int]:
 
 
 def _doctor(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
-    proc = run_script("import sys; from rankwise.launch.cli import main; "
+    proc = run_script("import sys; from rankwise.cli import main; "
                       "sys.exit(main(['doctor', *sys.argv[1:]]))", *args, env=env)
     ((rc, out, err),) = finish([proc], timeout)
     return rc, out + err

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from launch_scripts.helpers import JOB, run_launcher
 
-from rankwise.launch.cli import parse_run_args
+from rankwise.cli import parse_run_args
 
 pytestmark = pytest.mark.slow
 

@@ -43,7 +43,7 @@ def test_errors_form_one_tree() -> None:
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = "import sys, rankwise, rankwise.store, rankwise.launch.cli; print('torch' in sys.modules)"
+    code = "import sys, rankwise, rankwise.store, rankwise.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from rankwise.engines.shm.chunks import padding, plan_chunks
-from rankwise.engines.shm.layout import Layout
 from rankwise.identity import callsite as _callsite
 from rankwise.identity.calls import Fingerprint
+from rankwise.shmem.layout import Layout
 from rankwise.testing import run_ranks
 from rankwise.wire.buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
 from rankwise.wire.frames import Op
@@ -328,7 +328,7 @@ def w_method(rank: int, size: int, path: str) -> Any:
 
 
 def test_orphan_file_of_dead_creator_is_swept() -> None:
-    from rankwise.engines.shm.segment import SHM_DIR, _sweep_orphans
+    from rankwise.shmem.segment import SHM_DIR, _sweep_orphans
 
     dead = os.fork()
     if dead == 0:
@@ -350,7 +350,7 @@ def test_orphan_file_of_dead_creator_is_swept() -> None:
 
 
 def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
-    from rankwise.engines.shm import ShmUnavailable, segment
+    from rankwise.shmem import ShmUnavailable, segment
 
     class Tiny:
         f_bavail, f_frsize = 16, 4096
@@ -415,7 +415,7 @@ def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch
     which is gone once both mapped."""
     import threading
 
-    from rankwise.engines.shm import segment
+    from rankwise.shmem import segment
     from rankwise.store import HashStore
 
     real = segment._attach
@@ -501,7 +501,7 @@ def _thread_groups(size: int, **kw: Any) -> list[Any]:
 
 
 def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
-    from rankwise.engines.shm.layout import R_SITE_LEN
+    from rankwise.shmem.layout import R_SITE_LEN
 
     g0, g1 = _thread_groups(2)
     try:
@@ -516,7 +516,7 @@ def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
 
 
 def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
-    from rankwise.engines.shm import ShmUnavailable, segment
+    from rankwise.shmem import ShmUnavailable, segment
 
     path = os.path.join(segment.SHM_DIR, f"{segment.FILE_PREFIX}{os.getpid()}-test")
     with open(path, "wb") as f:
@@ -531,8 +531,8 @@ def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
 
 
 def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
-    from rankwise.engines.shm.layout import R_SEQ
     from rankwise.errors import DistError
+    from rankwise.shmem.layout import R_SEQ
 
     g0, g1 = _thread_groups(2)
     try:

@@ -18,7 +18,7 @@ from _error_cases import assert_every_rank, line_of
 
 import rankwise as dist
 from rankwise.engines.backends import parse_backend
-from rankwise.engines.nccl import STAND_IN, resolve_device, shared_gpus
+from rankwise.engines.torch.nccl import STAND_IN, resolve_device, shared_gpus
 from rankwise.errors import InvalidArgument
 from rankwise.testing import run_ranks
 

@@ -173,7 +173,7 @@ def test_a_mismatch_between_confirmed_calls_is_reported_within_a_batch() -> None
     both calls and the first mismatched collective, at most BATCH calls after it."""
     from _error_cases import line_of
 
-    from rankwise.engines.ring_check import BATCH
+    from rankwise.core.ring_check import BATCH
 
     warm = 6
     results = run_ranks(_confirmed_calls_diverge, 2, args=(warm,), timeout=150,
@@ -213,7 +213,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     import time
     from types import SimpleNamespace
 
-    from rankwise.engines import torch_engine
+    from rankwise.engines.torch import engine as torch_engine
 
     monkeypatch.setattr(torch_engine, "SHUTDOWN_LIMIT", 0.3)
     kept: list[Any] = []
@@ -223,7 +223,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
         check=SimpleNamespace(flush=lambda: None), _abort=None, _aborting=None, pg=pg,
         waiter=SimpleNamespace(stuck=False), name="torch-gloo",
         group=SimpleNamespace(name="the default group (WORLD)",
-                              comm=SimpleNamespace(router=SimpleNamespace(on_failure=[]))))
+                              port=SimpleNamespace(on_failure=[])))
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="rankwise"):
         torch_engine.TorchEngine.close(fake)  # type: ignore[arg-type]
