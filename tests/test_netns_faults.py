@@ -88,6 +88,9 @@ def test_launcher_sigkill_ends_the_other_launcher(hosts: SimHosts) -> None:
     job.launchers[1].send_signal(signal.SIGKILL)  # the `ip netns exec` chain execs into it
     assert job.wait_exit(0, 20) == 1, job.text()
     assert time.monotonic() - start < 20
+    # the summary leads with the vanished node, not with a rank that died of it
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped " \
+        "answering" in job.text(0), job.text(0)
     assert job.wait_exit(1, 10) is not None
     for _ in range(100):  # the killed launcher's ranks die of PR_SET_PDEATHSIG
         if not hosts.pids(1):

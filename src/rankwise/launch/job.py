@@ -256,7 +256,7 @@ def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, 
     all when this node cannot reach the store."""
     if watch is not None and not watch.store_answers():
         return
-    if watch is not None and watch.lost:
+    if watch is not None and (watch.lost or watch.suspect()):
         timeout = min(timeout, 2.0)
     elif code != 0:
         timeout = min(timeout, 5.0)
@@ -328,12 +328,17 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
 def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,
             watch: NodeWatch | None = None) -> int:
     lost = (watch.lost or watch.suspect()) if watch is not None else ""
+    reachable = peers is not None and (watch is None or watch.store_answers())
+    remote = peers.remote_outcome(attempt) if not lost and reachable and peers is not None \
+        else None
+    local = root_cause(result.outcomes)
+    if watch is not None and not lost and remote is None and (local is None or local.secondary):
+        # our ranks died of a peer, and no node said why: one that vanished (its launcher
+        # killed, its host gone) shows as silent within three beats -- name it, not a victim
+        lost = watch.await_suspect()
     if lost:  # a lost node is the root cause of whatever failed after it
         _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
         return 1
-    reachable = peers is not None and (watch is None or watch.store_answers())
-    remote = peers.remote_outcome(attempt) if reachable and peers is not None else None
-    local = root_cause(result.outcomes)
     cause = root_cause([o for o in (local, remote) if o is not None])
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
     if not remote_line and result.remote_failure and local is None:

@@ -117,6 +117,16 @@ class NodeWatch:
         the timeout, named the same way -- the likely root cause the summary leads with."""
         return self.verdict(time.monotonic(), 3 * self.interval + 0.5)
 
+    def await_suspect(self) -> str:
+        """:meth:`suspect`, waiting for it up to three beats (and not at all when this
+        node does not watch: one node, or a timeout of 0)."""
+        if len(self.hosts) < 2 or self.timeout == 0:
+            return ""
+        deadline = time.monotonic() + 3 * self.interval + 0.6
+        while not (found := self.suspect()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # bounded polling of the beat thread's records
+        return found
+
     def verdict(self, now: float, limit: float | None = None) -> str:
         """The lost node's description, or "" while every node answers."""
         limit = self.timeout if limit is None else limit
