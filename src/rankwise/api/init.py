@@ -165,7 +165,8 @@ def init_process_group(
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
-    wait_all_initialized(scoped, comm, timeout_s)  # no rank leaves a peer still in init
+    # no rank leaves a peer still in init (nor the store's host a peer still reading it)
+    wait_all_initialized(scoped, comm, timeout_s, hosting=getattr(store, "server", None) is not None)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:

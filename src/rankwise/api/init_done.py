@@ -5,8 +5,10 @@ inside init, needing something only that rank gives -- the store it hosts (rank 
 a launcher), its answer in the engine agreement. The peer's init then failed ("rank 0
 finished and exited ...") instead of the peer reporting its first call precisely (a p2p
 tag mismatch, a missing collective). So every rank counts itself in (``init/done/<rank>``)
-and waits, bounded by the init timeout, until all have: one store round trip per rank.
-A peer that fails or exits meanwhile ends the wait at once with its failure.
+and waits, bounded by the init timeout, until all have; the rank hosting the store then
+holds it until every rank has read that (else it could exit between another rank's
+"all done" and that rank's reading it). Two store round trips per rank. A peer that fails
+or exits meanwhile ends the wait at once with its failure.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from ..core.communicator import Communicator
 from ..errors import DistTimeout, PeerFailure
+from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.mesh import exited_peers
 
 __all__ = ["wait_all_initialized"]
@@ -24,8 +27,10 @@ __all__ = ["wait_all_initialized"]
 _SLICE = 0.5  # seconds between looks at peers that failed or exited meanwhile
 
 
-def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float) -> None:
-    """Count this rank in and wait until every rank of ``comm`` finished init."""
+def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
+                         hosting: bool = False) -> None:
+    """Count this rank in and wait until every rank of ``comm`` finished init; then, when
+    ``hosting`` the store, hold it until every rank has read that (``store.seen``)."""
     rank, n = comm.rank, comm.world_size
     if n == 1:
         return
@@ -38,6 +43,7 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float) -> No
         remaining = deadline - time.monotonic()
         try:
             store.wait(["init/all"], timedelta(seconds=max(0.05, min(_SLICE, remaining))))
+            count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
             return
         except DistTimeout:
             pass
