@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 
 from test_ddp_harness import free_port, run_ranks
 
+pytestmark = pytest.mark.procs
+
 Case = Callable[[Any, int, int], Any]
 
 

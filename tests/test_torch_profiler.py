@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch")
 
 from test_ddp_harness import free_port, run_ranks
 
+pytestmark = pytest.mark.procs
+
 
 def _calls(pg: Any, rank: int, world: int) -> None:
     import torch.distributed as tdist

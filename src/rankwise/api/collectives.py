@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..core.communicator import Activity
+from ..core.failures import explain
 from ..core.group import ProcessGroup
 from ..core.work import Work, run_async
-from ..engines.base import Call, Engine
+from ..engines.base import Call, Engine, EngineFact
 from ..engines.device.pair import device_engine
 from ..errors import InvalidArgument
 from ..identity.calls import Fingerprint, barrier_name_code
@@ -99,6 +100,8 @@ def _run(engine: Engine, call: Call, body: Body, op: Op,
     comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
+    except EngineFact as fact:  # the failure seam: one wording for every engine
+        raise explain(comm, call, fact) from None
     finally:
         comm.call_done(call)  # history, trace span, back to "user code"
         if ev is not None:

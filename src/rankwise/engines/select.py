@@ -11,10 +11,10 @@ shared memory only if it worked everywhere, and never splits across engines.
 
 ``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
 the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
-(torch's gloo moves the data, rankwise checks it: ``torch_engine``). The backend name
+(torch's gloo moves the data, rankwise checks it: ``engines.torch.engine``). The backend name
 ``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
 rankwise's own engine. A backend that names NCCL (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)
-adds the NCCL engine for CUDA tensors beside that choice (``engines.device``).
+adds the NCCL engine for CUDA tensors beside that choice (``engines.device.pair``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, InvalidArgument
+from ..errors import InvalidArgument
 from ..shmem.host import host_identity
 from ..wire.device import tensor_path
 from .backends import parse_backend
-from .base import Engine
+from .base import Engine, EngineUnavailable
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
@@ -41,10 +41,6 @@ log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
 ENGINES = ("auto", "tcp", "shm", "torch-gloo")
-
-
-class EngineUnavailable(DistError):
-    """The engine asked for cannot serve this group (said once, with the reason)."""
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the

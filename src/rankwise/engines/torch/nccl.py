@@ -7,7 +7,7 @@ the torch group when the job fails (``ProcessGroupNCCL.abort()``: ``ncclCommAbor
 on its communicators, which ends kernels waiting for peers, instead of NCCL's
 watchdog minutes later). What differs is passed in: the group, the tensors as they
 are (``DeviceTensors``: no numpy, no host copy) and a waiter that polls the kernel's
-completion instead of a timed ``wait`` (see ``torch_wait``). The group is built over a
+completion instead of a timed ``wait`` (see ``engines.torch.wait``). The group is built over a
 view of the rankwise store, never through torch's global init; NCCL's communicator
 is made lazily by torch on the group's first collective.
 
@@ -128,7 +128,7 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
 
     from ...store.prefix import PrefixStore
     from ...store.torch_views import TorchStoreView
-    from ..ring_check import check_mode
+    from ..base import check_mode
     from ..select import exchange
 
     check = check_mode()
