@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _procs
 import pytest
 
 from rankwise.bench.run import available_engines, main, parse_sizes
@@ -107,6 +107,7 @@ def test_ratios_far_below_one_keep_their_digits() -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
+@pytest.mark.procs
 def test_tiny_real_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     has_plot = True
@@ -121,8 +122,8 @@ def test_tiny_real_run(tmp_path: Path) -> None:
         argv += ["--plot", str(png)]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")}
-    res = subprocess.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = _procs.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env, timeout=120,
+                     cwd=None)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     engines = list(available_engines())  # one pass, and one column, per rankwise engine
@@ -156,7 +157,6 @@ def test_tiny_real_run(tmp_path: Path) -> None:
     if has_plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # the saved numbers render again, without a run
-        again = subprocess.run([sys.executable, "-m", "rankwise", "bench", "--from-json",
-                                str(raw)], capture_output=True, text=True, timeout=60,
-                               check=False)
+        again = _procs.run([sys.executable, "-m", "rankwise", "bench", "--from-json",
+                            str(raw)], timeout=60, cwd=None)
         assert again.returncode == 0 and header in again.stdout

@@ -42,10 +42,9 @@ class StreamPump:
                     self._log.write(line)
                     self._log.flush()
                 if self._console is not None:
-                    if not line.endswith(b"\n"):
-                        line += b"\n"
+                    end = b"" if line.endswith(b"\n") else b"\n"
                     with _console_lock:
-                        self._console.write(self._prefix + line)
+                        self._console.write(self._prefix + line + end)
                         self._console.flush()
         except (OSError, ValueError):
             pass  # console or log closed under us during shutdown: nothing left to copy to
