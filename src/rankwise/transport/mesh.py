@@ -124,9 +124,12 @@ class Mesh:
                 self._connect_to(peer, deadline)
             self._await_higher(deadline)
         finally:
-            self._stop.set()
+            with self._changed:  # atomic with a handover in _accept_one: a socket is in
+                self._stop.set()  # _pending or in _socks, never both
+                pending = list(self._pending)
+                self._pending.clear()
             listener.close()
-            for sock in list(self._pending):
+            for sock in pending:
                 sock.close()  # handshakes still running (strangers): cut them short
         if self._errors:
             raise self._errors[0]
@@ -283,6 +286,9 @@ class Mesh:
         sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
         sock.settimeout(None)
         with self._changed:
+            if self._stop.is_set():  # connect() is done and closed what was pending
+                raise DistNetworkError(f"rank {peer} from {addr} connected after init gave up")
+            self._pending.discard(sock)  # handed over: connect()'s clean-up must not close it
             self._socks[peer] = sock
             self._changed.notify_all()
 
