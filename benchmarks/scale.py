@@ -8,6 +8,7 @@ N, and prints per-N figures and rankwise/gloo ratios::
     python benchmarks/scale.py -n 16,32,64 --repeat 2 --json scale.json
     python benchmarks/scale.py -n 256 --impl rankwise --iters 100
     python benchmarks/scale.py -n 4,16,64 --deadlock     # detection time (rankwise only)
+    python benchmarks/scale.py -n 64 --compute           # waiters' CPU while rank 0 computes
     python benchmarks/scale.py --plot docs/scale.png --from scale.json
 
 Per rank it records: init after imports, first 4-byte all_reduce, mean barrier and
@@ -78,6 +79,17 @@ def rank_main(impl: str, outdir: str, iters: int, mode: str) -> None:
             rec["error"] = type(exc).__name__
         _write(outdir, rank, rec)
         os._exit(0)
+    if mode == "compute":  # rank 0 computes for 10 s; what do the waiters burn?
+        dist.barrier()
+        c0, t1 = time.process_time(), time.perf_counter()
+        if rank == 0:
+            while time.perf_counter() - t1 < 10.0:
+                pass
+        dist.barrier()
+        rec["wait_cpu_s"] = time.process_time() - c0 if rank else 0.0
+        _write(outdir, rank, rec)
+        dist.destroy_process_group()
+        return
     small = tensor(np.ones(1, np.float32))
     t1 = time.perf_counter()
     dist.all_reduce(small)
@@ -134,6 +146,9 @@ def run_one(impl: str, n: int, iters: int, mode: str, timeout: float) -> dict[st
         row["tail"] = tail
     if not recs:
         return row
+    if mode == "compute":
+        row["waiters_cpu_s"] = sum(r.get("wait_cpu_s", 0.0) for r in recs)
+        return row
     if mode == "deadlock":
         raised = [r["raised"] for r in recs if "raised" in r]
         row["detect_s"] = max(raised) - max(r["blocked"] for r in recs) if len(raised) == n \
@@ -153,10 +168,10 @@ _COLS = ("init_s", "first_s", "barrier_s", "allreduce4_s", "store_requests_total
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print(f"{'impl':9}{'N':>5}" + "".join(f"{c:>21}" for c in _COLS) + f"{'detect_s':>10}")
+    print(f"{'impl':9}{'N':>5}" + "".join(f"{c:>21}" for c in _COLS) + f"{'detect_s/waiters_cpu_s':>24}")
     for r in rows:
         cells = "".join(f"{r.get(c, float('nan')):>21.4g}" for c in _COLS)
-        det = r.get("detect_s")
+        det = r.get("detect_s", r.get("waiters_cpu_s"))
         print(f"{r['impl']:9}{r['n']:>5}{cells}{'' if det is None else f'{det:>10.2f}'}"
               + ("" if r.get("rc") == 0 else f"  rc={r.get('rc')}"))
     ns = sorted({r["n"] for r in rows})
@@ -205,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--deadlock", action="store_true")
+    p.add_argument("--compute", action="store_true",
+                   help="rank 0 computes 10 s: CPU the waiting ranks burn meanwhile")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", help="append rows to this JSON file")
     p.add_argument("--plot", help="write a PNG of the rows (with --from, or after the run)")
@@ -216,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = []
         impls = ["rankwise"] if args.deadlock else args.impl.split(",")
-        mode = "deadlock" if args.deadlock else "calls"
+        mode = "deadlock" if args.deadlock else "compute" if args.compute else "calls"
         for n in (int(x) for x in args.n.split(",")):
             for rep in range(args.repeat):
                 for impl in (impls if rep % 2 == 0 else impls[::-1]):

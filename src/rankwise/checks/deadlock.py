@@ -9,7 +9,9 @@ so the answer is gathered with the who-is-where machinery (``checks.where``).
 Cost: nothing on the fast path. A waiting thread calls ``DeadlockWatch.probe`` only once
 its wait has lasted ``RANKWISE_DEADLOCK_AFTER`` seconds (default 1), then with a doubling
 back-off; the last rank to block is the one that finds the deadlock, about a second after
-it blocked. ``RANKWISE_DEADLOCK=0`` turns the check off.
+it blocked. A look that sees a rank outside any rankwise call (computing) backs off to
+``MAX_BACKOFF`` at once: that rank looks for itself when it blocks, so the waiters of a
+long computation cost one answer per rank each, not one per doubling (docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
 
 The verdict is conservative; "deadlock" needs all of:
 - every live rank answered and reports a rankwise call in progress, with no async work in
@@ -255,36 +257,45 @@ class DeadlockWatch:
         if not self._lock.acquire(blocking=False):
             return following
         try:
-            self._look()
+            if self._look():
+                # a rank is computing: when it blocks it probes itself (the last rank to
+                # block always looks, ``after`` s later), so looking again soon from here
+                # only costs every rank an answer; the long pause is the safety net
+                return max(self.after, MAX_BACKOFF)
         except Exception as exc:  # noqa: BLE001 - detection must never break the wait
             log.debug("rankwise: deadlock probe on rank %d failed: %r", self._comm.rank, exc)
         finally:
             self._lock.release()
         return following
 
-    def _look(self) -> None:
+    def _look(self) -> bool:
+        """One look (two if the first shows a deadlock); whether it saw a rank that is
+        outside any rankwise call (computing: it will look for itself once it blocks)."""
         comm = self._comm
         if comm.router.failure is not None or comm.closed:
-            return
+            return False
         first = comm.where_is_everyone(2.0)
         if find_deadlock(first, comm.rank) is None:
-            if stalled_mismatch(first) is not None:
-                # ranks in the same collective with different calls, waiting on data
-                # planes that never meet (CUDA tensors on NCCL, host memory on the CPU
-                # engine; or engines that exchange no headers): a mismatch, not progress.
-                # ``check_where`` looks again and fails every rank with both calls.
-                comm.mismatches.check_where(
-                    f"rank {comm.rank} has waited {self.after:g}s in "
-                    f"{comm.calls.doing() or 'a wait'}")
-            return
+            if stalled_mismatch(first) is None:
+                return any(not rep.get("op") and not (rep.get("gone") or rep.get("no_answer")
+                                                       or rep.get("failed"))
+                           for rep in first.values())
+            # ranks in the same collective with different calls, waiting on data planes
+            # that never meet (CUDA tensors on NCCL, host memory on the CPU engine; or
+            # engines that exchange no headers): a mismatch, not progress.
+            # ``check_where`` looks again and fails every rank with both calls.
+            comm.mismatches.check_where(
+                f"rank {comm.rank} has waited {self.after:g}s in "
+                f"{comm.calls.doing() or 'a wait'}")
+            return False
         time.sleep(CONFIRM_GAP)  # not synchronisation: the pause that shows movement
         second = comm.where_is_everyone(2.0)
         if set(first) != set(second) or any(
                 _snapshot(first[r]) != _snapshot(second[r]) for r in first):
-            return
+            return False
         found = find_deadlock(second, comm.rank)
         if found is None or comm.router.failure is not None:
-            return
+            return False
         message, calls = found
         # peers first: this rank raises and may exit right after, and the news must reach
         # them before its closed connection does
@@ -294,3 +305,4 @@ class DeadlockWatch:
         exc = DeadlockError(message, calls)
         exc.reports = second  # every rank's state at the deadlock, for RANKWISE_DUMP
         comm.router.fail_all(exc)
+        return False
