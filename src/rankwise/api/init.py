@@ -397,11 +397,13 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     store.set(f"joined/{rank}", me)
     job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
     # one key, set by the last rank to join: waiting costs the store O(1) per rank, and
-    # only rank 0 looks for ended ranks often (it wakes the others through this key)
+    # only rank 0 looks for ended ranks often (it wakes the others through this key; the
+    # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
+    # costs O(1) requests per second for the job, not O(N)
     if int(store.add("joined/count", 1)) == world_size:
         store.compare_set("joined/all", "", "ok")
     keys = ["joined/all"]
-    poll = 0.5 if rank == 0 else 2.0
+    poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
     while True:
