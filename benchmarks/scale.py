@@ -205,10 +205,12 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     for ax, col, title in zip(axes, ("init_last_s", "allreduce4_s", "store_requests_total"),
                               ("init, last rank in to all done (s)", "4 B all_reduce (s)",
                                "store requests at init (job)")):
-        for impl, style in (("rankwise", "o-"), ("gloo", "s--")):
+        impls = sorted({r["impl"] for r in rows})
+        for i, (impl, style) in enumerate(zip(impls, ("o-", "s--", "^:", "d-."))):
             pts = sorted((r["n"], r[col]) for r in rows if r["impl"] == impl and r.get(col))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl,
+                        color=f"C{i}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
