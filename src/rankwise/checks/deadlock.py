@@ -9,9 +9,10 @@ so the answer is gathered with the who-is-where machinery (``checks.where``).
 Cost: nothing on the fast path. A waiting thread calls ``DeadlockWatch.probe`` only once
 its wait has lasted ``RANKWISE_DEADLOCK_AFTER`` seconds (default 1), then with a doubling
 back-off; the last rank to block is the one that finds the deadlock, about a second after
-it blocked. A look that sees a rank outside any rankwise call (computing) backs off to
-``MAX_BACKOFF`` at once: that rank looks for itself when it blocks, so the waiters of a
-long computation cost one answer per rank each, not one per doubling (docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
+it blocked. A conclusive look that finds no deadlock (every rank answered: someone
+computes, or the waits can complete) backs off to ``MAX_BACKOFF`` at once: a deadlock that
+forms later has a last rank to block, whose new wait looks after ``after`` s. So waiters
+cost each rank one answer, not one per doubling (docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
 
 The verdict is conservative; "deadlock" needs all of:
 - every live rank answered and reports a rankwise call in progress, with no async work in
@@ -258,9 +259,9 @@ class DeadlockWatch:
             return following
         try:
             if self._look():
-                # a rank is computing: when it blocks it probes itself (the last rank to
-                # block always looks, ``after`` s later), so looking again soon from here
-                # only costs every rank an answer; the long pause is the safety net
+                # no deadlock now: if one forms, some rank blocks last, in a new wait, and
+                # that wait looks ``after`` s later; looking again soon from here only
+                # costs every rank an answer (N^2 a wave); the long pause is a safety net
                 return max(self.after, MAX_BACKOFF)
         except Exception as exc:  # noqa: BLE001 - detection must never break the wait
             log.debug("rankwise: deadlock probe on rank %d failed: %r", self._comm.rank, exc)
@@ -269,17 +270,19 @@ class DeadlockWatch:
         return following
 
     def _look(self) -> bool:
-        """One look (two if the first shows a deadlock); whether it saw a rank that is
-        outside any rankwise call (computing: it will look for itself once it blocks)."""
+        """One look (two if the first shows a deadlock); whether it was conclusive: every
+        rank answered and none is in a deadlock (someone computes, or the waits can
+        complete), so this wait need not look again soon."""
         comm = self._comm
         if comm.router.failure is not None or comm.closed:
             return False
         first = comm.where_is_everyone(2.0)
         if find_deadlock(first, comm.rank) is None:
             if stalled_mismatch(first) is None:
-                return any(not rep.get("op") and not (rep.get("gone") or rep.get("no_answer")
-                                                       or rep.get("failed"))
-                           for rep in first.values())
+                # every rank answered and this is no deadlock: someone computes, or the
+                # waits can complete (merely slow). A new wait looks again after ``after``
+                # s; only an inconclusive look (a rank that did not answer) retries soon
+                return not any(rep.get("no_answer") for rep in first.values())
             # ranks in the same collective with different calls, waiting on data planes
             # that never meet (CUDA tensors on NCCL, host memory on the CPU engine; or
             # engines that exchange no headers): a mismatch, not progress.
