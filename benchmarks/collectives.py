@@ -41,7 +41,7 @@ def translate(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rankwise.launch.bench import main as bench_main
+    from rankwise.bench.run import main as bench_main
 
     return bench_main(translate(sys.argv[1:] if argv is None else argv))
 

@@ -33,7 +33,7 @@ import torch.distributed as td
 
 import rankwise as rw
 from rankwise.algorithms import ring as rw_ring
-from rankwise.engines import message as rw_message
+from rankwise.core import messages as rw_message
 
 # --- dtypes and ops ------------------------------------------------------------------------
 
@@ -298,7 +298,7 @@ def raw_bytes(t: torch.Tensor) -> bytes:
 
 
 def digest(t: torch.Tensor) -> str:
-    return hashlib.sha1(raw_bytes(t)).hexdigest()[:16]
+    return hashlib.sha1(raw_bytes(t), usedforsecurity=False).hexdigest()[:16]
 
 
 def _numeric(t: torch.Tensor) -> np.ndarray[Any, Any]:

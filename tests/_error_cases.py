@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from _procs import start, wait_all
+
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,35 +67,17 @@ def assert_every_rank(results: Iterable[Any], exc_name: str, *needles: str,
 
 def run_script(code: str, *args: str, timeout: float = 30.0,
                env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """Start ``python -c code args...`` with rankwise importable (not waited for)."""
+    """Start ``python -c code args...`` with rankwise importable (not waited for: pair it
+    with ``finish``)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = SRC + os.pathsep + THIS_DIR + os.pathsep + \
         full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env)
+    return start([sys.executable, "-c", textwrap.dedent(code), *args], env=full_env, cwd=None)
 
 
-def finish(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int, str, str]]:
-    """Wait for every process (bounded); kill the stragglers and fail loudly."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    out: list[tuple[int, str, str]] = []
-    hung = []
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            so, se = p.communicate(timeout=10)
-            hung.append(p.args)
-        out.append((p.returncode, so, se))
-    if hung:
-        raise AssertionError(f"{len(hung)} child(ren) still running after {timeout:.0f}s; "
-                             f"killed. outputs: {out}")
-    return out
+#: wait for every process (one shared bound); kill them all and fail loudly on a hang
+finish = wait_all
 
 
 def line_of(path: str, marker: str) -> int:

@@ -10,6 +10,7 @@ os.environ["PYTHONPATH"] = _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
 import pytest
+from _procs import ProcsGuard, kill_started
 
 #: the engines every engine-parametrized suite runs on (``pytestmark =
 #: pytest.mark.usefixtures("engine")`` in a module)
@@ -23,6 +24,38 @@ TORCH_ENGINES = ("torch-gloo",)
 #: torch tensors go to the NCCL engine's class on torch's gloo, or are staged through
 #: host copies onto rankwise's own engine, exactly as CUDA tensors would be
 TENSOR_PATHS = {"nccl-stand-in": "device", "staged": "staged"}
+
+
+_guard = ProcsGuard()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _guard.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """While a test runs (setup to teardown), starting a process fails it unless it is
+    marked ``procs``: the fast loop (``-m "not procs"``) cannot grow a slow test unseen."""
+    _guard.enter(item.nodeid, item.get_closest_marker("procs") is not None)
+    try:
+        return (yield)
+    finally:
+        _guard.leave()
+
+
+@pytest.fixture(autouse=True)
+def _processes_bounded(request: pytest.FixtureRequest) -> object:
+    """Fail a test that started a process without the ``procs`` mark (also when the start
+    happened in a thread, or the test caught the error); after a ``procs`` test, kill
+    what it started through ``_procs`` and left running (its own checks ran first)."""
+    yield
+    kill_started()
+    starts = _guard.violations(request.node.nodeid)
+    if starts:
+        pytest.fail(f"started a process ({starts[0]}) without the `procs` mark: add "
+                    "`pytestmark = pytest.mark.procs` to the file (or mark the test)",
+                    pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

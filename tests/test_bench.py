@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _procs
 import pytest
 
-from rankwise.launch.bench import available_engines, main, parse_sizes
+from rankwise.bench.run import available_engines, main, parse_sizes
 
 K, M = 1 << 10, 1 << 20
 
@@ -69,7 +69,7 @@ def test_misuse_stops_before_any_process(argv: list[str], says: str,
 
 def test_plot_without_matplotlib_names_the_extra(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from rankwise.launch import bench
+    from rankwise.bench import run as bench
 
     monkeypatch.setattr(bench, "_has", lambda module: module != "matplotlib")
     with pytest.raises(SystemExit):
@@ -79,7 +79,7 @@ def test_plot_without_matplotlib_names_the_extra(capsys: pytest.CaptureFixture[s
 
 def test_without_torch_gloo_is_skipped_with_one_line(capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from rankwise.launch import bench
+    from rankwise.bench import run as bench
 
     monkeypatch.setattr(bench, "_has", lambda module: module != "torch")
     cfg = bench._check(bench._parser(), bench._parser().parse_args([]), worker=False)
@@ -89,7 +89,7 @@ def test_without_torch_gloo_is_skipped_with_one_line(capsys: pytest.CaptureFixtu
 
 
 def test_sizes_print_readably() -> None:
-    from rankwise.launch._bench_report import human_size
+    from rankwise.bench.report import human_size
 
     assert [human_size(x) for x in (4, K, 16 * M, 65532)] == ["4 B", "1 KiB", "16 MiB",
                                                               "~64 KiB"]
@@ -97,7 +97,7 @@ def test_sizes_print_readably() -> None:
 
 def test_ratios_far_below_one_keep_their_digits() -> None:
     # a shm engine 200x faster than gloo once printed "0.00", which reads as "no data"
-    from rankwise.launch._bench_report import _ratio_text
+    from rankwise.bench.report import _ratio_text
 
     for x in (0.0052, 0.00099, 2.5e-6, 0.15, 1.234, 37.0):
         text = _ratio_text(x)
@@ -107,6 +107,7 @@ def test_ratios_far_below_one_keep_their_digits() -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
+@pytest.mark.procs
 def test_tiny_real_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     has_plot = True
@@ -121,8 +122,8 @@ def test_tiny_real_run(tmp_path: Path) -> None:
         argv += ["--plot", str(png)]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")}
-    res = subprocess.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = _procs.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env, timeout=120,
+                     cwd=None)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     engines = list(available_engines())  # one pass, and one column, per rankwise engine
@@ -156,7 +157,6 @@ def test_tiny_real_run(tmp_path: Path) -> None:
     if has_plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # the saved numbers render again, without a run
-        again = subprocess.run([sys.executable, "-m", "rankwise", "bench", "--from-json",
-                                str(raw)], capture_output=True, text=True, timeout=60,
-                               check=False)
+        again = _procs.run([sys.executable, "-m", "rankwise", "bench", "--from-json",
+                            str(raw)], timeout=60, cwd=None)
         assert again.returncode == 0 and header in again.stdout

@@ -23,6 +23,8 @@ import torch
 from test_ddp_harness import core_available, run_ranks
 from torch import nn
 
+pytestmark = pytest.mark.procs
+
 FEATURES, OUT, PER_RANK_BATCH, STEPS = 8, 3, 4, 4
 
 
@@ -39,7 +41,7 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor, use_extra: bool = False) -> torch.Tensor:
         self.steps += 1
         out = self.body(x)
-        return out + self.extra(x) if use_extra else out
+        return out + self.extra(x) if use_extra else out  # noqa: S610 - not Django
 
 
 def batches(world: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,6 +20,7 @@ def _mismatch(rank: int, world: int) -> str:
     return str(caught.value)
 
 
+@pytest.mark.procs
 def test_parameter_mismatch_raises_on_every_rank() -> None:
     messages = run_ranks(_mismatch, 2, timeout=60)
     assert messages[0] == messages[1]
@@ -63,6 +64,7 @@ def _misuse(rank: int, world: int) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.procs
 def test_misuse_errors_are_clear_and_do_not_desync() -> None:
     results = run_ranks(_misuse, 2, timeout=60)
     for rank, seen in enumerate(results):

@@ -1,9 +1,9 @@
 """Run a function on N real processes (one rank each) with a hard deadline.
 
-Shared by the DDP tests. Ranks are spawned (not forked: torch and threads), each joins a
-process group on a fresh port, runs ``fn(rank, world_size, *args)`` and sends back its
-result or its traceback. The parent never waits longer than ``timeout``: stuck ranks
-dump their stacks (faulthandler) and are killed, and the test fails saying which.
+Shared by the DDP tests, on ``_procs.run_ranks``: each rank joins a process group (of
+the backend asked for) on a fresh port, runs ``fn(rank, world_size, *args)`` and sends
+back its result or its traceback. The parent never waits longer than ``timeout``: stuck
+ranks dump their stacks and are killed, and the test fails saying which.
 
 ``backend`` picks whose collectives DDP uses: ``"rankwise"`` (the project's core) or
 ``"torch"`` (torch.distributed on gloo, the oracle). ``default_backend()`` is rankwise
@@ -12,24 +12,16 @@ when its core is importable, else torch so the DDP layer stays testable on its o
 
 from __future__ import annotations
 
-import faulthandler
-import multiprocessing as mp
-import queue
-import socket
-import sys
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+import _procs
 import pytest
+from _procs import free_port
 
+from rankwise.errors import DistTimeout
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+pytestmark = pytest.mark.procs
 
 
 def core_available() -> bool:
@@ -62,28 +54,15 @@ def init_backend(backend: str, rank: int, world_size: int, port: int) -> Any:
     return rankwise
 
 
-def _entry(
-    fn: Callable[..., Any],
-    rank: int,
-    world_size: int,
-    port: int,
-    backend: str,
-    args: tuple[Any, ...],
-    results: Any,
-    timeout: float,
-) -> None:
-    faulthandler.dump_traceback_later(max(timeout - 3, 1), exit=False)
-    try:
-        import torch
+def _entry(rank: int, world_size: int, fn: Callable[..., Any], port: int, backend: str,
+           args: tuple[Any, ...]) -> Any:
+    import torch
 
-        torch.set_num_threads(1)
-        dist = init_backend(backend, rank, world_size, port)
-        value = fn(rank, world_size, *args)
-        dist.destroy_process_group()
-        results.put((rank, True, value))
-    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
-        results.put((rank, False, traceback.format_exc()))
-        sys.exit(1)
+    torch.set_num_threads(1)
+    dist = init_backend(backend, rank, world_size, port)
+    value = fn(rank, world_size, *args)
+    dist.destroy_process_group()
+    return value
 
 
 def run_ranks(
@@ -99,48 +78,19 @@ def run_ranks(
     Without ``expect_failure`` any rank that raises fails the test with its traceback;
     with it, the returned list holds traceback strings for the ranks that raised.
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
     chosen = backend or default_backend()
-    procs = [
-        ctx.Process(
-            target=_entry,
-            args=(fn, r, world_size, port, chosen, args, results, timeout),
-            daemon=True,
-        )
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    outcome: dict[int, tuple[bool, Any]] = {}
     try:
-        while len(outcome) < world_size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                rank, ok, value = results.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    break
-                continue
-            outcome[rank] = (ok, value)
-    finally:
-        for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    missing = sorted(set(range(world_size)) - set(outcome))
+        results = _procs.run_ranks(_entry, world_size, args=(fn, free_port(), chosen, args),
+                                   timeout=timeout, init=False)
+    except DistTimeout as exc:
+        pytest.fail(f"ranks gave no result within {timeout}s (hung): {exc}")
+    missing = [r.rank for r in results if r.raised("Died")]
     if missing:
-        pytest.fail(f"ranks {missing} gave no result within {timeout}s (hung or crashed)")
-    failed = {r: v for r, (ok, v) in outcome.items() if not ok}
+        pytest.fail(f"ranks {missing} gave no result within {timeout}s (crashed)")
+    failed = {r.rank: r.traceback for r in results if r.error_type is not None}
     if failed and not expect_failure:
         pytest.fail("".join(f"\n--- rank {r} ---\n{tb}" for r, tb in sorted(failed.items())))
-    return [outcome[r][1] for r in range(world_size)]
+    return [r.traceback if r.error_type is not None else r.value for r in results]
 
 
 def _raise_on_rank_one(rank: int, world_size: int) -> int:

@@ -154,12 +154,14 @@ def identity() -> list[dict[str, Any]]:
     return run_ranks(_identity, 2, timeout=120)
 
 
+@pytest.mark.procs
 def test_comm_hook_gives_the_default_reduction(hooked: list[dict[str, Any]]) -> None:
     for per_rank in hooked:
         assert per_rank["diff"] < 1e-6, per_rank
         assert per_rank["hashes_equal"]
 
 
+@pytest.mark.procs
 def test_comm_hook_sees_every_bucket_in_order(hooked: list[dict[str, Any]]) -> None:
     calls, buckets = hooked[0]["calls"], hooked[0]["buckets"]
     assert buckets > 2
@@ -168,11 +170,13 @@ def test_comm_hook_sees_every_bucket_in_order(hooked: list[dict[str, Any]]) -> N
     assert sum(n for _, _, n in calls[:buckets]) == len(list(Net().parameters()))
 
 
+@pytest.mark.procs
 def test_comm_hook_registration_rules(hooked: list[dict[str, Any]]) -> None:
     assert "only be called once" in hooked[0]["twice"]
     assert "before the first backward" in hooked[0]["after_backward"]
 
 
+@pytest.mark.procs
 def test_torch_allreduce_hook_works() -> None:
     for per_rank in run_ranks(_torch_hook, 2, backend="rankwise", timeout=120):
         assert per_rank["diff"] < 1e-6, per_rank
@@ -180,10 +184,12 @@ def test_torch_allreduce_hook_works() -> None:
         assert per_rank["hook_calls"] == per_rank["buckets"] * STEPS > 0
 
 
+@pytest.mark.procs
 def test_isinstance_and_cpu_device_ids(identity: list[dict[str, Any]]) -> None:
     assert all(r["isinstance"] and r["device_ids"] is None for r in identity)
 
 
+@pytest.mark.procs
 def test_torch_save_and_deepcopy(identity: list[dict[str, Any]]) -> None:
     for per_rank in identity:
         assert per_rank["loaded_params_equal"] and per_rank["loaded_eval_equal"]
@@ -192,6 +198,7 @@ def test_torch_save_and_deepcopy(identity: list[dict[str, Any]]) -> None:
             assert "Wrap the loaded model's .module" in per_rank[f"{name}_train_error"]
 
 
+@pytest.mark.procs
 def test_torch_ddp_internals_are_refused(identity: list[dict[str, Any]]) -> None:
     assert "_get_ddp_logging_data" in identity[0]["torch_internal"]
     assert "_distributed_rank" in identity[0]["torch_property"]

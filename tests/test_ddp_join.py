@@ -11,6 +11,8 @@ from test_ddp import Net, batches, max_diff, params_hash
 from test_ddp_harness import run_ranks
 from torch import nn
 
+pytestmark = pytest.mark.procs
+
 BATCHES_OF = {0: 5, 1: 2}
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+import _procs
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,7 +25,7 @@ PROGRAMS = os.path.join(HERE, "_deadlock_programs.py")
 P = "_deadlock_programs.py"
 BOUND = 5.0  #: seconds from the last rank blocking to every rank raising (the issue's)
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("engine")]
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120), pytest.mark.usefixtures("engine")]
 
 
 def _stamp(res: Rank, word: str) -> float:
@@ -87,14 +88,12 @@ def test_detection_can_be_turned_off() -> None:
 # --- post-mortem: RANKWISE_DUMP=dir and `rankwise analyze dir` ------------------------------
 
 def test_dump_and_analyze_name_the_deadlock(tmp_path: object) -> None:
-    import subprocess
-
     dump = os.path.join(str(tmp_path), "dump")
     ranks = deadlocked("cross_group", 4, env={"RANKWISE_DUMP": dump})
     check(ranks, "DeadlockError", "deadlock: all 4 live ranks")
     assert sorted(os.listdir(dump)) == [f"rank{r}.json" for r in range(4)]
-    done = subprocess.run([sys.executable, "-m", "rankwise", "analyze", dump],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = _procs.run([sys.executable, "-m", "rankwise", "analyze", dump], timeout=60,
+                      cwd=None)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     barrier = f"{P}:{line_of('cross-barrier', PROGRAMS)}"

@@ -238,6 +238,7 @@ def _helpers(rank: int, world: int) -> dict[str, Any]:
     return {"table": table, "sum": float(t[0])}
 
 
+@pytest.mark.procs
 def test_helpers_on_a_correct_program() -> None:
     results = run_ranks(_helpers, 3, timeout=60, init_kwargs={"timeout": 10.0})
     for res in results:

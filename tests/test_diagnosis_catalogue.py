@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,10 +27,12 @@ PROGRAMS = os.path.join(HERE, "test_diagnosis_programs.py")
 TRAP = os.path.join(ROOT, "examples", "barrier_trap.py")
 
 sys.path.insert(0, HERE)
+from _procs import free_port, start
+from _procs import run as run_command
 from test_diagnosis_programs import line_of
 
 #: every test here runs once per engine (tcp, shm): see conftest.engine
-pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(90), pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
 
 P = "test_diagnosis_programs.py"
 
@@ -65,12 +66,6 @@ class Rank:
         return self.err[m.start():] if m else ""
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 #: torch engines: each rank imports torch before the clock starts and reports its own
 #: elapsed time at exit, so a bound measures rankwise, not importing torch (tens of
 #: seconds when several ranks import it at once on a loaded machine)
@@ -97,7 +92,7 @@ def _elapsed(err: str, wall: float) -> float:
 def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float = 30.0,
         env: dict[str, str] | None = None, bound: float = 40.0) -> list[Rank]:
     """Start ``n`` ranks of ``script`` and wait (hard bound ``bound`` s) for all of them."""
-    port = _port()
+    port = free_port()
     procs = []
     starts = []
     for r in range(n):
@@ -109,8 +104,7 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                   "PYTHONUNBUFFERED": "1"})
         e.update(env or {})
         starts.append(time.monotonic())
-        procs.append(subprocess.Popen(_command(script, args), env=e, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs.append(start(_command(script, args), env=e, cwd=None))
     deadline = time.monotonic() + bound
     results = []
     try:
@@ -172,9 +166,9 @@ def test_seed_trap_names_the_validation_loader_barrier() -> None:
 def test_seed_trap_under_the_launcher() -> None:
     """The acceptance command itself: ``python -m rankwise run -n 4 examples/barrier_trap.py``."""
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rankwise", "run", "-n", "4", TRAP],
-                          env={**os.environ, "PYTHONPATH": SRC, "RANKWISE_TIMEOUT": "60"},
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = run_command([sys.executable, "-m", "rankwise", "run", "-n", "4", TRAP],
+                       env={**os.environ, "PYTHONPATH": SRC, "RANKWISE_TIMEOUT": "60"},
+                       timeout=60, cwd=None)
     took = time.monotonic() - start
     assert done.returncode != 0
     out = done.stdout + done.stderr
@@ -382,9 +376,9 @@ def test_trace_files_and_merge(tmp_path: object) -> None:
         assert res.rc == 0, res.err
     assert sorted(os.listdir(trace_dir)) == ["rank0.json", "rank1.json"]
     out = os.path.join(str(tmp_path), "merged.json")
-    done = subprocess.run([sys.executable, "-m", "rankwise.diagnosis.trace", "merge",
-                           trace_dir, "-o", out], env={**os.environ, "PYTHONPATH": SRC},
-                          capture_output=True, text=True, timeout=30, check=False)
+    done = run_command([sys.executable, "-m", "rankwise.diagnosis.trace", "merge",
+                        trace_dir, "-o", out], env={**os.environ, "PYTHONPATH": SRC},
+                       timeout=30, cwd=None)
     assert done.returncode == 0, done.stderr
     with open(out) as fh:
         events = json.load(fh)["traceEvents"]

@@ -61,6 +61,7 @@ def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, 
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
+@pytest.mark.procs
 def test_rankwise_matches_gloo(ws: int) -> None:
     seed = _seed(ws)
     results = run_ranks(differential_worker, ws, args=(seed, N_CASES, free_port()),
@@ -109,6 +110,7 @@ def _values_of_3_ranks(worker: Any) -> list[Any]:
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
+@pytest.mark.procs
 def test_torch_213_collective_names() -> None:
     values = _values_of_3_ranks(torch_213_names)
     for rank, value in enumerate(values):
@@ -119,6 +121,7 @@ def test_torch_213_collective_names() -> None:
 @pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
+@pytest.mark.procs
 def test_p2p_is_scoped_by_group() -> None:
     got = _values_of_3_ranks(cross_group_p2p)[2]
     assert got["gloo"] == [(1, 2.0), (1, 2.0), (1, 1.0), (0, 3.0)], got  # torch's semantics

@@ -8,12 +8,12 @@ import errno
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 
+import _procs
 import pytest
 from _error_cases import finish, run_script
 
@@ -70,7 +70,7 @@ def junk_listener() -> Iterator[int]:
 
 
 def _doctor(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
-    proc = run_script("import sys; from rankwise.launch.cli import main; "
+    proc = run_script("import sys; from rankwise.cli import main; "
                       "sys.exit(main(['doctor', *sys.argv[1:]]))", *args, env=env)
     ((rc, out, err),) = finish([proc], timeout)
     return rc, out + err
@@ -100,6 +100,7 @@ def test_probe_tells_who_holds_a_port(monkeypatch: pytest.MonkeyPatch, silent_li
         store.close()
 
 
+@pytest.mark.procs
 def test_cli_healthy_machine_exit_0() -> None:
     rc, out = _doctor(env=_clean_env())
     assert rc == 0, out
@@ -107,6 +108,7 @@ def test_cli_healthy_machine_exit_0() -> None:
     assert "error" not in out and "warning" not in out
 
 
+@pytest.mark.procs
 def test_cli_reports_a_taken_port_as_json(silent_listener: int) -> None:
     rc, out = _doctor("--json", "--master-addr", "127.0.0.1", "--master-port",
                       str(silent_listener), env=_clean_env())
@@ -118,6 +120,7 @@ def test_cli_reports_a_taken_port_as_json(silent_listener: int) -> None:
     assert f"sport = :{silent_listener}" in port["fix"]
 
 
+@pytest.mark.procs
 def test_cli_options_seed_faults() -> None:
     rc, out = _doctor("-n", "4", "--num-workers", "64", env=_clean_env(
         NCCL_SOCKET_IFNAME="nosuchif0"))
@@ -144,6 +147,7 @@ def _init_failure(env: dict[str, str], timeout: float = 2.0) -> str:
     return err
 
 
+@pytest.mark.procs
 def test_init_failure_names_the_program_on_the_port(silent_listener: int) -> None:
     err = _init_failure(_clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                                    MASTER_PORT=str(silent_listener)))
@@ -152,6 +156,7 @@ def test_init_failure_names_the_program_on_the_port(silent_listener: int) -> Non
     assert f"MASTER_PORT {silent_listener} is in use by another program" in err
 
 
+@pytest.mark.procs
 def test_init_failure_says_nothing_listens() -> None:
     port = free_port()
     err = _init_failure(_clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
@@ -159,16 +164,17 @@ def test_init_failure_says_nothing_listens() -> None:
     assert f"nothing listens on 127.0.0.1:{port}" in err
 
 
+@pytest.mark.procs
 def test_init_failure_doctor_can_be_turned_off(silent_listener: int) -> None:
     err = _init_failure(_clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                                    MASTER_PORT=str(silent_listener), RANKWISE_DOCTOR="0"))
     assert "cannot start the rankwise store" in err and "rankwise doctor" not in err
 
 
+@pytest.mark.procs
 def test_console_script_lists_doctor() -> None:
-    out = subprocess.run([sys.executable, "-m", "rankwise", "--help"], capture_output=True,
-                         text=True, timeout=60, env=_clean_env(
-                             PYTHONPATH=os.pathsep.join(sys.path)), check=False).stdout
+    out = _procs.run([sys.executable, "-m", "rankwise", "--help"], timeout=60, cwd=None,
+                     env=_clean_env(PYTHONPATH=os.pathsep.join(sys.path))).stdout
     assert "doctor" in out
 
 

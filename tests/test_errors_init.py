@@ -36,6 +36,7 @@ def _join(rank: int, world: int, port: int, ranks: list[int], worlds: list[int],
     return float(a[0])
 
 
+@pytest.mark.procs
 def test_missing_rank_is_named_on_every_rank_at_the_timeout() -> None:
     # world_size 3, only ranks 0 and 1 start
     results = run_ranks(_join, 2, args=(free_port(), [0, 1], [3, 3], 3.0), init=False,
@@ -45,6 +46,7 @@ def test_missing_rank_is_named_on_every_rank_at_the_timeout() -> None:
         assert r.elapsed > 2.5, f"rank {r.rank} gave up before its timeout: {r.elapsed:.1f}s"
 
 
+@pytest.mark.procs
 def test_duplicate_rank_fails_every_process_at_once() -> None:
     # three processes; two of them claim rank 1. Timeout 20 s, failure expected in ~1 s.
     results = run_ranks(_join, 3, args=(free_port(), [0, 1, 1], [3, 3, 3], 20.0),
@@ -52,6 +54,7 @@ def test_duplicate_rank_fails_every_process_at_once() -> None:
     assert_every_rank(results, "RendezvousError", "two processes claim rank 1", within=8.0)
 
 
+@pytest.mark.procs
 def test_world_size_disagreement_fails_every_process_at_once() -> None:
     results = run_ranks(_join, 3, args=(free_port(), [0, 1, 2], [3, 3, 4], 20.0),
                         init=False, timeout=40)
@@ -67,6 +70,7 @@ def _join_as_version(rank: int, world: int, port: int, versions: list[str],
     return _join(rank, world, port, list(range(world)), [world] * world, timeout)
 
 
+@pytest.mark.procs
 def test_different_rankwise_versions_fail_every_process_at_once() -> None:
     """Two installs in one job (one node updated, the other not) are named in the
     rendezvous, before any frame of one version meets the other's decoder."""
@@ -87,6 +91,7 @@ def _join_after_the_error(rank: int, world: int, port: int, ranks: list[int],
     return _join(rank, world, port, ranks, worlds, timeout)
 
 
+@pytest.mark.procs
 def test_a_late_process_still_learns_why_the_rendezvous_failed() -> None:
     # ranks 0 and 2 disagree on the world size at once; rank 1 comes in afterwards
     results = run_ranks(_join_after_the_error, 3, args=(free_port(), [0, 2, 1], [3, 4, 3],
@@ -154,6 +159,7 @@ def test_master_port_held_by_a_silent_stranger_is_bounded() -> None:
             c.close()
 
 
+@pytest.mark.procs
 def test_wrong_token_on_one_rank_fails_fast_and_the_others_bounded() -> None:
     timeout = 4.0
     results = run_ranks(_join, 3, args=(free_port(), [0, 1, 2], [3, 3, 3], timeout,
@@ -171,6 +177,7 @@ def test_wrong_token_on_one_rank_fails_fast_and_the_others_bounded() -> None:
         assert "failed the token check" in r.message, r.message
 
 
+@pytest.mark.procs
 def test_missing_token_on_one_rank_is_an_auth_error() -> None:
     results = run_ranks(_join, 2, args=(free_port(), [0, 1], [2, 2], 4.0, ["s3cret", None]),
                         init=False, timeout=40, env={"RANKWISE_TOKEN": ""})
@@ -179,6 +186,7 @@ def test_missing_token_on_one_rank_is_an_auth_error() -> None:
     assert_every_rank(results, "DistError", within=9.0)
 
 
+@pytest.mark.procs
 def test_same_token_everywhere_works() -> None:
     results = run_ranks(_join, 3, args=(free_port(), [0, 1, 2], [3, 3, 3], 10.0,
                                         ["s3cret"] * 3), init=False, timeout=40)

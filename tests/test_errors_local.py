@@ -346,6 +346,7 @@ def _misuse_then_sync(rank: int, world: int, use_torch: bool) -> list[str]:
 
 
 @pytest.mark.parametrize("use_torch", [False, True], ids=["numpy", "torch"])
+@pytest.mark.procs
 def test_misuse_raises_locally_and_leaves_the_job_in_sync(use_torch: bool) -> None:
     if use_torch:
         pytest.importorskip("torch")
@@ -386,6 +387,7 @@ def _pickle_opt_in(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.procs
 def test_pickle_needs_opt_in_on_every_rank() -> None:
     results = run_ranks(_pickle_opt_in, 2, timeout=60, init_kwargs={"timeout": 10.0})
     for res in results:
@@ -403,6 +405,7 @@ def _object_misuse_on_all_ranks(rank: int, world: int) -> str:
     return "sent"
 
 
+@pytest.mark.procs
 def test_unpicklable_object_fails_on_every_rank_without_a_hang() -> None:
     results = run_ranks(_object_misuse_on_all_ranks, 2, timeout=60,
                         init_kwargs={"timeout": 10.0})

@@ -22,7 +22,7 @@ import rankwise as dist
 from rankwise.testing import run_ranks
 
 #: every test here runs once per engine (tcp, shm): see conftest.engine
-pytestmark = [pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
+pytestmark = [pytest.mark.procs, pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
 
 ME = os.path.basename(__file__)
 

@@ -21,7 +21,7 @@ from rankwise.testing import free_port, run_ranks
 
 ME = os.path.basename(__file__)
 #: every test here runs once per engine (tcp, shm): see conftest.engine
-pytestmark = [pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
+pytestmark = [pytest.mark.procs, pytest.mark.usefixtures("engine"), pytest.mark.torch_engines]
 
 
 def _caught(fn: Any) -> dict[str, Any]:

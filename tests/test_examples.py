@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import _procs
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +33,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: list[str], timeout: float = 120) -> str:
-    proc = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, env=_env(), timeout=timeout,
-                          capture_output=True, text=True)
+    proc = _procs.run([sys.executable, *args], cwd=ROOT, env=_env(), timeout=timeout)
     assert proc.returncode == 0, (f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"
                                   f"stderr:\n{proc.stderr[-4000:]}")
     return proc.stdout
@@ -78,17 +77,20 @@ def _collectives_expected(n: int) -> dict[int, list[object]]:
 
 
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.procs
 def test_p2p_example(n: int) -> None:
     _check(_run(["examples/p2p.py", str(n)]), _p2p_expected(n))
 
 
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.procs
 def test_collectives_example(n: int) -> None:
     _check(_run(["examples/collectives.py", str(n)]), _collectives_expected(n))
 
 
 @pytest.mark.parametrize("script,expected", [("examples/collectives.py", _collectives_expected),
                                              ("examples/p2p.py", _p2p_expected)])
+@pytest.mark.procs
 def test_examples_under_launcher(script: str, expected: object) -> None:
     out = _run(["-m", "rankwise", "run", "-n", "4", script])
     _check(out, expected(4))  # type: ignore[operator]
@@ -119,6 +121,7 @@ def _ddp_train_passes(out: str, world: int, engines: str) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("choice,moved_by", [("rankwise", "tcp|shm"),
                                               ("torch-gloo", "torch-gloo")])
+@pytest.mark.procs
 def test_ddp_train_example_keeps_replicas_identical(choice: str, moved_by: str) -> None:
     pytest.importorskip("torch")
     out = _run(["-m", "rankwise", "run", "-n", "2", "examples/ddp_train.py", *_DDP_SHORT,

@@ -20,14 +20,16 @@ import datetime
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import _procs
 import pytest
 from launch_scripts.helpers import ROOT, SCRIPTS, env, launcher_cmd, marked_processes
+
+pytestmark = pytest.mark.procs
 
 FAULT = str(SCRIPTS / "fault_worker.py")
 KINDS = ["raise", "exit0", "exit3", "sigkill", "sigstop", "destroy"]
@@ -102,9 +104,8 @@ def test_fault(tmp_path: Path, kind: str, place: str, n: int) -> None:
              FAULT_OUT=str(tmp_path), FAULT_MARKER=marker)
     start = time.monotonic()
     try:
-        res = subprocess.run(launcher_cmd("-n", str(n), "--grace", "3", "--no-prefix", FAULT),
-                             env=e, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                             check=False)
+        res = _procs.run(launcher_cmd("-n", str(n), "--grace", "3", "--no-prefix", FAULT),
+                         env=e, timeout=120, cwd=ROOT)
     finally:
         left = _leftovers(marker, 5.0)
         for pid in left:

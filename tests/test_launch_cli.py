@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from launch_scripts.helpers import JOB, run_launcher
 
-from rankwise.launch.cli import parse_run_args
+from rankwise.cli import parse_run_args
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,7 @@ def test_several_nodes_need_a_port() -> None:
         parse_run_args(["--nnodes", "2", "x.py"])
 
 
+@pytest.mark.procs
 def test_prefix_logs_token(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     res = run_launcher("-n", "2", "--prefix", "--log-dir", str(logs), "--tee", "--rdzv-id", "r",
@@ -37,6 +38,7 @@ def test_prefix_logs_token(tmp_path: Path) -> None:
     assert env["RANKWISE_TOKEN"] == "s3cret"  # the store demanded it: the worker connected
 
 
+@pytest.mark.procs
 def test_module_and_no_prefix(tmp_path: Path) -> None:
     res = run_launcher("-n", "2", "--no-prefix", "-m", "platform", timeout=30)
     assert res.returncode == 0, res.stderr

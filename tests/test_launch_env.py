@@ -59,6 +59,7 @@ def test_nothing_and_incomplete() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_worker_environment_like_torchrun(tmp_path: Path) -> None:
     res = run_launcher("-n", "2", "--rdzv-id", "job7", "--max-restarts", "2", "--no-prefix",
                        JOB, "--out", str(tmp_path), timeout=30)

@@ -20,7 +20,7 @@ from launch_scripts.helpers import (
     wait_dead,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.procs, pytest.mark.slow]
 
 BASE = ("-n", "4", "--grace", "0.5", "--no-prefix", JOB, "--grandchild")
 

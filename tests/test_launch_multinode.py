@@ -66,6 +66,7 @@ def test_duplicate_node_rank_names_both() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_two_launchers_form_one_2x2_job_and_refuse_a_third(tmp_path: Path) -> None:
     port = free_port()
     common = ("--nnodes", "2", "--master-port", str(port), "--rdzv-id", "t1", "--grace", "0.5",
@@ -101,6 +102,7 @@ def test_two_launchers_form_one_2x2_job_and_refuse_a_third(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_failure_on_one_node_stops_the_other(tmp_path: Path) -> None:
     port = free_port()
     common = ("-n", "2", "--nnodes", "2", "--master-port", str(port), "--grace", "0.5",

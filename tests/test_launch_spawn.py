@@ -20,7 +20,7 @@ from rankwise.launch.spawn import (
     spawn,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.procs, pytest.mark.slow]
 
 
 def test_spawn_runs_fn_with_index(tmp_path: Path) -> None:

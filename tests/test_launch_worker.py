@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import _procs
 import pytest
 from launch_scripts.helpers import SCRIPTS, env, run_launcher
 
@@ -21,10 +22,11 @@ HOOKED = "from rankwise.launch.worker import install_worker_hooks as h; h(); h()
 
 def _run(code: str, error_file: Path, **kw: object) -> subprocess.CompletedProcess[str]:
     e = {**env(), "RANKWISE_ERROR_FILE": str(error_file), "RANK": "5"}
-    return subprocess.run([sys.executable, "-c", HOOKED + code], check=False, env=e, capture_output=True,
-                          text=True, timeout=30, **kw)  # type: ignore[call-overload]
+    return _procs.run([sys.executable, "-c", HOOKED + code], env=e, timeout=30, cwd=None,
+                      **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.procs
 def test_uncaught_exception_is_written_once_and_still_printed(tmp_path: Path) -> None:
     before = time.time()
     res = _run("def f():\n    raise KeyError('k')\nf()", tmp_path / "e.json")
@@ -44,6 +46,7 @@ def test_one_line_cuts_a_long_message_at_a_word_and_says_where() -> None:
     assert one_line(KeyError, KeyError("k")) == "KeyError: 'k'"
 
 
+@pytest.mark.procs
 def test_thread_exception_is_recorded(tmp_path: Path) -> None:
     code = "import threading\nt = threading.Thread(target=lambda: 1 / 0, name='loader')\n" \
            "t.start(); t.join()"
@@ -52,21 +55,23 @@ def test_thread_exception_is_recorded(tmp_path: Path) -> None:
     assert rec["exc_type"] == "ZeroDivisionError" and rec["thread"] == "loader"
 
 
+@pytest.mark.procs
 def test_sigterm_runs_finally_and_exits_143(tmp_path: Path) -> None:
     code = ("import os, signal, time\ntry:\n    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(30)\nfinally:\n    open(os.environ['MARK'], 'w').write('x')\n")
-    res = subprocess.run(
-        [sys.executable, "-c", HOOKED + code], check=False, timeout=30, capture_output=True,
+    res = _procs.run(
+        [sys.executable, "-c", HOOKED + code], timeout=30, cwd=None,
         env={**env(), "MARK": str(tmp_path / "mark"), "RANKWISE_ERROR_FILE": str(tmp_path / "e")})
     assert res.returncode == 143 and (tmp_path / "mark").exists()
     assert not (tmp_path / "e").exists()  # a teardown is not an error
 
 
+@pytest.mark.procs
 def test_user_sigterm_handler_is_kept(tmp_path: Path) -> None:
     code = ("import signal, os, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
             "from rankwise.launch.worker import install_worker_hooks\ninstall_worker_hooks()\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n")
-    res = subprocess.run([sys.executable, "-c", code], check=False, timeout=30, env=env())
+    res = _procs.run([sys.executable, "-c", code], timeout=30, env=env(), cwd=None)
     assert res.returncode == 7
 
 
@@ -92,6 +97,7 @@ def test_root_cause_skips_secondary_failures() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_peer_failure_reaches_survivors(tmp_path: Path) -> None:
     try:
         import rankwise

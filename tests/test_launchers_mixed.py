@@ -12,8 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+import _procs
 import pytest
 from launch_scripts.helpers import env, free_port, run_bounded, run_launcher
+
+pytestmark = pytest.mark.procs
 
 pytest.importorskip("torch")
 
@@ -87,8 +90,7 @@ def test_torchrun_without_torch_says_what_to_run(tmp_path: Path) -> None:
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     child.pop("RANKWISE_LAUNCHED", None)
     started = time.monotonic()
-    res = subprocess.run([sys.executable, str(script)], env=child, capture_output=True,
-                         text=True, timeout=120, check=False)
+    res = _procs.run([sys.executable, str(script)], env=child, timeout=120, cwd=None)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "started by torchrun" in out and "`rankwise run`" in out, out
@@ -156,8 +158,8 @@ def test_foreign_knock_ends_the_job_only_when_it_may(token: str | None, of_job: 
         knocker_env[MARKER_ENV] = alarm.marker
     with TCPStoreServer("127.0.0.1", 0, token=token, on_foreign=alarm) as server:
         for _ in range(2):  # two knocks: the line is said once
-            subprocess.run([sys.executable, "-c", KNOCK, str(server.port)], env=knocker_env,
-                           timeout=60, check=False, capture_output=True)
+            _procs.run([sys.executable, "-c", KNOCK, str(server.port)], env=knocker_env,
+                       timeout=60, cwd=None)
     assert len(said) == 1 and FIX in said[0]
     assert agent.aborted.is_set() == ends
     assert all(FIX in text for text in agent.aborts)

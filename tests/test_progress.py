@@ -18,7 +18,7 @@ import pytest
 import rankwise as dist
 from rankwise.testing import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 
 LARGE = 300_001  #: int32 elements: above the drive threshold (256 KiB)
 

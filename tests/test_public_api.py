@@ -3,8 +3,10 @@ core names, and keeps ``import rankwise`` free of torch (an optional dependency)
 
 from __future__ import annotations
 
-import subprocess
 import sys
+
+import _procs
+import pytest
 
 import rankwise
 
@@ -42,10 +44,10 @@ def test_errors_form_one_tree() -> None:
     assert issubclass(rankwise.AuthError, rankwise.StoreError)
 
 
+@pytest.mark.procs
 def test_import_does_not_pull_in_torch() -> None:
-    code = "import sys, rankwise, rankwise.store, rankwise.launch.cli; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
+    code = "import sys, rankwise, rankwise.store, rankwise.cli; print('torch' in sys.modules)"
+    out = _procs.run([sys.executable, "-c", code], timeout=60, check=True, cwd=None)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 from _loopback import connected_pair
 
 import rankwise as dist
@@ -72,6 +73,7 @@ def _flood(rank: int, world: int, drain: bool) -> Any:
     return grown, got
 
 
+@pytest.mark.procs
 def test_flood_of_unreceived_sends_is_bounded_and_completes_once_drained() -> None:
     results = run_ranks(_flood, 2, args=(True,), timeout=120, env=CAPS,
                         init_kwargs={"timeout": 60.0})
@@ -82,6 +84,7 @@ def test_flood_of_unreceived_sends_is_bounded_and_completes_once_drained() -> No
     assert grown < 16 * MIB + 40 * MIB, f"receiver grew by {grown / MIB:.0f} MiB"
 
 
+@pytest.mark.procs
 def test_flood_sender_times_out_clearly_when_nobody_receives() -> None:
     results = run_ranks(_flood, 2, args=(False,), timeout=120, env=CAPS,
                         init_kwargs={"timeout": 4.0})
@@ -114,6 +117,7 @@ def _huge_claim(rank: int, world: int, kind: str) -> Any:
     return "returned"
 
 
+@pytest.mark.procs
 def test_one_tib_p2p_claim_is_refused_not_allocated() -> None:
     results = run_ranks(_huge_claim, 2, args=("p2p",), timeout=60,
                         init_kwargs={"timeout": 10.0})
@@ -123,6 +127,7 @@ def test_one_tib_p2p_claim_is_refused_not_allocated() -> None:
     assert r.elapsed < 5.0, r.elapsed
 
 
+@pytest.mark.procs
 def test_collective_frame_larger_than_its_call_is_a_protocol_error() -> None:
     # collective frames exist only on the message engine (shm moves no frames)
     results = run_ranks(_huge_claim, 2, args=("coll",), timeout=60,

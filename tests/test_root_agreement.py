@@ -18,6 +18,8 @@ import pytest
 import rankwise as dist
 from rankwise.testing import run_ranks
 
+pytestmark = pytest.mark.procs
+
 REPEATS = 3
 
 

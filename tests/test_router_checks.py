@@ -1,4 +1,4 @@
-"""The router's ring-check path (``Router.take_checks``): a confirmed call posts no receive
+"""The router's ring-check path (``CheckBatches.take``): a confirmed call posts no receive
 for its neighbour's fingerprint, so a batch of them must be judged against our own calls,
 in every order the two ranks can reach it, without parking anything nobody will take.
 Pure unit tests on a ``Router``: no sockets, milliseconds.
@@ -40,11 +40,11 @@ def _call(r: Router, seq: int, confirmed: bool = True) -> None:
     the sender's: sites are not compared)."""
     r.register_call(GROUP, seq, FP)
     if confirmed:
-        r.expect_check(GROUP, seq, _entry(seq, site=5)[:CHECK_KEY])
+        r.checks.expect(GROUP, seq, _entry(seq, site=5)[:CHECK_KEY])
 
 
 def _full_path(r: Router, frames: list[Frame]) -> None:
-    """What the communicator does with the entries ``take_checks`` leaves."""
+    """What the communicator does with the entries ``CheckBatches.take`` leaves."""
     for f in frames:
         target, token = r.coll_header(f)
         if target is not None:
@@ -61,7 +61,7 @@ def test_confirmed_calls_settle_in_one_pass_and_nothing_piles_up() -> None:
         seqs = list(range(batch * 16 + 1, batch * 16 + 17))
         for s in seqs:
             _call(r, s)
-        assert r.take_checks(*_batch(seqs)) == []
+        assert r.checks.take(*_batch(seqs)) == []
     assert not mismatches and _parked(r) == 0
     # what is kept for a late receive is bounded by the call window, not the job's length
     state = r._groups[GROUP]
@@ -74,7 +74,7 @@ def test_a_mismatched_entry_is_reported_with_our_call() -> None:
         _call(r, s)
     other = FP._replace(reduce=5)  # same sizes, another reduce op: only the check can tell
     head, payload = _batch([1, 2])
-    rest = r.take_checks(head, payload + _entry(3, other))
+    rest = r.checks.take(head, payload + _entry(3, other))
     assert [f.seq for f in rest] == [3]  # the full path judges it (and names both calls)
     _full_path(r, rest)
     assert [(f.seq, fp) for f, fp in mismatches] == [(3, FP)]
@@ -83,7 +83,7 @@ def test_a_mismatched_entry_is_reported_with_our_call() -> None:
 def test_an_early_entry_is_judged_when_the_call_is_made_and_never_leaks() -> None:
     r, mismatches = _router()
     _call(r, 1)
-    rest = r.take_checks(*_batch([2]))  # the previous rank is ahead of us
+    rest = r.checks.take(*_batch([2]))  # the previous rank is ahead of us
     assert [f.seq for f in rest] == [2]
     _full_path(r, rest)
     _call(r, 2)
@@ -96,19 +96,19 @@ def test_an_early_entry_is_judged_when_the_call_is_made_and_never_leaks() -> Non
 def test_a_first_sight_receive_posted_after_its_frame_came_completes() -> None:
     r, _ = _router()
     _call(r, 1)
-    assert r.take_checks(*_batch([1])) == []  # came between the call and the receive
+    assert r.checks.take(*_batch([1])) == []  # came between the call and the receive
     pending = r.post_coll((GROUP, 1, PREV, 0, CHECK), NOTHING)
     assert pending.completed and pending.frame is not None and pending.frame.seq == 1
     # a receive posted first is finished by the batch itself
     _call(r, 2)
     waiting = r.post_coll((GROUP, 2, PREV, 0, CHECK), NOTHING)
     assert not waiting.completed
-    assert r.take_checks(*_batch([2])) == []
+    assert r.checks.take(*_batch([2])) == []
     assert waiting.completed and waiting.error is None
     # first sight here, confirmed there: nothing expected, the full path finishes it
     _call(r, 3, confirmed=False)
     third = r.post_coll((GROUP, 3, PREV, 0, CHECK), NOTHING)
-    _full_path(r, r.take_checks(*_batch([3])))
+    _full_path(r, r.checks.take(*_batch([3])))
     assert third.completed and third.error is None
 
 
@@ -118,7 +118,7 @@ def test_a_single_check_frame_nobody_waits_for_is_not_parked() -> None:
     r, mismatches = _router()
     _call(r, 1)
     head, payload = _batch([1])
-    (f,) = r.take_checks(head._replace(step=1), payload)  # (any frame the batch cannot take)
+    (f,) = r.checks.take(head._replace(step=1), payload)  # (any frame the batch cannot take)
     target, _ = r.coll_header(f._replace(step=0))
     assert target is None and not mismatches and _parked(r) == 0
 
@@ -128,7 +128,7 @@ def test_hostile_entries_are_refused_not_settled() -> None:
     _call(r, 1)
     head, payload = _batch([1])
     with pytest.raises(WireError):
-        r.take_checks(head, payload[:-1])  # a torn entry
+        r.checks.take(head, payload[:-1])  # a torn entry
     bad = CHECK_ENTRY.pack(2, 250, 0, 0, CHECK, 0, 1, 0)  # an unknown op
     with pytest.raises(WireError):
-        r.take_checks(head, payload + bad)
+        r.checks.take(head, payload + bad)

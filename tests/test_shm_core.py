@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from rankwise.engines.shm.chunks import padding, plan_chunks
-from rankwise.engines.shm.layout import Layout
 from rankwise.identity import callsite as _callsite
 from rankwise.identity.calls import Fingerprint
+from rankwise.shmem.layout import Layout
 from rankwise.testing import run_ranks
 from rankwise.wire.buffers import _NUMPY_NATIVE, ReduceOp, dtype_by_code
 from rankwise.wire.frames import Op
@@ -137,6 +137,7 @@ def _shm_names() -> set[str]:
 
 
 @pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.procs
 def test_reductions_match_numpy_and_are_identical(size: int, tmp_path: Any) -> None:
     cases = [(d, o, n) for d, o in [("float32", "SUM"), ("float64", "AVG"), ("float16", "MAX"),
                                     ("int32", "PRODUCT"), ("int64", "BXOR"), ("bool", "SUM"),
@@ -146,6 +147,7 @@ def test_reductions_match_numpy_and_are_identical(size: int, tmp_path: Any) -> N
 
 
 @pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.procs
 def test_every_all_reduce_path_with_larger_slots(size: int, tmp_path: Any) -> None:
     """Slots of 256 KiB: one round (<= 64 KiB, cached views reused across calls and
     shapes), two rounds (one chunk up to a slot), and the chunked pipeline (> a slot),
@@ -179,6 +181,7 @@ def _check_reductions(size: int, cases: list[tuple[str, str, int]], slot: int,
 
 
 @pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.procs
 def test_data_movement(size: int, tmp_path: Any) -> None:
     vals = _ok(run_ranks(w_moves, size, args=(str(tmp_path / "s"), SIZES), init=False,
                          timeout=120))
@@ -196,6 +199,7 @@ def test_data_movement(size: int, tmp_path: Any) -> None:
             np.testing.assert_array_equal(sc, _data(size - 1, n, f32, 10 + r))
 
 
+@pytest.mark.procs
 def test_bfloat16_all_reduce(tmp_path: Any) -> None:
     vals = _ok(run_ranks(w_bf16, 2, args=(str(tmp_path / "s"),), init=False, timeout=60))
     assert vals[0] == vals[1]
@@ -234,6 +238,7 @@ def w_mismatch(rank: int, size: int, path: str, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("size,kind", [(2, "root"), (4, "root"), (2, "count"), (4, "count")])
+@pytest.mark.procs
 def test_mismatch_raises_on_every_rank(size: int, kind: str, tmp_path: Any) -> None:
     res = run_ranks(w_mismatch, size, args=(str(tmp_path / "s"), kind), init=False, timeout=60)
     for r in res:
@@ -258,6 +263,7 @@ def w_peer_dies(rank: int, size: int, path: str) -> Any:
 
 
 @pytest.mark.parametrize("method", ["memfd", "file"])
+@pytest.mark.procs
 def test_sigkilled_peer_gives_peer_failure_quickly(method: str, tmp_path: Any) -> None:
     before = _shm_names()
     t0 = time.monotonic()
@@ -286,6 +292,7 @@ def w_timeout(rank: int, size: int, path: str) -> Any:
         assert time.monotonic() - t0 < 1.5
 
 
+@pytest.mark.procs
 def test_timeout_gives_dist_timeout(tmp_path: Any) -> None:
     res = run_ranks(w_timeout, 2, args=(str(tmp_path / "s"),), init=False, timeout=60)
     assert res[1].raised("DistTimeout"), (res[1].error_type, res[1].message)
@@ -306,6 +313,7 @@ def w_leak(rank: int, size: int, path: str, how: str) -> Any:
 
 
 @pytest.mark.parametrize("how", ["normal", "raise", "kill"])
+@pytest.mark.procs
 def test_no_dev_shm_leftovers_with_file_fallback(how: str, tmp_path: Any) -> None:
     before = _shm_names()
     res = run_ranks(w_leak, 2, args=(str(tmp_path / "s"), how), init=False, timeout=60)
@@ -313,6 +321,7 @@ def test_no_dev_shm_leftovers_with_file_fallback(how: str, tmp_path: Any) -> Non
     assert _shm_names() <= before
 
 
+@pytest.mark.procs
 def test_memfd_is_default_and_creates_no_file(tmp_path: Any) -> None:
     before = _shm_names()
     vals = _ok(run_ranks(w_method, 2, args=(str(tmp_path / "s"),), init=False, timeout=60))
@@ -327,8 +336,9 @@ def w_method(rank: int, size: int, path: str) -> Any:
     return g.method
 
 
+@pytest.mark.procs
 def test_orphan_file_of_dead_creator_is_swept() -> None:
-    from rankwise.engines.shm.segment import SHM_DIR, _sweep_orphans
+    from rankwise.shmem.segment import SHM_DIR, _sweep_orphans
 
     dead = os.fork()
     if dead == 0:
@@ -350,7 +360,7 @@ def test_orphan_file_of_dead_creator_is_swept() -> None:
 
 
 def test_too_small_dev_shm_names_the_fix(monkeypatch: Any) -> None:
-    from rankwise.engines.shm import ShmUnavailable, segment
+    from rankwise.shmem import ShmUnavailable, segment
 
     class Tiny:
         f_bavail, f_frsize = 16, 4096
@@ -380,6 +390,7 @@ def w_check_callback(rank: int, size: int, path: str) -> Any:
     g.barrier(_fp(Op.barrier), _callsite.capture(), time.monotonic() + 20)
 
 
+@pytest.mark.procs
 def test_check_callback_aborts_a_wait(tmp_path: Any) -> None:
     t0 = time.monotonic()
     res = run_ranks(w_check_callback, 2, args=(str(tmp_path / "s"),), init=False, timeout=60)
@@ -403,6 +414,7 @@ def w_after_error(rank: int, size: int, path: str) -> Any:
     return "no error"
 
 
+@pytest.mark.procs
 def test_group_is_unusable_after_an_error(tmp_path: Any) -> None:
     vals = _ok(run_ranks(w_after_error, 2, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))
@@ -415,7 +427,7 @@ def test_auto_falls_back_to_a_file_when_a_peer_cannot_open_the_memfd(monkeypatch
     which is gone once both mapped."""
     import threading
 
-    from rankwise.engines.shm import segment
+    from rankwise.shmem import segment
     from rankwise.store import HashStore
 
     real = segment._attach
@@ -474,6 +486,7 @@ def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
 
 
 @pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.procs
 def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
     _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
 
@@ -501,7 +514,7 @@ def _thread_groups(size: int, **kw: Any) -> list[Any]:
 
 
 def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
-    from rankwise.engines.shm.layout import R_SITE_LEN
+    from rankwise.shmem.layout import R_SITE_LEN
 
     g0, g1 = _thread_groups(2)
     try:
@@ -516,7 +529,7 @@ def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
 
 
 def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
-    from rankwise.engines.shm import ShmUnavailable, segment
+    from rankwise.shmem import ShmUnavailable, segment
 
     path = os.path.join(segment.SHM_DIR, f"{segment.FILE_PREFIX}{os.getpid()}-test")
     with open(path, "wb") as f:
@@ -531,8 +544,8 @@ def test_a_foreign_header_is_refused(tmp_path: Any) -> None:
 
 
 def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
-    from rankwise.engines.shm.layout import R_SEQ
     from rankwise.errors import DistError
+    from rankwise.shmem.layout import R_SEQ
 
     g0, g1 = _thread_groups(2)
     try:
@@ -560,6 +573,7 @@ def w_spin_adapts(rank: int, size: int, path: str) -> Any:
     return policy, spins
 
 
+@pytest.mark.procs
 def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> None:
     """A rank whose spins never end a wait (its peer is 2 ms late every time, as when
     the peer shares its core) stops spinning the policy's full budget."""
@@ -585,6 +599,7 @@ def w_many_chunks(rank: int, size: int, path: str) -> Any:
     return a, rounds
 
 
+@pytest.mark.procs
 def test_large_all_reduce_takes_one_round_per_chunk_plus_one(tmp_path: Any) -> None:
     """The chunk plan (``chunks.py``) as the engine runs it: the right bits, and one round
     per chunk plus one (a chunk fills the whole slot)."""
@@ -631,6 +646,7 @@ def w_misaligned(rank: int, size: int, path: str, n: int, offsets: list[int]) ->
 
 
 @pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.procs
 def test_buffers_at_any_alignment_move_exactly(size: int, tmp_path: Any) -> None:
     n, offsets = 60_001, [4, 16, 2052]  # 240 KB: two chunks of 256 KiB slots at 3 ranks
     vals = _ok(run_ranks(w_misaligned, size, args=(str(tmp_path / "s"), n, offsets),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from typing import Any
 
+import _procs
 import numpy as np
 import pytest
 
@@ -29,6 +29,7 @@ def _engine_names(rank: int, size: int) -> tuple[str, str]:
 
 @pytest.mark.parametrize(("asked", "expected"), [("auto", "shm"), ("tcp", "tcp"),
                                                    ("shm", "shm")])
+@pytest.mark.procs
 def test_engine_is_chosen_per_group(asked: str, expected: str) -> None:
     results = run_ranks(_engine_names, 3, env={"RANKWISE_ENGINE": asked}, timeout=60)
     for r in results:
@@ -63,6 +64,7 @@ def _async_then_blocking(rank: int, size: int, rounds: int) -> int:
 
 
 @pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.procs
 def test_blocking_call_never_overtakes_queued_async_calls(n: int) -> None:
     results = run_ranks(_async_then_blocking, n, args=(100,), timeout=90,
                         env={"RANKWISE_ENGINE": "shm"})
@@ -92,14 +94,15 @@ def _shm_entries() -> set[str]:
 
 @pytest.mark.parametrize("method", ["memfd", "file"])
 @pytest.mark.parametrize("how", ["clean", "raise", "sigkill"])
+@pytest.mark.procs
 def test_no_dev_shm_leftovers_after_any_exit(how: str, method: str, tmp_path: Any) -> None:
     script = tmp_path / "job.py"
     script.write_text(_JOB)
     before = _shm_entries()
     env = dict(os.environ, HOW=how, RANKWISE_ENGINE="shm", RANKWISE_SHM_METHOD=method)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rankwise", "run", "-n", "3", str(script)],
-                          check=False, env=env, capture_output=True, text=True, timeout=90)
+    proc = _procs.run([sys.executable, "-m", "rankwise", "run", "-n", "3", str(script)],
+                      env=env, timeout=90, cwd=None)
     assert (proc.returncode == 0) == (how == "clean"), proc.stderr[-3000:]
     if how != "clean":  # the survivors were told, not left to time out
         assert time.monotonic() - start < 60

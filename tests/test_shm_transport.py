@@ -130,6 +130,7 @@ def w_killed_peer(rank: int, size: int, store_path: str) -> Any:
 
 
 @pytest.mark.parametrize("method", ["memfd", "file"])
+@pytest.mark.procs
 def test_a_sigkilled_peer_is_reported_within_seconds_and_leaves_nothing(
         method: str, tmp_path: Any) -> None:
     before = _shm_entries()

@@ -254,6 +254,7 @@ def _adder(kind: str, where: str, index: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tcp", "file"])
+@pytest.mark.procs
 def test_add_is_atomic_across_processes(kind: str, tmp_path: Path) -> None:
     parent: Store
     if kind == "tcp":

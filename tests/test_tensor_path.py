@@ -18,7 +18,7 @@ from _error_cases import assert_every_rank, line_of
 
 import rankwise as dist
 from rankwise.engines.backends import parse_backend
-from rankwise.engines.nccl import STAND_IN, resolve_device, shared_gpus
+from rankwise.engines.torch.nccl import STAND_IN, resolve_device, shared_gpus
 from rankwise.errors import InvalidArgument
 from rankwise.testing import run_ranks
 
@@ -130,6 +130,7 @@ def _mismatch(rank: int, world: int, case: str) -> None:
     ("op", "all_reduce(float32 x 4, op=MAX)", "all_reduce(float32 x 4, op=SUM)"),
     ("plane", "all_reduce(float32 x 4, op=SUM) at", "all_reduce(float32 x 4, op=SUM) on CUDA"),
 ])
+@pytest.mark.procs
 def test_mismatch_on_the_nccl_engine_class(case: str, odd: str, rest: str,
                                            check: str) -> None:
     """CUDA tensors' calls are checked on the control plane: every rank raises
@@ -153,6 +154,7 @@ def _stuck(rank: int, world: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.procs
 def test_kernel_not_finished_told_apart_from_never_called() -> None:
     results = run_ranks(_stuck, 2, timeout=60, init_kwargs={"backend": "nccl", "timeout": 3.0},
                         env={"RANKWISE_TENSOR_PATH": "device"})
@@ -185,6 +187,7 @@ def _train(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.procs
 def test_ddp_on_the_tensor_paths_matches_the_host_path() -> None:
     """DDP's buckets, broadcasts and gradient all_reduces through the NCCL engine class
     and through host staging give the same parameters, bit for bit, as the host path."""

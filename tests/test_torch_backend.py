@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch")
 from launch_scripts.helpers import ROOT, SCRIPTS, env, free_port, run_bounded, run_launcher
 from test_diagnosis_programs import line_of
 
+pytestmark = pytest.mark.procs
+
 PROGRAM = str(SCRIPTS / "torch_programs.py")
 TIMEOUT = 240.0  #: hard bound per job; the loaded 2-core machine needs the margin
 

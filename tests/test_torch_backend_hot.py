@@ -124,6 +124,7 @@ def _hot(rank: int, world: int) -> dict[str, Any]:
     return got
 
 
+@pytest.mark.procs
 def test_hot_path_gives_torchs_results(engine: str) -> None:
     """On each engine (``engine`` fixture: the ranks inherit ``RANKWISE_ENGINE``)."""
     per_rank = run_ranks(_hot, 2, backend="rankwise", timeout=180)

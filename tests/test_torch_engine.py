@@ -41,6 +41,7 @@ def _engines_and_sums(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("how", ["backend", "env"])
+@pytest.mark.procs
 def test_torch_gloo_by_backend_name_or_env_with_new_groups(how: str) -> None:
     kwargs = {"backend": "torch-gloo"} if how == "backend" else {"backend": "gloo"}
     env = {"RANKWISE_ENGINE": "torch-gloo"} if how == "env" else {"RANKWISE_ENGINE": "tcp"}
@@ -68,6 +69,7 @@ def _torch_sub_in_tcp_world(rank: int, world: int) -> tuple[str, str, list[float
     return dist.group.WORLD.engine_name(), g.engine_name(), a.tolist(), b.tolist()
 
 
+@pytest.mark.procs
 def test_new_group_torch_gloo_in_a_tcp_world() -> None:
     results = run_ranks(_torch_sub_in_tcp_world, 2, env={"RANKWISE_ENGINE": "tcp"},
                         timeout=120)
@@ -90,6 +92,7 @@ def test_torch_engine_without_torch_fails_before_io(monkeypatch: pytest.MonkeyPa
     assert not dist.is_initialized()
 
 
+@pytest.mark.procs
 def test_check_overhead_benchmark_runs() -> None:
     """benchmarks/torch_engine.py (a short run; the ratios are measured on a quiet
     machine, not asserted here)."""
@@ -133,6 +136,7 @@ def _next_rank_leaves_before_the_deferred_fingerprint(rank: int, world: int) -> 
     return a.tolist()
 
 
+@pytest.mark.procs
 def test_a_neighbour_that_left_after_the_op_is_not_a_failure() -> None:
     results = run_ranks(_next_rank_leaves_before_the_deferred_fingerprint, 2,
                         init_kwargs={"backend": "torch-gloo"}, env={"RANKWISE_CHECK": "async"},
@@ -167,13 +171,14 @@ def _confirmed_calls_diverge(rank: int, world: int, warm: int) -> tuple[int, str
     return done, "", ""  # the mismatch went unnoticed
 
 
+@pytest.mark.procs
 def test_a_mismatch_between_confirmed_calls_is_reported_within_a_batch() -> None:
     """Confirmed calls send their fingerprints in batches (``ring_check``): a mismatch
     the data plane accepts silently still raises CollectiveMismatch on every rank, naming
     both calls and the first mismatched collective, at most BATCH calls after it."""
     from _error_cases import line_of
 
-    from rankwise.engines.ring_check import BATCH
+    from rankwise.core.ring_check import BATCH
 
     warm = 6
     results = run_ranks(_confirmed_calls_diverge, 2, args=(warm,), timeout=150,
@@ -213,7 +218,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     import time
     from types import SimpleNamespace
 
-    from rankwise.engines import torch_engine
+    from rankwise.engines.torch import engine as torch_engine
 
     monkeypatch.setattr(torch_engine, "SHUTDOWN_LIMIT", 0.3)
     kept: list[Any] = []
@@ -223,7 +228,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
         check=SimpleNamespace(flush=lambda: None), _abort=None, _aborting=None, pg=pg,
         waiter=SimpleNamespace(stuck=False), name="torch-gloo",
         group=SimpleNamespace(name="the default group (WORLD)",
-                              comm=SimpleNamespace(router=SimpleNamespace(on_failure=[]))))
+                              port=SimpleNamespace(on_failure=[])))
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="rankwise"):
         torch_engine.TorchEngine.close(fake)  # type: ignore[arg-type]

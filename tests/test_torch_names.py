@@ -137,6 +137,7 @@ def _names_in_a_job(rank: int, n: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.procs
 def test_names_in_a_real_job(engine: str) -> None:
     results = run_ranks(_names_in_a_job, 4, timeout=120,
                         init_kwargs={"backend": "cpu:gloo"})

@@ -58,6 +58,7 @@ def _run(hosts: str, transport: str, **env: str) -> list[Any]:
                                            "RANKWISE_ENGINE": "tcp", **env})
 
 
+@pytest.mark.procs
 def test_auto_uses_shm_within_a_host_and_tcp_between_hosts() -> None:
     results = _run("AABB", "auto")
     assert all(r.ok for r in results), [r.traceback or r.message for r in results]
@@ -67,6 +68,7 @@ def test_auto_uses_shm_within_a_host_and_tcp_between_hosts() -> None:
             assert kind == ("ShmTransport" if same_host else "TcpTransport"), (r.rank, peer)
 
 
+@pytest.mark.procs
 def test_shm_across_hosts_is_an_error_on_every_rank() -> None:
     results = _run("AB", "shm")
     for r in results:
@@ -74,6 +76,7 @@ def test_shm_across_hosts_is_an_error_on_every_rank() -> None:
         assert "do not share one host" in r.message
 
 
+@pytest.mark.procs
 def test_auto_falls_back_to_tcp_when_shared_memory_is_unusable() -> None:
     results = _run("AAA", "auto", RANKWISE_SHM_METHOD="no-such-method")
     assert all(r.ok for r in results), [r.traceback or r.message for r in results]

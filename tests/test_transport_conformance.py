@@ -20,6 +20,7 @@ from _transports import WAIT, Recorder, shm_world
 
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
+from rankwise.transport.per_peer import PerPeerTransport
 from rankwise.transport.tcp import TcpTransport
 from rankwise.wire.frames import DROP, HOLD, Kind, encode_header
 
@@ -38,7 +39,17 @@ def _memory_world(n: int) -> list[Any]:
     return list(MemoryHub(n).transports)
 
 
-WORLDS = {"tcp": _tcp_world, "memory": _memory_world, "shm": shm_world}
+def _per_peer_world(n: int) -> list[Any]:
+    """Each rank reaches half its peers over shared memory and half over tcp (routes are
+    symmetric, as the transport factory makes them)."""
+    shm, tcp = shm_world(n), _tcp_world(n)
+    return [PerPeerTransport(r, n, {p: (shm[r] if (r + p) % 2 else tcp[r])
+                                    for p in range(n) if p != r}, [shm[r], tcp[r]])
+            for r in range(n)]
+
+
+WORLDS = {"tcp": _tcp_world, "memory": _memory_world, "shm": shm_world,
+          "per-peer": _per_peer_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))
@@ -176,3 +187,50 @@ def test_hold_pauses_one_sender_in_order_until_resume(world: Any) -> None:
     rec.wait_for(lambda: len(rec.frames) == 4)
     assert [f.tag for f, _ in rec.frames if f.src == 1] == [10, 11, 12]
     assert all(p == bytes([f.tag]) * 5000 for f, p in rec.frames if f.src == 1)
+
+
+def test_two_threads_never_both_drive(world: Any) -> None:
+    """Misuse: a second thread asking to read while one already does is told no (a
+    transport whose own thread always reads says no to both)."""
+    transports, _ = world(2)
+    answers: list[bool] = []
+
+    def ask() -> None:
+        answers.append(transports[0].drive_begin())
+
+    first = threading.Thread(target=ask)
+    first.start()
+    first.join(WAIT)
+    second = threading.Thread(target=ask)
+    second.start()
+    second.join(WAIT)
+    assert len(answers) == 2 and not all(answers), answers
+    transports[0].drive_end()  # (a thread that does not drive: no effect)
+
+
+def test_a_send_racing_close_is_refused_or_done_never_hung(world: Any) -> None:
+    """Misuse: one thread sends while another closes the transport; each send either
+    goes out or raises DistNetworkError, and close returns."""
+    transports, _ = world(2)
+    header, payload = _frame(0, b"y" * 64)
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def sender() -> None:
+        started.set()
+        try:
+            for _ in range(10_000):
+                transports[0].send(1, header, payload, time.monotonic() + WAIT)
+        except DistNetworkError:
+            return
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    assert started.wait(WAIT)
+    transports[0].close()
+    t.join(WAIT)
+    assert not t.is_alive(), "a send hung across close"
+    assert not errors, errors
+

@@ -22,9 +22,9 @@ import pytest
 import rankwise as dist
 from rankwise.algorithms import ring, tree
 from rankwise.algorithms.link import Lane
+from rankwise.core import messages as message
+from rankwise.core.messages import OpLink
 from rankwise.core.router import Router
-from rankwise.engines import message
-from rankwise.engines.message import OpLink
 from rankwise.identity.calls import (
     Fingerprint,
     barrier_name_code,

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 import rankwise as dist
 from rankwise.testing import free_port, run_ranks
@@ -258,6 +259,7 @@ def _job_after_garbage(rank: int, world: int, port: int, marker: str) -> Any:
     return seen, a.tolist(), int(total)
 
 
+@pytest.mark.procs
 def test_store_survives_garbage_and_the_job_goes_on(tmp_path: Any) -> None:
     port = free_port()
     marker = str(tmp_path / "garbage-sent")

@@ -2,6 +2,6 @@
 
 import sys
 
-from rankwise.launch.cli import main
+from rankwise.cli import main
 
 sys.exit(main())

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import select
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from _procs import ROOT, free_port, run, start
+
+__all__ = ["JOB", "ROOT", "SCRIPTS", "alive", "assert_no_leftovers", "env", "free_port",
+           "job_pids", "launcher_cmd", "marked_processes", "read_lines_until", "run_bounded",
+           "run_launcher", "start_launcher", "wait_dead"]
+
 SCRIPTS = ROOT / "tests" / "launch_scripts"
 JOB = str(SCRIPTS / "job.py")
 
@@ -28,30 +31,20 @@ def launcher_cmd(*args: str) -> list[str]:
 
 
 def run_launcher(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run the launcher to completion; a hard timeout kills it (and fails the test)."""
-    return subprocess.run(launcher_cmd(*args), check=False, env=env(), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    """Run the launcher to completion; a hard timeout kills it with its workers (and
+    fails the test)."""
+    return run(launcher_cmd(*args), env=env(), timeout=timeout)
 
 
 def run_bounded(cmd: list[str], environ: dict[str, str],
                 timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` (another launcher: torchrun, a benchmark that starts ranks) in its own
-    session, stdout and stderr together; on timeout kill the whole session, its ranks
-    too, and fail the test."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    """Run ``cmd`` (another launcher: torchrun, a benchmark that starts ranks), stdout
+    and stderr together; on timeout kill it with its ranks and fail the test."""
+    return run(cmd, env=environ, timeout=timeout, merge_stderr=True)
 
 
 def start_launcher(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(launcher_cmd(*args), env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return start(launcher_cmd(*args), env=env())
 
 
 def read_lines_until(proc: subprocess.Popen[str], predicate: object, n: int,
@@ -78,12 +71,6 @@ def read_lines_until(proc: subprocess.Popen[str], predicate: object, n: int,
             if predicate(text):  # type: ignore[operator]
                 hits += 1
     return seen
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def alive(pid: int) -> bool:

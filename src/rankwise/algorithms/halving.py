@@ -74,7 +74,7 @@ def all_reduce(link: Link, data: Array) -> None:
             link.send(peer, _EMPTY, _CTS)
         for h in ready:
             link.wait(h)
-    for i, (peer, klo, khi, slo, shi) in enumerate(plan):
+    for i, (peer, _klo, _khi, slo, shi) in enumerate(plan):
         for k, seg in enumerate(segments(data[slo:shi])):
             link.send(peer, seg, i * _STRIDE + k)
         for handle, tmp_seg, mine_seg in rs[i]:

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..core.communicator import Activity
+from ..core.failures import explain
 from ..core.group import ProcessGroup
 from ..core.work import Work, run_async
-from ..engines.base import Call, Engine
-from ..engines.device import device_engine
+from ..engines.base import Call, Engine, EngineFact
+from ..engines.device.pair import device_engine
 from ..errors import InvalidArgument
 from ..identity.calls import Fingerprint, barrier_name_code
 from ..identity.callsite import capture
@@ -34,6 +35,7 @@ from ..wire.buffers import (
 )
 from ..wire.device import concat, flat_copy, same_memory
 from ..wire.frames import Op
+from . import profiling
 from .world import resolve_group
 
 __all__ = [
@@ -51,14 +53,19 @@ _OP_NAMES = {op: op.name for op in Op}
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
            engine: Engine | None = None, shape: tuple[int, ...] | None = None,
-           outputs: list[Any] | None = None, flags: int = 0) -> Work | None:
+           outputs: list[Any] | None = None, flags: int = 0,
+           inputs: list[Any] | None = None) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
     for messages only (the fingerprint compares element counts, as before).
     ``outputs``: the user's output tensors, the value of the ``Work``'s future.
     ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
-    of the same op (``Flag.SYNC``: a rank-0-first block's barrier)."""
+    of the same op (``Flag.SYNC``: a rank-0-first block's barrier).
+    ``inputs``: the user's input tensors where they are not ``outputs``, for the
+    profiler event's shapes (``api.profiling``; none is made without a profiler)."""
+    ev = profiling.Event(_OP_NAMES[op], outputs if inputs is None else inputs) \
+        if profiling.on() else None
     site = capture(3)  # skips launch and the public function: both rankwise's own
     if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
         if dtype is None or not dtype.tensor:
@@ -72,7 +79,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
         work = run_async(f"{call.label or op.name} #{call.seq} on {group.name}",
-                         lambda: _run(runner, call, body, op), outputs)
+                         lambda: _run(runner, call, body, op, ev), outputs)
         if runner.serial:
             group.queued = work
         return work
@@ -81,19 +88,24 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         # their own errors are theirs to report (Work.wait), this call's engine raises too
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
-    _run(runner, call, body, op)
+    _run(runner, call, body, op, ev)
     return None
 
 
-def _run(engine: Engine, call: Call, body: Body, op: Op) -> None:
+def _run(engine: Engine, call: Call, body: Body, op: Op,
+         ev: profiling.Event | None = None) -> None:
     """Run one call's body on ``engine``, with who-is-where state around it."""
     group = call.group
     comm = group.comm
     comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
+    except EngineFact as fact:  # the failure seam: one wording for every engine
+        raise explain(comm, call, fact) from None
     finally:
         comm.call_done(call)  # history, trace span, back to "user code"
+        if ev is not None:
+            ev.end()
 
 
 def _same_dtype(bufs: list[Buffer], ref: Buffer, what: str) -> None:
@@ -264,7 +276,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None,
         engine.all_gather(call, slots)
 
     return launch(g, Op.all_gather, mine.dtype, mine.numel, None, 0, body, async_op,
-                  shape=mine.shape, outputs=[list(tensor_list)])
+                  shape=mine.shape, outputs=[list(tensor_list)], inputs=[tensor])
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -287,7 +299,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
         engine.all_gather(call, slots)
 
     return launch(g, Op.all_gather_into_tensor, mine.dtype, mine.numel, None, 0, body, async_op,
-                  shape=mine.shape, outputs=[output_tensor])
+                  shape=mine.shape, outputs=[output_tensor], inputs=[input_tensor])
 
 
 #: torch 2.13's name for it (it deprecates ``all_gather_into_tensor`` in its favour); the
@@ -324,7 +336,7 @@ def gather(tensor: Any, gather_list: Any = None, dst: int | None = None, group: 
     slots = _root_slots(g, root, gather_list, mine, "gather", "gather_list", "dst", True)
     return launch(g, Op.gather, mine.dtype, mine.numel, None, root,
                   lambda engine, call: engine.gather(call, mine.array, slots, root), async_op,
-                  shape=mine.shape)
+                  shape=mine.shape, inputs=[tensor])
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group: Any = None,
@@ -337,7 +349,7 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int | None = None, group
     slots = _root_slots(g, root, scatter_list, out, "scatter", "scatter_list", "src", False)
     return launch(g, Op.scatter, out.dtype, out.numel, None, root,
                   lambda engine, call: engine.scatter(call, out.array, slots, root), async_op,
-                  shape=out.shape)
+                  shape=out.shape, inputs=[tensor])
 
 
 def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -351,7 +363,7 @@ def reduce_scatter(output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: 
     _equal_sizes(ins, out.numel, "input_list")
     rop = _reduce_op(op, out, "reduce_scatter")
     work = concat([b.array for b in ins]) if ins else flat_copy(out.array)
-    return _reduce_scatter(g, Op.reduce_scatter, out, work, rop, async_op)
+    return _reduce_scatter(g, Op.reduce_scatter, out, work, rop, async_op, input_list)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None,
@@ -367,7 +379,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
                               f"({g.size()}) x output size ({out.numel})")
     rop = _reduce_op(op, out, "reduce_scatter_tensor")
     return _reduce_scatter(g, Op.reduce_scatter_tensor, out, flat_copy(inp.array), rop,
-                           async_op)
+                           async_op, [input])
 
 
 #: torch 2.13's name for it (it deprecates ``reduce_scatter_tensor`` in its favour)
@@ -375,7 +387,7 @@ reduce_scatter_single = reduce_scatter_tensor
 
 
 def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, Any],
-                    rop: ReduceOp, async_op: bool) -> Work | None:
+                    rop: ReduceOp, async_op: bool, inputs: Any) -> Work | None:
     n, m = g.size(), out.numel
     chunks = [work[i * m:(i + 1) * m] for i in range(n)]
 
@@ -385,7 +397,7 @@ def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, 
         out.array[...] = chunks[call.rank]
 
     return launch(g, op, out.dtype, out.numel, rop, 0, body, async_op, shape=out.shape,
-                  outputs=[out.original])
+                  outputs=[out.original], inputs=list(inputs))
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,
@@ -404,7 +416,8 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
                               f"{ins[me].numel}")
     return launch(g, Op.all_to_all, ins[0].dtype, -1, None, 0,
                   lambda engine, call: engine.all_to_all(call, [b.array for b in outs],
-                                                         [b.array for b in ins]), async_op)
+                                                         [b.array for b in ins]), async_op,
+                  inputs=list(input_tensor_list))
 
 
 def _splits(buf: Buffer, sizes: Any, n: int, what: str) -> list[np.ndarray[Any, Any]]:
@@ -444,7 +457,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None,
         raise InvalidArgument(f"output split {me} has {len(outs[me])} elements but input "
                               f"split {me} has {len(ins[me])}")
     return launch(g, Op.all_to_all_single, inp.dtype, -1, None, 0,
-                  lambda engine, call: engine.all_to_all(call, outs, ins), async_op)
+                  lambda engine, call: engine.all_to_all(call, outs, ins), async_op,
+                  inputs=[input])
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -458,4 +472,4 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         raise InvalidArgument(f"barrier name must be a str, got {name!r}")
     code = barrier_name_code(name) if name else 0  # the name's hash rides in the fingerprint
     return launch(g, Op.barrier, None, code, None, 0,
-                  lambda engine, call: engine.barrier(call), async_op)
+                  lambda engine, call: engine.barrier(call), async_op, inputs=[])

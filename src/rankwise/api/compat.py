@@ -38,7 +38,7 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    from ..engines.nccl import nccl_missing
+    from ..engines.torch.nccl import nccl_missing
 
     return nccl_missing() is None
 

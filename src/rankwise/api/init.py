@@ -1,52 +1,36 @@
-"""``init_process_group`` and friends: from environment to a connected, checked job.
-
-Order of work, and why:
-1. Validate every argument locally (before any I/O): backend, rank, world size, init
-   method, timeout.
-2. Reach the rendezvous store (rank 0 hosts it unless a launcher already does).
-3. Agree on the world size and on who is who in the store: a second claim on a rank or
-   a disagreeing world size is published under an ``error`` key so that *every* waiting
-   rank fails at once with the same explanation, instead of timing out.
-4. Wait (bounded) for all ranks; on timeout name the missing ones.
-5. Open the authenticated mesh of data connections, start the I/O thread.
+"""``init_process_group`` and friends: validate locally, reach the store (``api.stores``),
+agree on who is who in a rendezvous that fails every rank at once on a conflict, then
+open the mesh and choose each group's engine. Leaving: ``api.leaving``. The order of work
+and why: docs/design.md, "init_process_group".
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import secrets
 import socket
 import sys
 import time
-import traceback
-from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 from .._version import __version__
 from ..checks.groups import GroupEntry, agree_on_group
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup, seconds
-from ..core.work import stop_worker
-from ..diagnosis.dump import install_signal_dumps
-from ..diagnosis.recorders import attach_recorders
 from ..engines.backends import parse_backend
-from ..engines.nccl import nccl_missing, resolve_device
-from ..engines.select import choose_engine, host_identity, requested_engine
+from ..engines.select import choose_engine, requested_engine
+from ..engines.torch.nccl import nccl_missing, resolve_device
 from ..errors import (
     DistError,
     DistTimeout,
     InvalidArgument,
-    PeerFailure,
     RendezvousError,
     StoreError,
 )
 from ..identity.callsite import capture
-from ..launch.env import detect_env, uses_agent_store
-from ..store import FileStore, PrefixStore, TCPStore
+from ..shmem.host import host_identity
+from ..store import PrefixStore
 from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
@@ -54,9 +38,14 @@ from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
 from ..wire.frames import VERSION as WIRE_VERSION
+from .leaving import _install_hooks, _set_watcher, destroy_process_group
+from .stores import _agent, _open_store, _resolve_store, _validate_rank_world
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
 
 __all__ = [
+    # what rankwise.torch's store hand-over reuses (``api.stores``)
+    "_open_store",
+    "_resolve_store",
     "destroy_process_group",
     "get_backend",
     "get_rank",
@@ -89,46 +78,6 @@ def _check_backend(backend: str | None) -> str:
                 "backend 'gloo' (rankwise's own engine) or 'torch-gloo' (torch's gloo moves "
                 "the data)")
     return spec.name
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _from_cluster_env(rank: int, world_size: int, addr: str | None, port: int | None
-                      ) -> tuple[int, int, str | None, int | None]:
-    """Fill what the caller did not give from the cluster environment: torchrun/rankwise
-    (RANK, WORLD_SIZE), SLURM, Open MPI or PMI. One parser for those variables
-    (``launch.env.detect_env``), shared with the launcher that writes them."""
-    if rank != -1 and world_size != -1 and addr is not None and port is not None:
-        return rank, world_size, addr, port
-
-    env = detect_env(os.environ)
-    if env is None:
-        return rank, world_size, addr, port
-    return (env.rank if rank == -1 else rank, env.world_size if world_size == -1 else world_size,
-            addr or env.master_addr, port if port is not None else env.master_port)
-
-
-def _validate_rank_world(rank: int, world_size: int) -> None:
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(f"{name} must be an int, got {value!r}")
-    if rank == -1:  # first: without RANK, the environment's WORLD_SIZE is not read either
-        raise InvalidArgument("rank is unknown: pass rank= or set RANK")
-    if world_size == -1:
-        raise InvalidArgument("world_size is unknown: pass world_size= or set WORLD_SIZE")
-    if world_size < 1:
-        raise InvalidArgument(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise InvalidArgument(f"rank {rank} is out of range for world_size {world_size} "
-                              f"(valid ranks: 0..{world_size - 1})")
 
 
 def init_process_group(
@@ -196,6 +145,10 @@ def init_process_group(
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
+    # diagnosis builds on api: imported here, not at module level
+    from ..diagnosis.dump import install_signal_dumps
+    from ..diagnosis.recorders import attach_recorders
+
     comm = Communicator(rank, world_size, transport)
     attach_recorders(comm)
     default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
@@ -209,14 +162,6 @@ def init_process_group(
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
-
-
-def _set_watcher(store: Any, watcher: Watcher | None) -> None:
-    """``Store.set_watcher``, where the job's store has it (a store passed in by the
-    user may be of another kind: it is then not watched)."""
-    set_watcher = getattr(store, "set_watcher", None)
-    if callable(set_watcher):
-        set_watcher(watcher)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:
@@ -235,113 +180,6 @@ def _store_watcher(comm: Communicator) -> Watcher:
             # a chain would print it first, as "the direct cause" (it stays the context)
             raise comm.as_of_now(failure) from None
     return watch
-
-
-@dataclass(frozen=True)
-class _StoreSpec:
-    """Where the store is and who this rank is, read from ``init_method`` and the
-    environment before any I/O (so a bad argument is an error of its own, not a failed
-    connection the doctor would go probing for)."""
-
-    #: "env"/"tcp" (a TCPStore at host:port), "file" (a FileStore at path) or "torchrun"
-    #: (torch's TCPStore, served by torchrun's agent at host:port)
-    scheme: str
-    rank: int
-    world_size: int
-    host: str
-    port: int = 0
-    path: str = ""
-
-
-def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
-    url = urlparse(init_method)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if "rank" in query and rank == -1:
-        rank = _query_int(query, "rank", init_method)
-    if "world_size" in query and world_size == -1:
-        world_size = _query_int(query, "world_size", init_method)
-    if url.scheme == "env":
-        scheme = "torchrun" if _under_torchrun_agent() else "env"
-        rank, world_size, addr, port = _from_cluster_env(
-            rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
-        _validate_rank_world(rank, world_size)
-        if not addr:
-            raise InvalidArgument("init_method='env://' needs MASTER_ADDR (the host of rank 0 "
-                                  "or of the launcher's store), e.g. MASTER_ADDR=127.0.0.1")
-        if port is None:
-            raise InvalidArgument("init_method='env://' needs MASTER_PORT, e.g. MASTER_PORT=29500")
-        return _StoreSpec(scheme, rank, world_size, addr, port)
-    if url.scheme == "tcp":
-        if not url.hostname or url.port is None:
-            raise InvalidArgument(f"init_method {init_method!r} must look like tcp://host:port")
-        _validate_rank_world(rank, world_size)
-        return _StoreSpec("tcp", rank, world_size, url.hostname, url.port)
-    if url.scheme == "file":
-        _validate_rank_world(rank, world_size)
-        if not url.path:
-            raise InvalidArgument(f"init_method {init_method!r} must look like file:///path")
-        return _StoreSpec("file", rank, world_size, "127.0.0.1", path=url.path)
-    raise InvalidArgument(f"unsupported init_method {init_method!r}; use env://, "
-                          "tcp://host:port or file:///path")
-
-
-def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
-    """The job's store as ``spec`` names it (rank 0 hosts a TCP one unless a launcher
-    already serves it)."""
-    if spec.scheme == "file":
-        return FileStore(spec.path, spec.world_size)
-    if spec.scheme == "torchrun":
-        return _open_torchrun_store(spec, timeout_s)
-    return TCPStore(spec.host, spec.port, world_size=None,
-                    is_master=(spec.rank == 0 and not _agent()),
-                    timeout=timedelta(seconds=timeout_s), token=secret)
-
-
-def _under_torchrun_agent() -> bool:
-    """Whether MASTER_PORT is torch's own store, served by torchrun's agent
-    (``TORCHELASTIC_USE_AGENT_STORE``): it speaks torch's store protocol, not rankwise's.
-    (``rankwise run`` sets torchrun's variables too, for torch code, but serves a
-    rankwise store.)"""
-    return ("TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANKWISE_LAUNCHED") != "1"
-            and _agent())
-
-
-def _open_torchrun_store(spec: _StoreSpec, timeout_s: float) -> Any:
-    """torchrun's store, as a rankwise store: rankwise's rendezvous runs on it through a
-    view (as for the ``"rankwise"`` torch backend), so a rankwise script runs under
-    torchrun unchanged, with no second port. The store is torch's, without rankwise's
-    token: the job's own connections still prove ``RANKWISE_TOKEN`` when one is set."""
-    where = f"torchrun's store at {spec.host}:{spec.port}"
-    try:
-        import torch.distributed as tdist
-
-        from ..store.torch_views import RankwiseStoreView
-    except ImportError as exc:
-        raise RendezvousError(
-            "this rankwise script was started by torchrun, whose MASTER_PORT is torch's own "
-            f"store, but torch cannot be imported here to reach it ({exc}): start it with "
-            "`rankwise run` instead (same options, e.g. `rankwise run --nproc-per-node 2 "
-            "script.py`)") from exc
-    timeout = timedelta(seconds=timeout_s)
-    try:
-        inner = tdist.TCPStore(  # type: ignore[attr-defined]  # (exported at run time)
-            spec.host, spec.port, is_master=False, timeout=timeout, wait_for_workers=False)
-    except (RuntimeError, OSError) as exc:  # torch's DistStoreError is a RuntimeError
-        raise StoreError(f"could not reach {where}: {exc}") from exc
-    return RankwiseStoreView(inner, timeout)
-
-
-def _query_int(query: dict[str, str], name: str, init_method: str) -> int:
-    try:
-        return int(query[name])
-    except ValueError:
-        raise InvalidArgument(f"init_method {init_method!r}: {name}={query[name]!r} is not "
-                              "an integer") from None
-
-
-def _agent() -> bool:
-    """Whether a launcher serves the store (``launch.env.uses_agent_store``)."""
-    return uses_agent_store(os.environ)
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
@@ -456,65 +294,6 @@ def _auth_note(store: Any) -> str:
         return ""
 
 
-# --- leaving ------------------------------------------------------------------------------
-
-def destroy_process_group(group: Any = None) -> None:
-    """Leave the job (no group) or forget one group. Peers still waiting on this rank
-    are told where it left, instead of waiting for a timeout."""
-    world = current()
-    if group is not None and group is not GroupMember.WORLD and group is not world.default_group:
-        if group is GroupMember.NON_GROUP_MEMBER:
-            return
-        gone = world.groups.pop(getattr(group, "id", -1), None)
-        if gone is not None:
-            gone.engine.close()
-        return
-    site = capture()
-    _leave(world, f"called destroy_process_group at {site.short}", linger=True)
-
-
-#: how long the process hosting the store waits, when leaving, for the others to leave
-LEAVE_LINGER = 10.0
-
-
-def _leave(world: World, where: str, linger: bool = False) -> None:
-    """Say goodbye and release everything. ``linger``: an explicit, healthy
-    destroy_process_group, after which the store's host waits for the others to leave
-    (at exit after an exception nobody waits: the others may be stuck or dead)."""
-
-    clean = linger and world.comm.router.failure is None
-    for group in list(world.groups.values()):
-        group.engine.settle()  # ahead of the goodbye: a peer stops reading after it
-    world.comm.goodbye(where)
-    stop_worker()
-    for group in list(world.groups.values()):
-        group.engine.close()
-    if clean:
-        _let_the_others_leave(world)
-    _set_watcher(world.store, None)  # the job is over: a plain store from here on
-    close = getattr(world.store, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # noqa: BLE001, S110 - leaving must not fail on a dead store
-            pass
-    set_world(None)
-
-
-def _let_the_others_leave(world: World) -> None:
-    """Count this rank out; the process hosting the store then waits (bounded) until
-    every rank has counted out, so no rank still reading the store (an engine agreement
-    of a group it is finishing, its own leaving) finds it gone: "the store went away" on
-    a peer of a job that ended well. Skipped after a failure: the others may be dead."""
-    try:
-        if int(world.rendezvous.add("left", 1)) >= world.comm.world_size:
-            world.rendezvous.set("all-left", "1")
-        if getattr(world.store, "server", None) is not None:
-            world.rendezvous.wait(["all-left"], timedelta(seconds=LEAVE_LINGER))
-    except DistError:
-        pass  # a peer that never leaves, or a store already gone: leave anyway
-
-
 def is_initialized() -> bool:
     return maybe_current() is not None
 
@@ -590,47 +369,3 @@ def make_group(world: World, gid: int, members: list[int], timeout_s: float, des
     group.engine = choose_engine(group, world.rendezvous, group.timeout, hosts=hosts,
                                  device=resolve_device(world.device_id) if nccl else None)
     return group
-
-
-# --- process hooks ----------------------------------------------------------------------
-
-_hooks_installed = False
-_previous_excepthook = sys.excepthook
-
-
-def _excepthook(exc_type: type[BaseException], exc: BaseException,
-                tb: TracebackType | None) -> None:
-    world = maybe_current()
-    if world is not None and not world.comm.closed:
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        if isinstance(exc, PeerFailure) and exc.rank is not None:
-            info = world.comm.relay_of(exc)  # secondary: name the rank that failed first
-        else:
-            info = {"kind": "exception", "rank": world.comm.rank,
-                    "message": f"{exc_type.__name__}: {exc}"[:4000],
-                    "traceback": text[-40000:], "last": world.comm.last_call}
-        try:
-            world.comm.broadcast_abort(info)
-        except Exception:  # noqa: BLE001, S110 - the original error matters more
-            pass
-        if world.comm.dumper is not None:
-            world.comm.dumper.write(f"uncaught {exc_type.__name__}: {exc}")
-    _previous_excepthook(exc_type, exc, tb)
-
-
-def _at_exit() -> None:
-
-    world = maybe_current()
-    if world is not None and not world.comm.closed:
-        _leave(world, "exited without calling destroy_process_group")
-    stop_worker()  # never leave the async thread running into interpreter shutdown
-
-
-def _install_hooks() -> None:
-    global _hooks_installed, _previous_excepthook
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    _previous_excepthook = sys.excepthook
-    sys.excepthook = _excepthook
-    atexit.register(_at_exit)

@@ -24,6 +24,7 @@ from ..identity.calls import Fingerprint
 from ..identity.callsite import capture
 from ..wire.buffers import Buffer, as_buffer, commit, dtype_name, on_host
 from ..wire.frames import Kind, Op
+from . import profiling
 from .world import resolve_group
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
@@ -100,7 +101,13 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     if g is None:
         return
     buf = on_host(as_buffer(tensor, "tensor"))  # CUDA tensors travel through host memory
-    _do_send(g, buf, _peer(g, dst, group_dst, "dst"), _check_tag(tag))
+    peer, tag = _peer(g, dst, group_dst, "dst"), _check_tag(tag)
+    ev = profiling.Event("send", [tensor]) if profiling.on() else None
+    try:
+        _do_send(g, buf, peer, tag)
+    finally:
+        if ev is not None:
+            ev.end()
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -113,16 +120,30 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
     g.comm.router.check_alive()
-    return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
+    ev = _recv_event(tensor, peer)
+    try:
+        return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
+    finally:
+        if ev is not None:
+            ev.end()
+
+
+def _recv_event(tensor: Any, src: int) -> profiling.Event | None:
+    """gloo's names: ``recv`` from one rank, ``recvAnySource`` from any."""
+    if not profiling.on():
+        return None
+    return profiling.Event("recvAnySource" if src == -1 else "recv", [tensor])
 
 
 class _RecvWork(Work):
     """An irecv: completes when the message lands; no thread involved."""
 
-    def __init__(self, g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int):
+    def __init__(self, g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: int,
+                 ev: profiling.Event | None = None):
         super().__init__(f"irecv from {'any' if src == -1 else src} tag {tag}")
         self._g, self._pending, self._buf, self._src, self._tag = g, pending, buf, src, tag
         self._sender = -1
+        self._ev = ev  #: the profiler event, ended when the receive is
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._done.is_set():
@@ -133,6 +154,9 @@ class _RecvWork(Work):
             except BaseException as exc:
                 self._finish(exc)
                 raise
+            finally:
+                if self._ev is not None:
+                    self._ev.end()
             self._finish()
         return super().wait()
 
@@ -165,7 +189,8 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
     g.comm.router.check_alive()
-    return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
+    ev = _recv_event(tensor, peer)
+    return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag, ev)
 
 
 class P2POp:

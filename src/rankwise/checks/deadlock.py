@@ -42,7 +42,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..core.work import in_flight
 from ..errors import DeadlockError
 from .report import rank_list, stalled_mismatch
 
@@ -64,6 +63,8 @@ def blocked_state(comm: Any) -> dict[str, Any]:
     """What the detector needs beyond the who-is-where report: async work in flight, the
     sequence number each group has reached, the members of the group blocked in, and the
     blocked call's start time (which tells a second look whether anything moved)."""
+    from ..core.work import in_flight  # core builds on checks: not at module level
+
     a = comm.activity
     groups = dict(comm.groups)
     state: dict[str, Any] = {

@@ -15,7 +15,7 @@ Callers see one object with the methods they always used (``comm.wait``,
 ``comm.send_frame``, ``comm.goodbye``, ...): each is the part's own bound method, so
 the hot path pays no extra call for the composition.
 
-Diagnosis lives on the slow path only (DESIGN.md, "Diagnosis, cheaply"); the fast path
+Diagnosis lives on the slow path only (docs/design.md, "Diagnosis, cheaply"); the fast path
 pays for none of it beyond a clock read per wait.
 """
 
@@ -35,6 +35,7 @@ from ..wire.frames import CHECK_ENTRY, Frame, Kind, decode_checks
 from .activity import Activity, CallLog
 from .departures import Departures
 from .mismatches import Mismatches
+from .port import ControlPlane
 from .router import Pending, Router
 from .sending import Sender
 from .waiting import Waiter
@@ -90,6 +91,8 @@ class Communicator:
         self.report_provider: Callable[[], dict[str, Any]] = self._report
         #: asks whether every rank is blocked for good, from a wait's first second on
         self.deadlock = DeadlockWatch(self)
+        #: what engines see of all this (``core.port``)
+        self.port = ControlPlane(self)
 
         # the parts' methods, as callers have always called them on the communicator
         self.send = self.sender.send
@@ -153,7 +156,7 @@ class Communicator:
                 self._last_seen[frame.src] = last[0]
             # each as the frame it stands for: most are settled in one pass, the rest
             # (early, mismatched) take the path of a frame that came alone
-            for f in self.router.take_checks(frame, payload):
+            for f in self.router.checks.take(frame, payload):
                 target, token = self.on_header(f)
                 if target is not None:
                     self.on_payload(f, token)

@@ -14,12 +14,12 @@ from collections import deque
 from datetime import timedelta
 
 from ..engines.base import Call, Engine
-from ..engines.message import MessageEngine
 from ..errors import InvalidArgument
 from ..identity.calls import COMM_LABEL, Fingerprint
 from ..identity.callsite import CallSite
 from ..wire.buffers import DType, ReduceOp
 from .communicator import Communicator
+from .messages import MessageEngine
 from .work import Work
 
 __all__ = ["CallRecord", "ProcessGroup", "seconds"]
@@ -37,6 +37,8 @@ class ProcessGroup:
     def __init__(self, comm: Communicator, group_id: int, ranks: list[int], timeout: float,
                  backend: str, name: str) -> None:
         self.comm = comm
+        #: all an engine may reach of the rest of the job (``core.port``)
+        self.port = comm.port
         self.id = group_id
         self.ranks = ranks
         self._index = {g: i for i, g in enumerate(ranks)}

@@ -23,6 +23,7 @@ from ..errors import CollectiveMismatch
 from ..identity.calls import Fingerprint, describe, flags_shown, mismatch_advice
 from ..identity.callsite import CallSite, enabled
 from ..wire.frames import Frame
+from .failures import mismatch_sentence
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -77,9 +78,9 @@ class Mismatches:
                  for call, ranks in sorted(calls.items(), key=lambda kv: kv[1][0])]
         first = sorted(calls.values(), key=lambda rs: rs[0])
         texts = sorted(calls, key=lambda c: calls[c][0])
-        message = (
-            f"collective mismatch in {gname}, collective #{seq}: " + ", but ".join(sides)
-            + f". No message crossed between them (each waits to receive), so rank "
+        message = mismatch_sentence(
+            gname, seq, sides,
+            f". No message crossed between them (each waits to receive), so rank "
             f"{comm.rank} found it by asking every rank where it is. "
             + mismatch_advice(flags_shown(texts[0]), flags_shown(texts[1])) + "\n\n"
             + mismatch_report(reports, group, seq, first[0][0], first[1][0]))
@@ -120,12 +121,10 @@ class Mismatches:
                          record.shape if record is not None else None)
                 if fp is not None else "(a different call)")
         gname = f"group {frame.group}" if group is None else group.name
-        return (
-            f"collective mismatch in {gname}, collective #{frame.seq}: "
-            f"rank {comm.rank} called {ours}, but rank {frame.src} called {theirs}. "
-            + (detail + ". " if detail else "")
-            + mismatch_advice(frame.flags, fp.flags if fp is not None else 0)
-        )
+        return mismatch_sentence(
+            gname, frame.seq, [f"rank {comm.rank} called {ours}", f"rank {frame.src} called {theirs}"],
+            ". " + (detail + ". " if detail else "")
+            + mismatch_advice(frame.flags, fp.flags if fp is not None else 0))
 
     def _diagnose(self, frame: Frame, fp: Fingerprint | None, detail: str,
                   exc: CollectiveMismatch) -> None:

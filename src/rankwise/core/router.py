@@ -1,175 +1,32 @@
-"""Matching arriving frames to the receives that ranks have posted.
-
-Why a separate piece: the transport only moves frames; deciding *where* a payload goes
-(straight into a posted user buffer, or into a parked copy until the receive is posted),
-checking each collective frame against this rank's own call before its payload is
-used, and failing every waiter at once when something goes wrong is the same logic for
-every transport (tcp, in-memory).
-
-Three namespaces never mix:
-- collectives, matched exactly by (group, seq, src, step, lane) (``coll_key``; the lane
-  is the frame's lane flags, ``wire.frames.LANE_FLAGS``);
-- user point-to-point, matched by (src or any, tag) in arrival order, as MPI does;
-- library-internal object messages (``Kind.OBJ``), matched like p2p but separately, so
-  that ``recv(src=None)`` can never swallow a library message.
-
-What is parked (arrived, nobody asked for it yet) is bounded per peer and in total
-(``RANKWISE_PARKED_PER_PEER``, default 64 MiB; ``RANKWISE_PARKED_TOTAL``, default
-256 MiB): a frame that would pass a cap is answered ``HOLD``, the transport stops
-reading that peer, and TCP flow control makes its sender wait (bounded by the sender's
-deadline) until a receive is posted for it or parked messages are taken. Nothing a
-header claims is allocated before it is known to fit: a collective frame larger than
-the call it belongs to can hold is a protocol error naming its sender.
+"""Matching arriving frames to the receives ranks have posted: collectives by (group, seq,
+src, step, lane), p2p and library objects by (src, tag) in arrival order. Every frame is
+checked against this rank's call before its payload is used; what nobody asked for yet is
+parked within caps (``core.parking``). Rationale: docs/design.md, "Router".
 """
 
 from __future__ import annotations
 
-import os
-import struct
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..errors import DistError, DistTimeout
+from ..errors import DistError
 from ..identity.calls import Fingerprint
-from ..wire.buffers import dtype_by_code
-from ..wire.frames import (
-    CHECK_ENTRY,
-    CHECK_KEY,
-    DROP,
-    HOLD,
-    LANE_FLAGS,
-    Flag,
-    Frame,
-    Kind,
-    Op,
-    WireError,
-    decode_checks,
+from ..wire.frames import DROP, HOLD, LANE_FLAGS, Frame, Kind, WireError
+from .check_batches import CheckBatches
+from .mailbox import (
+    CHECK_LANE,
+    Arrival,
+    CollKey,
+    GroupState,
+    Pending,
+    call_bytes,
+    coll_key,
+    uninitialized,
 )
+from .parking import Parking
 
 __all__ = ["CollKey", "Pending", "Router", "coll_key"]
-
-#: (group, seq, source global rank, step, lane flags): one message of one collective call
-CollKey = tuple[int, int, int, int, int]
-
-
-def coll_key(frame: Frame) -> CollKey:
-    """The receive a collective frame belongs to."""
-    return (frame.group, frame.seq, frame.src, frame.step, frame.flags & LANE_FLAGS)
-
-
-class Pending:
-    """A posted receive: completes when its payload has landed, or with an error.
-
-    Waiting blocks in the kernel (a lock acquire with timeout), never spins.
-    """
-
-    __slots__ = ("_done", "buffer", "completed", "error", "frame", "group", "nbytes", "src",
-                 "tag")
-
-    def __init__(self, buffer: memoryview | None, src: int, tag: int = 0, group: int = 0) -> None:
-        self._done = threading.Lock()
-        self._done.acquire()
-        self.buffer = buffer  #: destination; None means "allocate what arrives" (objects)
-        self.nbytes = -1 if buffer is None else buffer.nbytes
-        self.src = src  #: -1 for any source
-        self.tag = tag
-        self.group = group
-        self.error: BaseException | None = None
-        self.frame: Frame | None = None
-        self.completed = False
-
-    def finish(self, frame: Frame | None, error: BaseException | None = None) -> None:
-        if self.completed:
-            return
-        self.frame = frame
-        self.error = error
-        self.completed = True
-        self._done.release()
-
-    def wait(self, deadline: float, describe: Callable[[], str]) -> Frame:
-        """Block until done or ``deadline`` (time.monotonic); raise the error if any."""
-        if not self.completed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._done.acquire(timeout=remaining):
-                raise DistTimeout(describe())
-            self._done.release()
-        if self.error is not None:
-            raise self.error
-        assert self.frame is not None
-        return self.frame
-
-
-def _uninitialized(n: int) -> memoryview:
-    """Room for a parked payload; not zero-filled (it is overwritten at once)."""
-    return memoryview(np.empty(n, np.uint8).data) if n else memoryview(b"")
-
-
-@dataclass(slots=True)
-class _Arrival:
-    frame: Frame
-    data: memoryview
-    complete: bool = False
-    waiter: Pending | None = None
-    parked: int = 0  #: bytes charged to the parking caps until it is taken
-
-
-#: what parking a frame costs beyond its payload (bookkeeping), so that a flood of empty
-#: frames is bounded too
-_OVERHEAD = 256
-
-
-def _env_bytes(name: str, default: int) -> int:
-    try:
-        value = int(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-#: defaults of the parking caps (read from the environment when a Router is made)
-PARKED_PER_PEER = 64 << 20
-PARKED_TOTAL = 256 << 20
-#: the ring check's lane (a plain int: the lane is compared per frame)
-_CHECK_LANE = int(Flag.CHECK)
-_ENTRY = CHECK_ENTRY.size
-_seq_of = struct.Struct("<Q").unpack_from  #: an entry's seq (its first field)
-#: calls whose expected ring-check entries are kept (a neighbour is never further behind)
-_EXPECT_KEEP = 1024
-
-
-def call_bytes(fp: Fingerprint) -> int | None:
-    """The most payload bytes one frame of the call ``fp`` can carry (None: unknown)."""
-    if fp.count < 0:
-        return None
-    if fp.dtype == 0:  # a barrier's count is a name code, its frames are empty
-        return 0 if fp.op == Op.barrier else None
-    d = dtype_by_code(fp.dtype)
-    return None if d is None else fp.count * d.storage.itemsize
-
-
-
-
-@dataclass(slots=True)
-class _GroupState:
-    calls: dict[int, Fingerprint] = field(default_factory=dict)
-    #: per call, the header fields (op, dtype, reduce, flags, root, count) a matching frame
-    #: carries, compared in one step on the hot path; absent where counts may differ.
-    #: A frame of another lane (lane flags set) misses it and takes the full path.
-    wire: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    early: dict[int, list[Frame]] = field(default_factory=dict)
-    #: ring-check frames (``Flag.CHECK``, no payload) that matched our call while no
-    #: receive was posted for them: seq -> sender. A confirmed call never posts one (see
-    #: ``take_checks``); a first-sight call that posts after its frame came finds it here
-    checked: dict[int, int] = field(default_factory=dict)
-    #: our confirmed calls' ring-check entries as the neighbour must send them (seq and
-    #: fingerprint, ``CHECK_KEY`` bytes), by seq: ``take_checks`` compares bytes to bytes
-    expected: dict[int, bytes] = field(default_factory=dict)
-
 
 #: called as (frame, our fingerprint or None, extra detail) when a frame contradicts our call
 MismatchHandler = Callable[[Frame, "Fingerprint | None", str], None]
@@ -177,7 +34,7 @@ MismatchHandler = Callable[[Frame, "Fingerprint | None", str], None]
 ProtocolErrorHandler = Callable[[int, str], None]
 
 
-class Router:
+class Router(Parking):
     """Thread-safe mailboxes shared by the I/O thread (producer) and callers (consumers)."""
 
     def __init__(self, on_mismatch: MismatchHandler,
@@ -187,24 +44,19 @@ class Router:
         self._news = threading.Condition(self._lock)  #: a failure or a departure was noted
         self._on_mismatch = on_mismatch
         self._on_protocol_error = on_protocol_error
-        self.per_peer_cap = per_peer or _env_bytes("RANKWISE_PARKED_PER_PEER", PARKED_PER_PEER)
-        self.total_cap = total or _env_bytes("RANKWISE_PARKED_TOTAL", PARKED_TOTAL)
-        self._parked: dict[int, int] = {}  #: bytes parked per source rank
-        self._parked_total = 0
-        #: peers whose transport stopped reading because a frame did not fit (see HOLD)
-        self._held: set[int] = set()
-        #: the transport's "read from this peer again" (set by whoever owns both)
-        self.resume: Callable[[int], None] | None = None
+        Parking.__init__(self, per_peer, total)
         self._coll_posted: dict[CollKey, Pending] = {}
-        self._coll_arrived: dict[CollKey, _Arrival] = {}
+        self._coll_arrived: dict[CollKey, Arrival] = {}
         self._p2p_posted: dict[int, list[Pending]] = {Kind.P2P: [], Kind.OBJ: []}
-        self._p2p_arrived: dict[int, deque[_Arrival]] = {Kind.P2P: deque(), Kind.OBJ: deque()}
-        self._groups: dict[int, _GroupState] = {}
+        self._p2p_arrived: dict[int, deque[Arrival]] = {Kind.P2P: deque(), Kind.OBJ: deque()}
+        self._groups: dict[int, GroupState] = {}
         self._failed: BaseException | None = None
         self._gone: dict[int, BaseException] = {}  #: peers that left or died
         #: told (once, outside the lock) of the first failure: engines whose data plane
         #: rankwise does not own (a torch group) abort it so no rank stays blocked there
         self.on_failure: list[Callable[[BaseException], None]] = []
+        #: the ring check's batched fingerprints (torch engines only, ``core.check_batches``)
+        self.checks = CheckBatches(self._lock, self._groups, self._coll_posted)
 
     # --- state shared with callers ---------------------------------------------------
 
@@ -237,9 +89,9 @@ class Router:
     def register_call(self, group: int, seq: int, fp: Fingerprint, keep: int = 1024) -> None:
         """Record this rank's call #seq; check frames that arrived before it was made."""
         with self._lock:
-            # (not ``setdefault(group, _GroupState())``: that built a state, four dicts,
+            # (not ``setdefault(group, GroupState())``: that built a state, four dicts,
             # on every call only to throw it away)
-            state = self._groups.get(group) or self._groups.setdefault(group, _GroupState())
+            state = self._groups.get(group) or self._groups.setdefault(group, GroupState())
             state.calls[seq] = fp
             state.calls.pop(seq - keep, None)
             if fp.count != -1:
@@ -254,7 +106,7 @@ class Router:
                     gone = self._coll_arrived.pop(coll_key(f), None)
                     if gone is not None:
                         self._unpark_locked(gone)
-                elif f.flags & LANE_FLAGS == _CHECK_LANE and not f.payload_len:
+                elif f.flags & LANE_FLAGS == CHECK_LANE and not f.payload_len:
                     # a ring-check frame judged good now: a confirmed call never takes it
                     # (``take_checks``), so it leaves the parked frames for ``checked``
                     key = coll_key(f)
@@ -282,7 +134,7 @@ class Router:
 
     def post_coll(self, key: CollKey, buffer: memoryview) -> Pending:
         pending = Pending(buffer, key[2])
-        copy_from: _Arrival | None = None
+        copy_from: Arrival | None = None
         with self._lock:
             if self._failed is not None:
                 pending.finish(None, self._failed)
@@ -290,7 +142,7 @@ class Router:
             gone = self._gone.get(key[2])
             arrival = self._coll_arrived.pop(key, None)
             held = self._take_held()
-            judged = self._judged_locked(key) if arrival is None and key[4] else None
+            judged = self.checks.judged_locked(key) if arrival is None and key[4] else None
             if judged is not None:
                 pending.finish(judged)
             elif arrival is None:
@@ -307,76 +159,6 @@ class Router:
         self._resume_all(held)
         return pending
 
-    def _judged_locked(self, key: CollKey) -> Frame | None:
-        """The ring-check frame for ``key`` that matched our call before this receive
-        was posted (lock held), taken; None when there is none."""
-        state = self._groups.get(key[0])
-        if state is None or key[3] or key[4] != _CHECK_LANE or \
-                state.checked.get(key[1]) != key[2]:
-            return None
-        del state.checked[key[1]]
-        return self._judged_frame(state, key[0], key[1], key[2])
-
-    def expect_check(self, group: int, seq: int, key: bytes) -> None:
-        """Our confirmed call #seq's ring-check entry as the neighbour must send it (the
-        first ``CHECK_KEY`` bytes of ``CHECK_ENTRY``: seq and fingerprint, not the call
-        site), for ``take_checks``. No lock: one dict store is atomic, and an entry that
-        comes before it is stored takes the full path, which judges it just as well."""
-        state = self._groups.get(group)  # made by register_call, before any check
-        if state is not None:
-            expected = state.expected
-            expected[seq] = key
-            expected.pop(seq - _EXPECT_KEEP, None)
-
-    def take_checks(self, frame: Frame, payload: bytes) -> list[Frame]:
-        """Judge a ``Kind.CHECKS`` frame (the neighbour's confirmed calls, see
-        ``engines.ring_check``) in one pass under the lock: an entry equal, byte for
-        byte, to the one we expect (``expect_check``) is settled at once. The entries
-        this cannot settle (early, mismatched, awaited by a receive of another size) are
-        returned as the frames they stand for, in order, for the full path
-        (``coll_header``), which validates them as hostile bytes.
-
-        Why: a confirmed call posts no receive for its neighbour's fingerprint (it never
-        waits for it), so an entry needs only comparing with our own call. Through the
-        full path each entry cost a frame object, a receive posted by the caller and a
-        header-and-payload hand-off here, on the I/O thread and under the GIL: on two
-        cores more than the 4-byte op it checks."""
-        n = len(payload)
-        state = self._groups.get(frame.group)
-        if state is None or n % _ENTRY:
-            return decode_checks(frame, payload)  # (raises on a torn payload)
-        group, src, step = frame.group, frame.src, frame.step
-        rest: list[int] = []
-        done: list[tuple[Pending, int]] = []
-        with self._lock:
-            expected, checked, posted = state.expected, state.checked, self._coll_posted
-            for off in range(0, n, _ENTRY):
-                seq = _seq_of(payload, off)[0]
-                if step or expected.get(seq) != payload[off:off + CHECK_KEY]:
-                    rest.append(off)
-                    continue
-                pending = posted.pop((group, seq, src, 0, _CHECK_LANE), None) \
-                    if posted else None
-                if pending is None:
-                    checked[seq] = src  # a first-sight call may post for it yet
-                elif pending.nbytes == 0:
-                    done.append((pending, seq))
-                else:
-                    posted[(group, seq, src, 0, _CHECK_LANE)] = pending
-                    rest.append(off)
-            judged = [(p, self._judged_frame(state, group, seq, src)) for p, seq in done]
-        for pending, f in judged:
-            pending.finish(f)
-        if not rest:
-            return []
-        return decode_checks(frame, b"".join(payload[o:o + _ENTRY] for o in rest))
-
-    @staticmethod
-    def _judged_frame(state: _GroupState, group: int, seq: int, src: int) -> Frame:
-        fp = state.calls[seq]
-        return Frame(Kind.COLL, group, seq, fp.op, fp.dtype, fp.reduce,
-                     fp.flags | _CHECK_LANE, fp.root, fp.count, 0, 0, 0, 0, src)
-
     def post_p2p(self, kind: int, group: int, src: int, tag: int,
                  buffer: memoryview | None) -> Pending:
         """Point-to-point receives match (group, source or any, tag), in arrival order:
@@ -390,7 +172,7 @@ class Router:
         self._resume_all(held)  # a held frame may be the one this receive waits for
         return pending
 
-    def _match_p2p_locked(self, kind: int, pending: Pending) -> _Arrival | None:
+    def _match_p2p_locked(self, kind: int, pending: Pending) -> Arrival | None:
         """Post ``pending`` (lock held); the complete arrival to copy from, if one matched."""
         if self._failed is not None:
             pending.finish(None, self._failed)
@@ -453,11 +235,11 @@ class Router:
                      ) -> tuple[memoryview | None, object]:
         n = frame.payload_len
         pending: Pending | None = None
-        arrival: _Arrival | None = None
+        arrival: Arrival | None = None
         wrong_size = False
         with self._lock:
             state = self._groups.get(frame.group) or \
-                self._groups.setdefault(frame.group, _GroupState())
+                self._groups.setdefault(frame.group, GroupState())
             fp = state.calls.get(frame.seq)
             bad = fp is not None and fp.differs(frame)
             limit = call_bytes(fp) if fp is not None and not bad else None
@@ -472,7 +254,7 @@ class Router:
                     return pending.buffer, pending
                 wrong_size = pending is not None and pending.nbytes != n
                 if pending is None and fp is not None and not bad and not n \
-                        and key[4] == _CHECK_LANE:
+                        and key[4] == CHECK_LANE:
                     # a ring-check frame that matches our call: nothing to deliver, and
                     # a confirmed call never asks for it (see ``take_checks``)
                     state.checked[frame.seq] = frame.src
@@ -484,7 +266,7 @@ class Router:
                         return None, HOLD
                     if fp is None:
                         state.early.setdefault(frame.seq, []).append(frame)
-                    arrival = _Arrival(frame, memoryview(b""))
+                    arrival = Arrival(frame, memoryview(b""))
                     self._park_locked(arrival)
                     # a receive posted while we allocate (unlocked) finds it incomplete
                     # and waits for on_payload
@@ -515,7 +297,7 @@ class Router:
     @staticmethod
     def _allocate(frame: Frame) -> memoryview:
         try:
-            return _uninitialized(frame.payload_len)
+            return uninitialized(frame.payload_len)
         except MemoryError:
             raise MemoryError(f"out of memory taking a frame of {frame.payload_len} bytes "
                               f"from rank {frame.src}") from None
@@ -524,7 +306,7 @@ class Router:
         n = frame.payload_len
         size_error: DistError | None = None
         failed: Pending | None = None
-        arrival: _Arrival | None = None
+        arrival: Arrival | None = None
         with self._lock:
             posted = self._p2p_posted[frame.kind]
             for i, pending in enumerate(posted):
@@ -536,7 +318,7 @@ class Router:
                         return pending.buffer, pending
                     if pending.buffer is None:  # "whatever arrives" (object messages)
                         del posted[i]
-                        arrival = _Arrival(frame, memoryview(b""), waiter=pending)
+                        arrival = Arrival(frame, memoryview(b""), waiter=pending)
                         self._p2p_arrived[frame.kind].append(arrival)
                         break
                     size_error = DistError(
@@ -552,7 +334,7 @@ class Router:
                     self._held.add(frame.src)
                     arrival = None
                 else:
-                    arrival = _Arrival(frame, memoryview(b""))
+                    arrival = Arrival(frame, memoryview(b""))
                     self._park_locked(arrival)
                     self._p2p_arrived[frame.kind].append(arrival)
         if failed is not None:
@@ -562,55 +344,7 @@ class Router:
         arrival.data = self._allocate(frame)
         return arrival.data, arrival
 
-    # --- parking caps (lock held unless said otherwise) ---------------------------------
-
-    def _fits_locked(self, src: int, n: int) -> bool:
-        cost = n + _OVERHEAD
-        return (self._parked.get(src, 0) + cost <= self.per_peer_cap
-                and self._parked_total + cost <= self.total_cap)
-
-    def _park_locked(self, arrival: _Arrival) -> None:
-        cost = arrival.frame.payload_len + _OVERHEAD
-        arrival.parked = cost
-        src = arrival.frame.src
-        self._parked[src] = self._parked.get(src, 0) + cost
-        self._parked_total += cost
-
-    def _unpark_locked(self, arrival: _Arrival) -> None:
-        cost = arrival.parked
-        if cost:  # (clamped: a failure may have reset the counts meanwhile)
-            arrival.parked = 0
-            src = arrival.frame.src
-            left = self._parked.get(src, 0) - cost
-            if left > 0:
-                self._parked[src] = left
-            else:
-                self._parked.pop(src, None)
-            self._parked_total = max(0, self._parked_total - cost)
-
-    def _take_held(self) -> list[int]:
-        """Peers held back, to resume once the lock is released (lock held)."""
-        if not self._held:
-            return []
-        held = list(self._held)
-        self._held.clear()
-        return held
-
-    def _resume_all(self, held: list[int]) -> None:
-        """Let the transport try the held peers' next frames again (lock not held)."""
-        resume = self.resume
-        if resume is not None:
-            for rank in held:
-                resume(rank)
-
-    def parked(self) -> dict[str, object]:
-        """Statistics: bytes parked per peer and in total, peers held back."""
-        with self._lock:
-            return {"per_peer": {r: b for r, b in self._parked.items() if b},
-                    "total": self._parked_total, "held": sorted(self._held),
-                    "per_peer_cap": self.per_peer_cap, "total_cap": self.total_cap}
-
-    def on_payload(self, frame: Frame, token: Pending | _Arrival) -> None:
+    def on_payload(self, frame: Frame, token: Pending | Arrival) -> None:
         """The payload of ``frame`` is now entirely in the buffer ``on_header`` gave."""
         if isinstance(token, Pending):  # it went straight into a posted buffer
             token.finish(frame)
@@ -629,7 +363,7 @@ class Router:
         if waiter is not None:
             self._deliver_copy(arrival, waiter)
 
-    def _deliver_copy(self, arrival: _Arrival, pending: Pending) -> None:
+    def _deliver_copy(self, arrival: Arrival, pending: Pending) -> None:
         """Hand a parked arrival to its receive, then free its room under the caps."""
         try:
             self._deliver(arrival, pending)
@@ -639,7 +373,7 @@ class Router:
                 held = self._take_held()
             self._resume_all(held)
 
-    def _deliver(self, arrival: _Arrival, pending: Pending) -> None:
+    def _deliver(self, arrival: Arrival, pending: Pending) -> None:
         frame = arrival.frame
         if pending.buffer is None:
             pending.buffer = arrival.data

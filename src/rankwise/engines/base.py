@@ -3,18 +3,23 @@
 Why a seam: the API layer (argument checks, fingerprints, call sites, history, async
 handles) is the same whichever engine moves the bytes, so it lives once above this
 interface, and each engine implements only the data movement. Every method blocks the
-calling thread until the call is complete on this rank, honours ``call.deadline`` and
-raises the public exception classes (``CollectiveMismatch``, ``PeerFailure``,
-``DistTimeout``). Arrays are contiguous and 1-D; ranks are group-local.
+calling thread until the call is complete on this rank and honours ``call.deadline``.
+Failures are reported as three plain facts (``CallsDisagree``, ``PeerGone``,
+``DeadlinePassed``) that core words (``core.failures``); the rest of the job is reached
+through ``group.port`` only (``core.port``). Arrays are contiguous and 1-D; ranks are
+group-local.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy.typing as npt
 
+from ..errors import DistError, InvalidArgument
 from ..identity.calls import describe
 from ..wire.buffers import DType, ReduceOp
 
@@ -23,9 +28,73 @@ if TYPE_CHECKING:
     from ..identity.calls import Fingerprint
     from ..identity.callsite import CallSite
 
-__all__ = ["Array", "Call", "Engine"]
+__all__ = ["CHECK_ENV", "CHECK_MODES", "Array", "Call", "CallsDisagree", "DeadlinePassed",
+           "Engine", "EngineFact", "EngineUnavailable", "PeerGone", "check_mode"]
 
 Array = npt.NDArray[Any]
+
+#: how engines whose data rankwise does not own check calls (``core.ring_check``)
+CHECK_ENV = "RANKWISE_CHECK"
+CHECK_MODES = ("async", "sync", "off")
+
+
+def check_mode() -> str:
+    """The check mode the environment asks for, validated before any I/O."""
+    value = os.environ.get(CHECK_ENV, "async").strip().lower() or "async"
+    if value not in CHECK_MODES:
+        raise InvalidArgument(f"{CHECK_ENV}={value!r} is not one of {', '.join(CHECK_MODES)}")
+    return value
+
+
+class EngineUnavailable(DistError):
+    """The engine asked for cannot serve this group (said once, with the reason)."""
+
+
+class EngineFact(Exception):
+    """A plain fact an engine reports about a call; the guard in core
+    (``core.failures.explain``) turns it into the public exception, worded once."""
+
+
+class CallsDisagree(EngineFact):
+    """The ranks disagree on the call. ``first``: (global rank, call described) of the
+    side that disagrees first, when it is not this rank's own call; ``peer`` and ``theirs``:
+    the other side (``theirs`` gets the peer's reported shape, None when unknown);
+    ``detail``: what differs beyond the calls; ``report``: gather every rank's recent calls
+    and tell the peers; ``fail_group``: every later call of the job raises it too."""
+
+    def __init__(self, detail: str = "", *, peer: int | None = None,
+                 theirs: Callable[[tuple[int, ...] | None], str] | None = None,
+                 their_flags: int | None = None, first: tuple[int, str] | None = None,
+                 report: bool = False, fail_group: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.peer = peer
+        self.theirs = theirs
+        self.their_flags = their_flags
+        self.first = first
+        self.report = report
+        self.fail_group = fail_group
+
+
+class PeerGone(EngineFact):
+    """A peer (``rank``, global; None: some member) is gone or its op failed; ``detail``:
+    what the engine saw. The control plane's account of why beats it when there is one."""
+
+    def __init__(self, rank: int | None, detail: str, *, where: str = "") -> None:
+        super().__init__(detail)
+        self.rank = rank
+        self.detail = detail
+        self.where = where
+
+
+class DeadlinePassed(EngineFact):
+    """The call's deadline passed; ``where`` ends the sentence (`` on shared memory``),
+    ``detail`` is what the engine was waiting for."""
+
+    def __init__(self, where: str, detail: str = "") -> None:
+        super().__init__(detail)
+        self.where = where
+        self.detail = detail
 
 
 @dataclass(slots=True)

@@ -11,10 +11,10 @@ shared memory only if it worked everywhere, and never splits across engines.
 
 ``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
 the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
-(torch's gloo moves the data, rankwise checks it: ``torch_engine``). The backend name
+(torch's gloo moves the data, rankwise checks it: ``engines.torch.engine``). The backend name
 ``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
 rankwise's own engine. A backend that names NCCL (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)
-adds the NCCL engine for CUDA tensors beside that choice (``engines.device``).
+adds the NCCL engine for CUDA tensors beside that choice (``engines.device.pair``).
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import platform
-import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, InvalidArgument
+from ..errors import InvalidArgument
+from ..shmem.host import host_identity
 from ..wire.device import tensor_path
 from .backends import parse_backend
-from .base import Engine
+from .base import Engine, EngineUnavailable
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
@@ -42,10 +41,6 @@ log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
 ENGINES = ("auto", "tcp", "shm", "torch-gloo")
-
-
-class EngineUnavailable(DistError):
-    """The engine asked for cannot serve this group (said once, with the reason)."""
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the
@@ -84,35 +79,6 @@ def cuda_missing() -> str | None:
     return None
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def _inode(path: str) -> str:
-    try:
-        return str(os.stat(path).st_ino)
-    except OSError:
-        return "?"
-
-
-def _shm_device() -> str:
-    try:
-        return str(os.stat("/dev/shm").st_dev)
-    except OSError:
-        return "none"
-
-
-def host_identity() -> str:
-    """What must be equal for two processes to share memory segments and see each
-    other's pids: one kernel boot, one /dev/shm, one pid namespace, one architecture."""
-    return "|".join((socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"),
-                     _shm_device(), _inode("/proc/self/ns/pid"), platform.machine()))
-
-
 def exchange(store: Any, key: str, value: str, size: int, rank: int,
               timeout: float) -> list[str]:
     """Every member's ``value`` for ``key``, in group-rank order (one store round)."""
@@ -134,8 +100,8 @@ def choose_engine(group: ProcessGroup, store: Any, timeout: float,
     if not (group.backend and parse_backend(group.backend).nccl) \
             and tensor_path() != "device":
         return host
-    from .device import DevicePair
-    from .nccl import create_device_engine, resolve_device
+    from .device.pair import DevicePair
+    from .torch.nccl import create_device_engine, resolve_device
 
     try:
         cuda = create_device_engine(group, store, timeout,
@@ -152,7 +118,7 @@ def _host_engine(group: ProcessGroup, store: Any, timeout: float,
     want = requested_engine(group.backend)
     n, me = group.size(), group.group_rank
     if want == "torch-gloo":
-        from .torch_engine import TorchEngine
+        from .torch.engine import TorchEngine
 
         return TorchEngine.create(group, store, timeout)
     if want == "tcp" or n == 1:

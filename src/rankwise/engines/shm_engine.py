@@ -1,12 +1,9 @@
 """The shared-memory engine: the ``Engine`` seam over ``shm.ShmGroup``.
 
-Why an adapter: the core (``shm``) knows segments, rounds and fingerprints; a rankwise
-group also has a control plane (the TCP communicator) that knows why a peer failed
-(its traceback, its goodbye), can ask every rank where it is, and words every error the
-same way whichever engine found it. This module joins the two: the core's waits poll
-the control plane for failures, and its exceptions are re-raised in the words the TCP
-engine uses (both calls with their file:line for a mismatch, the peer's own account for
-a failure, the who-is-where table for a timeout).
+Why an adapter: the core (``shm``) knows segments, rounds and fingerprints; the group's
+control plane (``core.port``) knows why a peer failed and how to report. The core's
+waits poll the port for failures, and its exceptions become the seam's plain facts,
+which core words as for every engine.
 """
 
 from __future__ import annotations
@@ -16,12 +13,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..checks.report import mismatch_report, reported_shape
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
-from ..identity.calls import describe, describe_call, mismatch_advice
+from ..identity.calls import describe_call
 from ..identity.callsite import CallSite
-from .base import Array, Call
-from .select import EngineUnavailable
+from .base import Array, Call, CallsDisagree, DeadlinePassed, EngineUnavailable, PeerGone
 from .shm import ShmGroup, ShmUnavailable
 from .shm.errors import ShmCallMismatch
 
@@ -29,6 +24,9 @@ if TYPE_CHECKING:
     from ..core.group import ProcessGroup
 
 __all__ = ["ShmEngine"]
+
+#: how a timeout or slow-wait sentence on shared memory ends
+_WHERE = " on shared memory"
 
 
 class ShmEngine:
@@ -42,25 +40,21 @@ class ShmEngine:
 
     def __init__(self, group: ProcessGroup, core: ShmGroup) -> None:
         self.group = group
-        self.comm = group.comm
+        self.port = port = group.port
         self.core = core
         self._call: Call | None = None  #: the call in progress, for slow-wait warnings
         #: user threads calling at once must not interleave rounds on the segment
         self._lock = threading.Lock()
-        core.ch.slow_after = self.comm.warn_after
+        core.ch.slow_after = port.warn_after
         core.ch.on_slow = self._slow
-        core.ch.stuck_after = self.comm.deadlock.after
-        core.ch.on_stuck = self.comm.deadlock.probe
-        self.comm.peer_call_sources.append(self._last_call_of)
+        core.ch.stuck_after = port.stuck_after
+        core.ch.on_stuck = port.probe
+        port.call_sources.append(self._last_call_of)
 
     def _slow(self) -> None:
         call = self._call
-        if call is None or call.patient:  # waiting on purpose (rank_zero_first followers)
-            return
-        self.comm.warn_slow(lambda: f"rank {self.comm.rank} timed out after "
-                                    f"{self.group.timeout:.0f}s in {call.describe()} "
-                                    f"(collective #{call.seq} of {self.group.name}) on "
-                                    "shared memory")
+        if call is not None:
+            self.port.slow(call, _WHERE)
 
     def _last_call_of(self, global_rank: int) -> str:
         """What the segment shows as ``global_rank``'s latest call (for failure reports)."""
@@ -79,10 +73,10 @@ class ShmEngine:
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float) -> ShmEngine:
         """Set up the group's segment (collective over the group's members)."""
-        router = group.comm.router
+        port = group.port
 
         def control_plane_failure() -> None:
-            failure = router.failure
+            failure = port.failure
             if failure is not None:
                 raise failure
 
@@ -95,72 +89,45 @@ class ShmEngine:
         return cls(group, core)
 
     def _run(self, call: Call, body: Callable[..., None], *args: Any) -> None:
-        """Run ``body(*args, deadline)`` alone on the segment; turn the core's exceptions
-        into the group's. (Arguments, not a closure: one allocation and frame less per
-        call on the hot path.)"""
+        """Run ``body(*args, deadline)`` alone on the segment; the core's exceptions
+        become the seam's facts. (Arguments, not a closure: one allocation and frame less
+        per call on the hot path.)"""
         deadline = call.deadline
         if not self._lock.acquire(blocking=False) and \
                 not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise DistTimeout(f"rank {self.comm.rank}: {call.describe()} waited "
-                              f"{self.group.timeout:.0f}s for another thread's call on "
-                              f"{self.group.name} to finish")
+            raise DeadlinePassed(_WHERE, f"waited for another thread's call on "
+                                         f"{self.group.name} to finish")
         self._call = call
         try:
             body(*args, deadline)
         except ShmCallMismatch as exc:
-            raise self._mismatch(call, exc) from None
+            raise self._mismatch(exc) from None
         except CollectiveMismatch as exc:  # found in the data (all_to_all's size table)
-            raise CollectiveMismatch(
-                f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
-                f"{self.comm.rank} called {call.describe()}, but {exc}") from None
-        except PeerFailure as exc:
-            raise self._cause(exc) from None
-        except DistTimeout as exc:
-            if call.quiet or self.comm.router.failure is not None:
+            if exc is self.port.failure:
                 raise
-            table = self.comm.where_table(f"rank {self.comm.rank} timed out in "
-                                          f"{call.describe()} on shared memory")
-            raise DistTimeout(f"rank {self.comm.rank} timed out after "
-                              f"{self.group.timeout:.0f}s in {call.describe()} "
-                              f"(collective #{call.seq} of {self.group.name}): {exc}",
-                              report=table) from None
+            raise CallsDisagree(str(exc)) from None
+        except PeerFailure as exc:
+            if exc is self.port.failure:
+                raise
+            raise PeerGone(exc.rank, str(exc)) from None
+        except DistTimeout as exc:
+            raise DeadlinePassed(_WHERE, str(exc)) from None
         finally:
             self._call = None
             self._lock.release()
 
-    def _cause(self, exc: PeerFailure) -> BaseException:
-        """The control plane's account of a failed peer (its traceback, its goodbye)
-        beats the bare fact that its shared-memory state changed."""
-        cause = None
-        if exc.rank is not None:
-            cause = self.comm.router.wait_for_cause(exc.rank, 1.0)
-        return self.comm.as_of_now(cause) if cause is not None else exc
-
-    def _mismatch(self, call: Call, exc: ShmCallMismatch) -> CollectiveMismatch:
-        """The same words as a mismatch found in a frame header, plus the divergence
-        report (every rank's recent calls) when the ranks can still be asked."""
+    def _mismatch(self, exc: ShmCallMismatch) -> CallsDisagree:
+        """What the segment shows of the peer's call (element counts: its shape comes
+        from its report)."""
         op, dtype, count, reduce, root, site_id, flags = exc.theirs
         their_site = CallSite.decode(site_id, exc.their_site) if exc.their_site else None
-        fp = call.fp
-        ours = describe(fp, call.site, call.shape)
-        peer = self.group.ranks[exc.peer]
-        reports: dict[int, dict[str, Any]] = {}
-        try:
-            reports = self.comm.where_is_everyone(2.0)
-            report = mismatch_report(reports, self.group.id, call.seq, self.comm.rank, peer)
-        except Exception as err:  # noqa: BLE001 - a report must never hide the mismatch
-            report = f"(the divergence report failed: {err!r})"
-        # the segment holds element counts; the peer's shape comes from its report
-        theirs = describe_call(op, dtype, count, reduce, root, their_site,
-                               reported_shape(reports, peer, self.group.id, call.seq),
-                               flags=flags)
-        message = (f"collective mismatch in {self.group.name}, collective #{call.seq}: rank "
-                   f"{self.comm.rank} called {ours}, but rank {peer} called {theirs}. "
-                   + (f"{exc.detail}. " if exc.detail else "")
-                   + mismatch_advice(fp.flags, flags))
-        full = message + ("\n\n" + report if report else "")
-        self.comm.tell_mismatch(full)
-        return CollectiveMismatch(full)
+
+        def theirs(shape: tuple[int, ...] | None) -> str:
+            return describe_call(op, dtype, count, reduce, root, their_site, shape,
+                                 flags=flags)
+
+        return CallsDisagree(exc.detail, peer=self.group.ranks[exc.peer], theirs=theirs,
+                             their_flags=flags, report=True)
 
     # --- Engine ---------------------------------------------------------------------------
 
@@ -208,6 +175,7 @@ class ShmEngine:
         """Nothing owed: calls are checked in the segment as they run."""
 
     def close(self) -> None:
-        if self._last_call_of in self.comm.peer_call_sources:
-            self.comm.peer_call_sources.remove(self._last_call_of)
+        sources = self.port.call_sources
+        if self._last_call_of in sources:
+            sources.remove(self._last_call_of)
         self.core.close()

@@ -260,7 +260,7 @@ def calling(frame: FrameType | None) -> str:
     if frame is None:
         return ""
     try:
-        positions = frame.f_code.co_positions()
+        positions = frame.f_code.co_positions()  # type: ignore[attr-defined]  # 3.11+
         pos = next(itertools.islice(positions, frame.f_lasti // 2, None), None)
         if pos is None or pos[0] is None or pos[2] is None:
             return ""

@@ -69,7 +69,11 @@ def set_parent_death_signal(parent_pid: int) -> None:
 
 
 def _child_setup(launcher_pid: int) -> Callable[[], None]:
-    return lambda: set_parent_death_signal(launcher_pid)
+    def setup() -> None:
+        os.setpgid(0, 0)  # its own process group (Popen's process_group= is Python 3.11+)
+        set_parent_death_signal(launcher_pid)
+
+    return setup
 
 
 class RoundPeers(Protocol):
@@ -186,9 +190,8 @@ class LocalAgent:
             stdout=subprocess.PIPE if piped else None,
             stderr=subprocess.PIPE if piped else None,
             stdin=subprocess.DEVNULL,
-            process_group=0,
-            # Safe despite our threads: the hook only calls a prctl resolved before the fork
-            # and getppid; glibc's fork leaves malloc usable in the child.
+            # Safe despite our threads: the hook only calls setpgid, a prctl resolved before
+            # the fork and getppid; glibc's fork leaves malloc usable in the child.
             preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
         )
         pumps: list[StreamPump] = []

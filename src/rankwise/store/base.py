@@ -33,7 +33,7 @@ from ..errors import DistTimeout, InvalidArgument, StoreError
 from .protocol import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, Limits
 
 if TYPE_CHECKING:
-    from typing import Self
+    from typing_extensions import Self  # typing.Self is 3.11+
 
 __all__ = ["AUTH_FAILURES_KEY", "DEFAULT_TIMEOUT", "RESERVED_PREFIX", "Store", "Watcher",
            "to_seconds"]
@@ -285,7 +285,7 @@ class Store(abc.ABC):
         """How many keys the store holds (reserved bookkeeping keys excluded)."""
         return self._num_keys()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional to override, not abstract
         """Release connections/files; the base store holds none."""
 
     def __enter__(self) -> Self:

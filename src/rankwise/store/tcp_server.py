@@ -44,7 +44,7 @@ from .protocol import (
 from .table import KVTable, TableClosed
 
 if TYPE_CHECKING:
-    from typing import Self
+    from typing_extensions import Self  # typing.Self is 3.11+
 
 __all__ = ["TCPStoreServer", "resolve_bind_address"]
 

@@ -33,19 +33,21 @@ import torch
 import torch.distributed as tdist
 
 from ..api import collectives as coll
-from ..api import p2p
+from ..api import p2p, profiling
 from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
 from ..wire.buffers import ReduceOp, coerce_reduce_op
 from ..wire.frames import Op
 from ..wire.reduce_op import make_premul_sum
+from ._sparse import check_sparse, sparse_all_reduce
 from ._views import TensorViews
 from ._work import DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
 BACKEND_NAME = "rankwise"
+_STRIDED = torch.strided  #: a dense tensor's layout (sparse COO ones take ``_sparse``)
 Tensors = list[torch.Tensor]
 
 
@@ -115,6 +117,23 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # --- the group's name -----------------------------------------------------------------
+    # c10d keeps a group's name on its registered ``Backend`` objects (``setGroupName``
+    # writes to each, ``getGroupName`` reads the first); a Python ``ProcessGroup`` has
+    # none, so torch's ``pg._set_group_name(name)`` (``_new_process_group_helper``) was
+    # lost and ``pg.group_name`` raised "ProcessGroup name not set", breaking
+    # ``destroy_process_group(pg)`` and every Python reader of the name. Kept here.
+    _rankwise_group_name: str | None = None
+
+    def _set_group_name(self, name: str) -> None:
+        self._rankwise_group_name = str(name)
+
+    @property
+    def group_name(self) -> str:
+        if self._rankwise_group_name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._rankwise_group_name
+
     @property
     def rankwise_group(self) -> RankwiseGroup:
         """The rankwise group under this torch group (for rankwise's own API)."""
@@ -125,10 +144,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # --- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
-        if opts is None or len(tensors) != 1:
+        if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED:
             rop = _reduce_op(opts)
-            for t in tensors:
-                coll.all_reduce(t, rop, group=self.group)
+            for t in tensors:  # every sparse tensor checked before any I/O
+                if t.layout is not _STRIDED:
+                    check_sparse(t, rop)
+            with profiling.event("all_reduce", tensors):  # one event, as on gloo
+                for t in tensors:
+                    if t.layout is _STRIDED:
+                        coll.all_reduce(t, rop, group=self.group)
+                    else:
+                        sparse_all_reduce(t, rop, self.group)
             return _finish(opts, tensors)
         # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
         # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
@@ -138,15 +164,16 @@ class TorchProcessGroup(tdist.ProcessGroup):
         buf, memo = self._views.view(tensors[0], "tensor")
         body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
         coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
-                    shape=buf.shape)
+                    shape=buf.shape, inputs=tensors)
         return DoneWork(tensors) if opts.asyncOp else None
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
-        for t in tensors:
-            coll.broadcast(t, group=self.group, group_src=opts.rootRank)
+        with profiling.event("broadcast", tensors):
+            for t in tensors:
+                coll.broadcast(t, group=self.group, group_src=opts.rootRank)
         return _finish(opts, tensors)
 
     def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
@@ -162,8 +189,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[Tensors], inputs: Tensors,
                             opts: Any = None) -> tdist.Work | None:
-        for outs, inp in zip(output_lists, inputs, strict=True):
-            coll.all_gather(outs, inp, group=self.group)
+        # torch's layout is ``output_lists[rank][i]`` (rank r's copy of input i), the
+        # transpose of what one all_gather per input wants: gather input i into column i
+        size = self.group.size()
+        if len(output_lists) != size or any(len(row) != len(inputs) for row in output_lists):
+            raise InvalidArgument(
+                f"all_gather_coalesced: output_tensor_lists must be {size} lists (one per "
+                f"rank) of {len(inputs)} tensors (one per input), got "
+                f"{[len(row) for row in output_lists]}")
+        with profiling.event("all_gather", inputs):  # gloo's name for it too
+            for i, inp in enumerate(inputs):
+                coll.all_gather([row[i] for row in output_lists], inp, group=self.group)
         return _finish(opts, output_lists)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -175,8 +211,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any = None) -> tdist.Work | None:
-        for out, inp in zip(outputs, inputs, strict=True):
-            coll.all_gather_into_tensor(out, inp, group=self.group)
+        with profiling.event("all_gather_into_tensor", inputs):
+            for out, inp in zip(outputs, inputs, strict=True):
+                coll.all_gather_into_tensor(out, inp, group=self.group)
         return _finish(opts, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -197,8 +234,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any) -> tdist.Work | None:
-        for out, inp in zip(outputs, inputs, strict=True):
-            coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
+        with profiling.event("reduce_scatter_tensor", inputs):
+            for out, inp in zip(outputs, inputs, strict=True):
+                coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
         return _finish(opts, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced

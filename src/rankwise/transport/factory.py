@@ -19,9 +19,9 @@ import logging
 import os
 from typing import Protocol
 
-from ..engines.select import host_identity
-from ..engines.shm.errors import ShmUnavailable
 from ..errors import DistError, DistNetworkError, InvalidArgument
+from ..shmem.errors import ShmUnavailable
+from ..shmem.host import host_identity
 from .base import Transport
 from .mesh import Mesh
 from .per_peer import PerPeerTransport

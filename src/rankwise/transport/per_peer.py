@@ -3,8 +3,10 @@
 Why: in a job spread over hosts, the ranks of one host should talk through shared memory
 and the others through TCP; the layers above see one transport either way. Each part
 keeps its own reader thread and delivers to the same handler (the router locks its own
-state, so two readers are fine). Driving (``drive_begin``) is declined: a driver would
-read only one part while frames of the other still need their own thread.
+state, so two readers are fine). A part reports the loss only of the peers it carries:
+a peer's other part may close first, before its last frames arrived on the routed one.
+Driving (``drive_begin``) is declined: a driver would read only one part while frames of
+the other still need their own thread.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class PerPeerTransport(NoDriving):
 
     def start(self, handler: FrameHandler) -> None:
         for part in self._parts:
-            part.start(handler)
+            carried = {peer for peer, p in self._route.items() if p is part}
+            part.start(_Carried(handler, carried))
 
     def resume(self, rank: int) -> None:
         part = self._route.get(rank)
@@ -48,3 +51,20 @@ class PerPeerTransport(NoDriving):
     def close(self) -> None:
         for part in self._parts:
             part.close()
+
+
+class _Carried:
+    """``handler`` as one part sees it: frames pass straight through (the handler's own
+    bound methods, no extra call per frame); losses only of the peers the part carries."""
+
+    def __init__(self, handler: FrameHandler, carried: set[int]) -> None:
+        self.on_header = handler.on_header
+        self.on_payload = handler.on_payload
+        self.on_fatal = handler.on_fatal
+        self._lost = handler.on_peer_lost
+        self._carried = carried
+
+    def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
+        if rank in self._carried:
+            self._lost(rank, reason)
+

@@ -1,30 +1,7 @@
-"""Frames between ranks of one host through shared-memory rings, read by one thread.
-
-Why: loopback TCP spends most of its time in the kernel's copies and wake-ups; a ring
-in shared memory costs one copy in and one copy out, and a futex wake only when the
-reader actually sleeps. Same contract as ``tcp.py`` (the conformance suite checks both):
-whole frames in per-sender order, ``HOLD``/``resume``, ``DROP``, a closed peer reported
-after its frames, a dead one within ``_LIVENESS_EVERY`` seconds, sends to either refused.
-
-Shape (see ``shm_ring.py`` for the segment): one single-producer single-consumer ring per
-ordered pair; a sender copies into the ring from its own thread (a per-destination lock
-serialises the threads of one process) and publishes HEAD; the reader thread of the
-receiving process drains every ring it reads into the handler's buffers and publishes
-TAIL. Frames larger than a ring stream through it in pieces of ``_CHUNK`` bytes, so copy
-in and copy out overlap. Every wait sleeps in the kernel: the reader on its rank's
-DOORBELL futex (after a short ``sched_yield`` phase that keeps ping-pong latency low),
-a sender with no room on its own DOORBELL, which the consumer bumps when it moves TAIL
-while PWAIT is set. Lost wake-ups are ruled out Dekker-style: "set my flag, fence, re-read
-the data" on one side, "publish, fence, read the flag" on the other (``futex.fence``).
-
-The bytes a peer wrote are untrusted: an impossible HEAD/TAIL pair or a header that does
-not decode is a protocol error naming that peer; the ring is then marked DROPPED so the
-peer's sends fail too. Frame lengths come from the validated header and are copied into
-buffers the handler chose, never allocated from what the ring says.
-
-Liveness: the reader checks every peer's pidfd each ``_LIVENESS_EVERY`` seconds; a dead
-peer's complete frames are still delivered, then ``on_peer_lost``. A clean ``close``
-sets EOF on each outgoing ring after its last HEAD, so peers see its frames first.
+"""Frames between ranks of one host through shared-memory rings (one SPSC ring per ordered
+pair, see ``shm_ring.py``), read by one thread per process; the same contract as
+``tcp.py``, checked by the transport conformance suite. Protocol, wake-ups, untrusted
+bytes and liveness: docs/design.md, "Shared-memory transport".
 """
 
 from __future__ import annotations
@@ -36,12 +13,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..engines.shm.errors import ShmUnavailable
-from ..engines.shm.futex import fence, futex_wait, futex_wake, supported
-from ..engines.shm.liveness import PidWatch
-from ..engines.shm.segment import Segment, StoreLike, open_segment
-from ..engines.shm.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..errors import DistError, DistNetworkError, DistTimeout
+from ..shmem.errors import ShmUnavailable
+from ..shmem.futex import fence, futex_wait, futex_wake, supported
+from ..shmem.liveness import PidWatch
+from ..shmem.segment import Segment, StoreLike, open_segment
+from ..shmem.waiting import YIELD_ENV, policy_for, usable_cpus
 from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler, NoDriving
 from .shm_ring import CLOSED, DOORBELL, LIVE, PID, SLEEPING, STATE, RingLayout, RingView

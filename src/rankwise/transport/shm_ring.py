@@ -1,6 +1,6 @@
 """Where the p2p rings live in their shared segment, and copying bytes through one ring.
 
-Segment (created and shared by ``engines/shm/segment.py``, like the collective engine's)::
+Segment (created and shared by ``shmem/segment.py``, like the collective engine's)::
 
     header page (4 KiB)              int64 fields H_* (checked by a peer before use)
     n rank records (128 B each)      DOORBELL, SLEEPING, STATE, PID; written by rank r
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..engines.shm.layout import PAGE, SegmentLayout
+from ..shmem.layout import PAGE, SegmentLayout
 
 __all__ = ["RingLayout", "RingView"]
 

@@ -71,7 +71,7 @@ class Kind(enum.IntEnum):
     HERE = 7  #: answer to WHERE (payload: JSON state report)
     OBJ = 8  #: library-internal p2p for object send/recv, never matches user recv
     #: fingerprints of several collective calls at once (payload: ``CHECK_ENTRY`` each),
-    #: each judged as the empty collective frame it stands for (``engines/ring_check``)
+    #: each judged as the empty collective frame it stands for (``core/ring_check``)
     CHECKS = 9
 
 

@@ -6,7 +6,7 @@ Environment: ``RANKWISE_SHM_SLOT_BYTES`` (slot size, default 1 MiB), ``RANKWISE_
 (auto | memfd | file), ``RANKWISE_SHM_SPIN_US`` / ``RANKWISE_SHM_YIELD_US`` (waiting).
 """
 
-from .errors import ShmUnavailable
+from ...shmem.errors import ShmUnavailable
 from .group import ShmGroup
 
 __all__ = ["ShmGroup", "ShmUnavailable"]

@@ -35,11 +35,8 @@ from collections.abc import Callable
 
 from ...errors import DistError, DistTimeout, PeerFailure
 from ...identity import callsite as _callsite
-from ...wire.buffers import dtype_name, reduce_op_by_code
-from ...wire.frames import Op
-from .errors import CallTuple, ShmCallMismatch
-from .futex import fence, futex_wait, futex_wake
-from .layout import (
+from ...shmem.futex import fence, futex_wait, futex_wake
+from ...shmem.layout import (
     FP_COMPARED,
     FP_COUNT,
     FP_DTYPE,
@@ -63,9 +60,12 @@ from .layout import (
     STATE_LIVE,
     Layout,
 )
-from .liveness import PidWatch
-from .segment import Segment
-from .waiting import policy_for
+from ...shmem.liveness import PidWatch
+from ...shmem.segment import Segment
+from ...shmem.waiting import policy_for
+from ...wire.buffers import dtype_name, reduce_op_by_code
+from ...wire.frames import Op
+from .errors import CallTuple, ShmCallMismatch
 
 __all__ = ["Call", "Channel"]
 

@@ -1,27 +1,14 @@
-"""The one exception of its own the shm engine adds.
-
-``ShmUnavailable`` is raised at construction only, before any collective ran, on every
-rank alike; the integrator turns it into a fallback to the TCP engine with one log line
-(its message names the fix, e.g. ``docker run --shm-size=1g``). It subclasses
-``DistError`` so that an unhandled one is still a rankwise error.
-"""
+"""The shm engine's call-mismatch exception (``ShmUnavailable`` lives in ``shmem.errors``)."""
 
 from __future__ import annotations
 
-from ...errors import CollectiveMismatch, DistError
+from ...errors import CollectiveMismatch
+from ...shmem.errors import ShmUnavailable
 
 __all__ = ["ShmCallMismatch", "ShmUnavailable"]
 
 #: (op, dtype code, element count, reduce-op code, root, call-site id, call flags)
 CallTuple = tuple[int, int, int, int, int, int, int]
-
-
-class ShmUnavailable(DistError):
-    """Shared memory cannot be used for this group here; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class ShmCallMismatch(CollectiveMismatch):

@@ -1,36 +1,15 @@
-"""``ShmGroup``: torch.distributed collectives run inline on a shared segment.
-
-Why inline: a 4-byte all_reduce over loopback TCP costs 150-430 us, mostly wake-ups and
-hand-offs; here the calling thread copies its contribution into its own slot, publishes
-a sequence number, waits (spin, yield, futex: ``waiting.py``) and reads the peers' slots
-directly. See ``channel.py`` for the round protocol and why two slots per rank suffice.
-
-Integration contract (every method):
-
-- buffers are flat, C-contiguous numpy arrays in the storage dtype (``Buffer.array``);
-  results are written in place; a method returns when this rank's part is done.
-- ``fp`` is the call's ``rankwise.core.router.Fingerprint``: ``op``, ``dtype``, ``reduce``
-  ``root`` and ``flags`` are compared across ranks (``fp.root`` is *the* root of rooted calls);
-  the element count compared is the one the engine sees in the buffers (``fp.count`` is
-  not used). ``site`` is the ``CallSite`` shown when calls disagree.
-- ``deadline`` is a ``time.monotonic()`` instant.
-- Raises ``CollectiveMismatch`` (on every rank) when calls disagree, ``DistTimeout``
-  naming the missing ranks, ``PeerFailure`` when a rank we wait for died (pidfd), failed
-  or closed, or whatever ``check()`` raises (called every <= 20 ms while sleeping).
-  After any exception this group is unusable (peers waiting on us get PeerFailure).
-- Not thread-safe: one call at a time per group, in the same order on every rank
-  (the caller serializes, as collectives on one group are ordered anyway).
-
-Results of reductions are bit-identical on every rank: each element is reduced by one
-rank in rank order (``reduce.py``), everyone copies that result.
+"""``ShmGroup``: collectives run inline on one shared segment per group (the calling
+thread copies into its slot, publishes a round, reads the peers' slots). Buffers are flat
+numpy arrays, results in place; raises ``ShmCallMismatch``/``CollectiveMismatch``,
+``DistTimeout`` or ``PeerFailure``; not thread-safe (one call at a time). The full contract
+and the measurements: docs/design.md, "Shared-memory collectives".
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,70 +17,31 @@ import numpy.typing as npt
 from ...errors import DistError, InvalidArgument
 from ...identity import callsite as _callsite
 from ...identity.calls import Fingerprint
+from ...shmem.errors import ShmUnavailable
+from ...shmem.futex import supported
+from ...shmem.layout import Layout
+from ...shmem.segment import StoreLike, open_segment
+from ...shmem.waiting import usable_cpus
 from ...wire.buffers import DType, ReduceOp, divide_in_place
 from ...wire.frames import Op
 from .channel import Call, Channel
-from .chunks import ALIGN, padding, plan_chunks
+from .chunks import ALIGN, padding
 from .copying import SLOW_MIN, Copier, address
-from .errors import ShmCallMismatch, ShmUnavailable
-from .futex import supported
-from .layout import Layout
-from .reduce import Reducer, reduce_rows, rows_reducer
-from .segment import StoreLike, open_segment
-from .waiting import usable_cpus
+from .errors import ShmCallMismatch
+from .plans import PLANS, PipelinePlan, SmallPlan, pipeline_plan, small_plan
+from .reduce import reduce_rows, rows_reducer
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SMALL_BYTES", "ShmGroup"]
 
 Array = npt.NDArray[Any]
 
-#: measured on 2 cores (benchmarks/shm_core.py, quiet Xeon pinned to 2 CPUs), 64 MiB
-#: float32 all_reduce, 2 ranks: 1 MiB 16.3 ms, 2 MiB 18.2 ms, 4 MiB 18.7 ms (4 ranks:
-#: 44 / 40 / 51 ms); smaller slots stay in L2 and cost 2 x n MiB per group
+#: slot size per rank and parity; measured sizes: docs/design.md, "Shared-memory collectives"
 DEFAULT_SLOT_BYTES = 1 << 20
-#: when ranks outnumber CPUs every round costs a pass of the scheduler over all ranks,
-#: so larger rounds than the default win, up to a point: 4 ranks on 2 CPUs, quiet, 2 MiB
-#: 40 ms, 1 MiB 44 ms (64 MiB). 8 MiB won only under outside load (load 5-7: 64 MiB 2 MiB
-#: 195-220 ms, 8 MiB 149-165), and lost on a quiet machine (rankwise bench, alternating
-#: runs, 16 MiB 11-12 ms vs 17-19 ms, 64 MiB 43-45 vs 59-63 ms): the quiet case rules.
-#: Capped per group: 2 x ranks slots of it stay mapped
+#: when ranks outnumber CPUs, larger rounds win (up to a point; same section)
 OVERSUBSCRIBED_SLOT_BYTES = 2 << 20
 OVERSUBSCRIBED_GROUP_BYTES = 64 << 20
 #: all_reduce up to this size: one round, every rank reduces everything itself
 SMALL_BYTES = 64 << 10
-
-
-@dataclass(frozen=True, slots=True)
-class _SmallPlan:
-    """The views a one-round (all_)reduce of one (count, dtype, op) uses, made once.
-
-    Why: building them costs more than the round itself (each numpy view ~0.5 us), and a
-    training loop repeats the same few shapes."""
-
-    mine: tuple[Array, Array]  #: this rank's slot of each parity, count elements
-    mine_at: tuple[int, int]  #: their addresses (``copying``)
-    rows: tuple[tuple[Array, ...], tuple[Array, ...]]  #: every rank's, of each parity
-    reduce: Reducer
-    avg: bool
-
-
-_PLANS = 256  #: cached small plans per group (a program with more shapes rebuilds)
-
-#: one round of a pipelined (all_)reduce: the copies into our slot before publishing
-#: (slot view, its address, byte range of the buffer), the part this rank reduces after
-#: it (element range of the buffer, every rank's input with ours left to the call, the
-#: result's place), and the reduced parts to copy back (byte range, slot view, address)
-_PipelineRound = tuple[tuple[tuple[Array, int, int, int], ...],
-                       tuple[int, int, tuple[Array, ...], Array] | None,
-                       tuple[tuple[int, int, Array, int], ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class _PipelinePlan:
-    """The slot side of a pipelined (all_)reduce of one (count, dtype, first parity),
-    made once: building its views per call cost more than moving 128 KiB (54 us for a
-    2-rank 128 KiB all_reduce, of which the data movement is under 10)."""
-
-    rounds: tuple[_PipelineRound, ...]
 
 
 def _env_int(name: str) -> int | None:
@@ -152,8 +92,8 @@ class ShmGroup:
         self._grid_at = address(self._grid[0, 0])  #: where slot (0, 0) is mapped here
         self._region = self.slot_bytes // size // ALIGN * ALIGN
         self._small_bytes = min(SMALL_BYTES, self.slot_bytes)
-        self._plans: dict[tuple[int, int, int], _SmallPlan] = {}
-        self._pipelines: dict[tuple[int, int, int], _PipelinePlan] = {}
+        self._plans: dict[tuple[int, int, int], SmallPlan] = {}
+        self._pipelines: dict[tuple[int, int, int], PipelinePlan] = {}
         self._copier = Copier()
         self._closed = False
         self._current: Call = (0, 0, 0, 0, -1, 0, 0)  #: the call in progress
@@ -302,17 +242,10 @@ class ShmGroup:
             return
         self._pipelined(call, a, dtype, op, deadline, root)
 
-    def _plan(self, count: int, dtype: DType, op: ReduceOp) -> _SmallPlan:
-        if len(self._plans) >= _PLANS:
+    def _plan(self, count: int, dtype: DType, op: ReduceOp) -> SmallPlan:
+        if len(self._plans) >= PLANS:
             self._plans.clear()
-        st = dtype.storage
-        mine = self._slots[self.rank]
-        nbytes = count * st.itemsize
-        rows = tuple(tuple(self._slots[r][p][:nbytes].view(st) for r in range(self.size))
-                     for p in (0, 1))
-        plan = _SmallPlan((mine[0][:nbytes].view(st), mine[1][:nbytes].view(st)),
-                          (self._slot_at(self.rank, 0, 0), self._slot_at(self.rank, 1, 0)),
-                          (rows[0], rows[1]), rows_reducer(dtype, op), op.name == "AVG")
+        plan = small_plan(self._slots, self._slot_at, self.rank, self.size, count, dtype, op)
         self._plans[(count, dtype.code, op.code)] = plan
         return plan
 
@@ -327,7 +260,7 @@ class ShmGroup:
         after round t+1, see channel.py), and everyone gathers chunk t-1's parts,
         starting at the next rank's so that ranks do not all read the same lines.
         The slot side of all that is fixed per (size, dtype, first parity): made once
-        (``_PipelinePlan``), as the small path's views are.
+        (``PipelinePlan``), as the small path's views are.
         """
         p0 = self._parity()
         plan = self._pipelines.get((a.size, dtype.code, p0)) or self._pipeline(a.size, dtype, p0)
@@ -356,48 +289,12 @@ class ShmGroup:
                 for lo, hi, view, view_at in gathers:  # byte ranges of ``a``
                     copy_at(raw[lo:hi], at + lo, view, view_at)
 
-    def _pipeline(self, count: int, dtype: DType, p0: int) -> _PipelinePlan:
+    def _pipeline(self, count: int, dtype: DType, p0: int) -> PipelinePlan:
         """The slot views and offsets of a pipelined (all_)reduce (see ``_pipelined``)."""
-        if len(self._pipelines) >= _PLANS:
+        if len(self._pipelines) >= PLANS:
             self._pipelines.clear()
-        st = dtype.storage
-        n, me = self.size, self.rank
-        item = st.itemsize
-        chunks = plan_chunks(count, item, n, self.slot_bytes)
-        base = chunks.base
-        order = [(me + 1 + k) % n for k in range(n)]
-
-        def slot(r: int, p: int, lo: int, hi: int) -> tuple[Array, int]:
-            return self._slots[r][p][lo:hi], self._slot_at(r, p, lo)
-
-        rounds: list[_PipelineRound] = []
-        for t in range(chunks.chunks + 1):
-            p = (p0 + t) & 1
-            sends: list[tuple[Array, int, int, int]] = []
-            reduce: tuple[int, int, tuple[Array, ...], Array] | None = None
-            gathers: list[tuple[int, int, Array, int]] = []
-            if t < chunks.chunks:
-                c0, m = chunks.start(t), chunks.length(t)
-                lo, hi = chunks.span(t, me)
-                for b0, b1 in ((0, lo * item), (hi * item, m * item)):
-                    if b1 > b0:
-                        view, view_at = slot(me, p, base[me] + b0, base[me] + b1)
-                        sends.append((view, view_at, c0 * item + b0, c0 * item + b1))
-                rows = tuple(
-                    self._slots[r][p][base[r] + lo * item:base[r] + hi * item].view(st)
-                    for r in range(n))
-                acc = self._slots[me][1 - p][base[me] + lo * item:
-                                             base[me] + hi * item].view(st)
-                reduce = (c0 + lo, c0 + hi, rows, acc)
-            if t >= 1:
-                c0 = chunks.start(t - 1)
-                for j in order:
-                    lo, hi = chunks.span(t - 1, j)
-                    if hi > lo:
-                        view, view_at = slot(j, p, base[j] + lo * item, base[j] + hi * item)
-                        gathers.append(((c0 + lo) * item, (c0 + hi) * item, view, view_at))
-            rounds.append((tuple(sends), reduce, tuple(gathers)))
-        plan = _PipelinePlan(tuple(rounds))
+        plan = pipeline_plan(self._slots, self._slot_at, self.rank, self.size,
+                             self.slot_bytes, count, dtype, p0)
         self._pipelines[(count, dtype.code, p0)] = plan
         return plan
 
@@ -591,7 +488,7 @@ class ShmGroup:
         except BufferError:
             pass  # a caller still holds a view; the mapping goes with the last reference
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ShmGroup:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:

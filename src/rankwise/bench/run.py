@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from ._bench_report import PLOT_HINT, format_tables, plot
-from ._bench_worker import OPS, WorkerConfig
+from .report import PLOT_HINT, format_tables, plot
+from .worker import OPS, WorkerConfig
 
 __all__ = ["add_bench_options", "available_engines", "main", "parse_sizes"]
 
@@ -220,7 +220,7 @@ def _launch(cfg: WorkerConfig, n: int) -> dict[str, Any] | None:
     # benchmarks/ puts src/ on sys.path only for itself); run_job passes os.environ on.
     import rankwise
 
-    from .job import JobOptions, run_job
+    from ..launch.job import JobOptions, run_job
 
     src = os.path.dirname(os.path.dirname(os.path.abspath(rankwise.__file__)))
     path = os.environ.get("PYTHONPATH", "")
@@ -228,7 +228,7 @@ def _launch(cfg: WorkerConfig, n: int) -> dict[str, Any] | None:
         os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (src, path) if x)
     with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
         raw = os.path.join(tmp, "raw.json")
-        cmd = [sys.executable, "-u", "-m", "rankwise.launch.bench", *_worker_argv(cfg, raw)]
+        cmd = [sys.executable, "-u", "-m", "rankwise.bench.run", *_worker_argv(cfg, raw)]
         code = run_job(JobOptions(cmd=cmd, nproc=n, prefix=False, timeout=300.0,
                                   token=os.environ.get("RANKWISE_TOKEN") or None))
         if code != 0 or not os.path.exists(raw):
@@ -292,8 +292,8 @@ def _rerender(p: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
 def _work(p: argparse.ArgumentParser, ns: argparse.Namespace, cfg: WorkerConfig) -> int:
     """Inside the job: measure; rank 0 hands the numbers back (launched) or reports
     them itself (mpirun, where no parent is waiting)."""
-    from ._bench_worker import run_worker
-    from .env import require_env
+    from ..launch.env import require_env
+    from .worker import run_worker
 
     n = require_env(os.environ).world_size
     if ns.nproc is not None and ns.nproc != (n,):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..wire.frames import Flag
-from .base import Array, Call, Engine
+from ...wire.frames import Flag
+from ..base import Array, Call, Engine
 from .staged import Staged
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ...core.group import ProcessGroup
 
 __all__ = ["DevicePair", "device_engine"]
 

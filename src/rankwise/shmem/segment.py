@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ...errors import DistTimeout
+from ..errors import DistTimeout
 from .errors import ShmUnavailable
 from .layout import H_MAGIC, H_NRANKS, H_SLOT_BYTES, H_TOTAL, H_VERSION, SegmentLayout
 

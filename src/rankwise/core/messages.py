@@ -17,14 +17,15 @@ import numpy as np
 
 from .. import algorithms as alg
 from ..algorithms.link import Lane
-from ..core.communicator import Communicator
-from ..core.router import Pending
+from ..engines.base import Array, Call
 from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ..wire.frames import HEADER, MAGIC, VERSION, Flag, Kind
-from .base import Array, Call
+from .communicator import Communicator
+from .failures import call_timeout
+from .router import Pending
 
 if TYPE_CHECKING:
-    from ..core.group import CallRecord, ProcessGroup
+    from .group import CallRecord, ProcessGroup
 
 __all__ = ["MessageEngine", "OpLink"]
 
@@ -123,11 +124,8 @@ class OpLink:
 
     def _timeout_message(self, src: int) -> Callable[[], str]:
         def describe() -> str:
-            return (
-                f"rank {self.comm.rank} timed out after {self.group.timeout:.0f}s in "
-                f"{self.record.describe()} (collective #{self.seq} of {self.group.name}) "
-                f"waiting for rank {src}"
-            )
+            return call_timeout(self.comm.rank, self.record, f" waiting for rank {src}")
+
         return describe
 
     def reduce(self, acc: np.ndarray[Any, Any], incoming: np.ndarray[Any, Any]) -> None:

@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import CollectiveMismatch
-from ..identity.calls import describe, mismatch_advice
-from ..identity.callsite import CallSite
-from .base import Array, Call
+from ...identity.calls import describe
+from ...identity.callsite import CallSite
+from ..base import Array, Call, CallsDisagree
 
 __all__ = ["SITE_BYTES", "check_splits"]
 
@@ -30,7 +29,7 @@ Gather = Callable[[Array, list[Array]], None]
 
 
 def check_splits(call: Call, sends: list[int], expects: list[int], gather: Gather) -> None:
-    """Raise ``CollectiveMismatch`` (on every rank) if some rank sends a number of bytes
+    """Raise ``CallsDisagree`` (on every rank) if some rank sends a number of bytes
     that its receiver does not expect; ``gather`` all-gathers one fixed-size row."""
     n = call.size
     head = 16 * n + 8
@@ -52,19 +51,15 @@ def check_splits(call: Call, sends: list[int], expects: list[int], gather: Gathe
 
 
 def _mismatch(call: Call, rows: list[Array], head: int, src: int, dst: int, sent: int,
-              expected: int) -> CollectiveMismatch:
-    fp = call.fp
-    group = call.group
+              expected: int) -> CallsDisagree:
+    ranks = call.group.ranks
 
     def side(r: int) -> str:
         site_id = int(rows[r][:head].view(np.int64)[2 * call.size])
         text = bytes(rows[r][head:]).rstrip(b"\0").decode("utf-8", "replace")
-        site = CallSite.decode(site_id, text)
-        return describe(fp, site)
+        return describe(call.fp, CallSite.decode(site_id, text))
 
-    return CollectiveMismatch(
-        f"collective mismatch in {group.name}, collective #{call.seq}: rank "
-        f"{group.ranks[src]} called {side(src)}, but rank {group.ranks[dst]} called "
-        f"{side(dst)}. rank {group.ranks[src]} sends {sent} bytes to rank "
-        f"{group.ranks[dst]}, which expects {expected} bytes (uneven split sizes?). "
-        + mismatch_advice(fp.flags, fp.flags))
+    return CallsDisagree(f"rank {ranks[src]} sends {sent} bytes to rank {ranks[dst]}, which "
+                         f"expects {expected} bytes (uneven split sizes?)",
+                         first=(ranks[src], side(src)), peer=ranks[dst],
+                         theirs=lambda shape: side(dst), fail_group=True)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import Call
+from ..base import Call
 
 __all__ = ["DeviceTensors", "HostArrays", "Tensors"]
 

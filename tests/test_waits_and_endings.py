@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import _procs
 import pytest
 from launch_scripts.helpers import (
     ROOT,
@@ -62,6 +63,7 @@ def _rzf_hang(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_rank_zero_first_followers_time_out_with_report() -> None:
     res = run_ranks(_rzf_hang, 2, timeout=60, init_kwargs={"timeout": 3.0})
     follower = res[1].value
@@ -170,8 +172,8 @@ def _run_fault(tmp_path: Path, n: int, kind: str, place: str, rank: int,
     e.update(FAULT_RANK=str(rank), FAULT_KIND=kind, FAULT_PLACE=place,
              FAULT_TIMEOUT=str(timeout), FAULT_OUT=str(tmp_path))
     e.update(extra_env or {})
-    return subprocess.run(launcher_cmd("-n", str(n), "--grace", "3", FAULT), env=e,
-                          capture_output=True, text=True, timeout=hard, cwd=ROOT, check=False)
+    return _procs.run(launcher_cmd("-n", str(n), "--grace", "3", FAULT), env=e, timeout=hard,
+                      cwd=ROOT)
 
 
 def _result(tmp_path: Path, rank: int) -> dict[str, Any]:
@@ -181,6 +183,7 @@ def _result(tmp_path: Path, rank: int) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["exit0", "exit3"])
+@pytest.mark.procs
 def test_rank_ending_before_init_is_reported_at_once(tmp_path: Path, kind: str) -> None:
     start = time.monotonic()
     res = _run_fault(tmp_path, 2, kind, "init", 1, timeout=60.0, hard=50.0)
@@ -196,6 +199,7 @@ def test_rank_ending_before_init_is_reported_at_once(tmp_path: Path, kind: str) 
 
 # --- 5: the launcher's store is authenticated, and bounded ------------------------------------
 
+@pytest.mark.procs
 def test_launcher_hands_workers_a_token_by_environment(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
@@ -213,8 +217,7 @@ def test_launcher_hands_workers_a_token_by_environment(tmp_path: Path) -> None:
         "cmd = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().decode()\n"
         f"open({str(tmp_path / 'out.json')!r}, 'w').write(json.dumps(\n"
         "    {'len': len(tok), 'verdict': verdict, 'in_cmdline': bool(tok) and tok in cmd}))\n")
-    res = subprocess.run(launcher_cmd("-n", "1", str(probe)), env=env(), capture_output=True,
-                         text=True, timeout=60, cwd=ROOT, check=False)
+    res = _procs.run(launcher_cmd("-n", "1", str(probe)), env=env(), timeout=60, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["len"] >= 32, out
@@ -328,13 +331,13 @@ def test_settle_never_joins_an_unstarted_answer(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_sigkilled_launcher_takes_grandchildren_along(tmp_path: Path) -> None:
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
     e = env()
     e.update(FAULT_RANK="1", FAULT_KIND="grandchild", FAULT_PLACE="init", FAULT_TIMEOUT="60",
              FAULT_MARKER=marker, TMPDIR=str(tmp_path))  # the launcher's run dir lands here
-    proc = subprocess.Popen(launcher_cmd("-n", "2", "--no-prefix", FAULT), env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = _procs.start(launcher_cmd("-n", "2", "--no-prefix", FAULT), env=e, cwd=ROOT)
     try:
         read_lines_until(proc, lambda s: "grandchild started" in s, 1, timeout=40)
         assert len(marked_processes(marker)) >= 3  # two workers and a grandchild at least

@@ -16,10 +16,10 @@ sys.path.insert(0, HERE)
 from test_diagnosis_catalogue import check, run
 from test_diagnosis_programs import line_of
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("engine")]
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120), pytest.mark.usefixtures("engine")]
 
-PROGRAMS = os.path.join(HERE, "_diagnosis_round2_programs.py")
-Q = "_diagnosis_round2_programs.py"
+PROGRAMS = os.path.join(HERE, "_diagnosis_sites_and_groups_programs.py")
+Q = "_diagnosis_sites_and_groups_programs.py"
 
 
 def at(marker: str) -> str:

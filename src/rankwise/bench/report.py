@@ -19,7 +19,7 @@ import math
 import statistics
 from typing import Any
 
-from ._bench_worker import OPS, bus_factor
+from .worker import OPS, bus_factor
 
 __all__ = ["PLOT_HINT", "format_tables", "human_size", "plot", "summarize"]
 

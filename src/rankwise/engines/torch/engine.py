@@ -6,7 +6,7 @@ checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
 torch's global init, so rankwise's own world is untouched. The checks ride beside the
 data on rankwise's control plane (``ring_check``); waits are released by it
-(``torch_wait``).
+(``engines.torch.wait``).
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from ..errors import CollectiveMismatch
-from ..store.torch_views import TorchStoreView
-from .base import Array, Call
-from .ring_check import RingCheck, check_mode
-from .torch_splits import check_splits
-from .torch_tensors import HostArrays, Tensors
-from .torch_wait import WorkWaiter
+from ...store.torch_views import TorchStoreView
+from ..base import Array, Call, check_mode
+from .splits import check_splits
+from .tensors import HostArrays, Tensors
+from .wait import WorkWaiter
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ...core.group import ProcessGroup
 
 __all__ = ["TORCH_GRACE", "TorchEngine"]
 
@@ -116,8 +114,8 @@ class TorchEngine:
 
     Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
-    or tensors as they are, see ``torch_tensors``) and by how its works are waited for
-    (``poll``, see ``torch_wait``)."""
+    or tensors as they are, see ``engines.torch.tensors``) and by how its works are waited for
+    (``poll``, see ``engines.torch.wait``)."""
 
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
@@ -135,14 +133,14 @@ class TorchEngine:
         #: the store view ``pg`` was built on: torch holds only its C++ half, and without
         #: this reference the Python overrides vanish under it
         self.store = store
-        self.check = RingCheck(group, check)
+        self.check = group.port.fingerprints(group, check)
         #: without checks no frame of this group's calls ever arrives: the router need
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check.mode != "off"
-        self.waiter = WorkWaiter(group.comm, name, poll=poll)
+        self.waiter = WorkWaiter(group.port, name, poll=poll)
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
-        group.comm.router.on_failure.append(self._abort)
+        group.port.on_failure.append(self._abort)
 
     @classmethod
     def create(cls, group: ProcessGroup, store: Any, timeout: float, *,
@@ -150,7 +148,7 @@ class TorchEngine:
                tensors: Tensors | None = None, poll: bool = False) -> TorchEngine:
         """On torch's gloo (``prefix`` keeps two torch groups of one rankwise group apart
         in the store: the host plane's and a test stand-in's for NCCL)."""
-        from ..store.prefix import PrefixStore
+        from ...store.prefix import PrefixStore
 
         check = check_mode()  # before any I/O: a typo must not cost a rendezvous
         tstore = TorchStoreView(PrefixStore(f"engine/{group.id}/{prefix}/", store))
@@ -162,7 +160,7 @@ class TorchEngine:
 
     def _abort(self, failure: BaseException) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
-        thread (a backend's abort may block). Waiters are released by ``torch_wait``.
+        thread (a backend's abort may block). Waiters are released by ``engines.torch.wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
@@ -269,7 +267,7 @@ class TorchEngine:
         self._run(call, body)
 
     def _agree_splits(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
-        """Uneven sizes must never reach gloo (see ``torch_splits``). The size table
+        """Uneven sizes must never reach gloo (see ``engines.torch.splits``). The size table
         lives in host memory; on a device it travels through the device and back."""
         device = self.tensors.device
 
@@ -279,11 +277,7 @@ class TorchEngine:
             self._wait(call, self.pg.allgather([parts], [mine]))
             for r, p in zip(rows, parts, strict=True):
                 r[...] = p.cpu().numpy()
-        try:
-            check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
-        except CollectiveMismatch as exc:
-            self.group.comm.router.fail_all(exc)  # every later call raises it too
-            raise
+        check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
 
     def barrier(self, call: Call) -> None:
         self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions())))
@@ -296,7 +290,7 @@ class TorchEngine:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
         self.check.flush()  # a group destroyed alone: its last calls are checked too
-        listeners = self.group.comm.router.on_failure
+        listeners = self.group.port.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)
         aborting = self._aborting

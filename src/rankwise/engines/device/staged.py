@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.device import host_empty, to_host, to_tensor
-from .base import Call, Engine
+from ...wire.device import host_empty, to_host, to_tensor
+from ..base import Call, Engine
 
 __all__ = ["Staged"]
 

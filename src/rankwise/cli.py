@@ -2,7 +2,7 @@
 spellings accepted.
 
 Only argument parsing lives here; :mod:`rankwise.launch.job` runs the job,
-:mod:`rankwise.launch.bench` owns the ``bench`` subcommand, :mod:`rankwise.diagnosis.analyze`
+:mod:`rankwise.bench.run` owns the ``bench`` subcommand, :mod:`rankwise.diagnosis.analyze`
 ``analyze``, and :mod:`rankwise.doctor` the checks of ``doctor``.
 """
 
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .job import JobOptions, run_job
+from .launch.job import JobOptions, run_job
 
 __all__ = ["build_parser", "main", "parse_nnodes", "parse_run_args"]
 
@@ -160,8 +160,8 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
 
 def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | None:
     """``--token-file``, else ``--token``, ``$RANKWISE_TOKEN``, ``$RANKWISE_TOKEN_FILE``."""
-    from ..errors import AuthError
-    from ..wire.auth import read_token_file
+    from .errors import AuthError
+    from .wire.auth import read_token_file
 
     path = ns.token_file or (None if ns.token or os.environ.get("RANKWISE_TOKEN")
                              else os.environ.get("RANKWISE_TOKEN_FILE"))
@@ -181,15 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rankwise`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
-        from .bench import main as bench_main
+        from .bench.run import main as bench_main
 
         return bench_main(args[1:])
     if args and args[0] == "analyze":
-        from ..diagnosis.analyze import main as analyze_main
+        from .diagnosis.analyze import main as analyze_main
 
         return analyze_main(args[1:])
     if args and args[0] == "doctor":
-        from ..doctor.run import doctor
+        from .doctor.run import doctor
 
         ns = build_parser().parse_args(args)
         return doctor(nproc=ns.nproc, nnodes=ns.nnodes and ns.nnodes[1],

@@ -1,7 +1,7 @@
-"""Programs for ``test_diagnosis_round2.py`` (issue 15): a busy rank, groups created out
+"""Programs for ``test_diagnosis_sites_and_groups.py`` (issue 15): a busy rank, groups created out
 of order, tensor shapes in messages, a DDP gradient all_reduce's call site.
 
-Run as ``python tests/_diagnosis_round2_programs.py CASE`` in one process per rank, like
+Run as ``python tests/_diagnosis_sites_and_groups_programs.py CASE`` in one process per rank, like
 ``test_diagnosis_programs.py`` (whose ``main`` and ``line_of`` this reuses); lines the
 tests assert on carry an ``# @marker`` comment.
 """

@@ -7,7 +7,7 @@ the torch group when the job fails (``ProcessGroupNCCL.abort()``: ``ncclCommAbor
 on its communicators, which ends kernels waiting for peers, instead of NCCL's
 watchdog minutes later). What differs is passed in: the group, the tensors as they
 are (``DeviceTensors``: no numpy, no host copy) and a waiter that polls the kernel's
-completion instead of a timed ``wait`` (see ``torch_wait``). The group is built over a
+completion instead of a timed ``wait`` (see ``engines.torch.wait``). The group is built over a
 view of the rankwise store, never through torch's global init; NCCL's communicator
 is made lazily by torch on the group's first collective.
 
@@ -27,12 +27,12 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistError, InvalidArgument
-from ..wire.device import tensor_path
-from .base import Engine
+from ...errors import DistError, InvalidArgument
+from ...wire.device import tensor_path
+from ..base import Engine
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ...core.group import ProcessGroup
 
 __all__ = ["create_device_engine", "nccl_missing", "resolve_device", "shared_gpus"]
 
@@ -44,7 +44,7 @@ def nccl_missing() -> str | None:
     """Why no NCCL engine can run here (None when it can), without any I/O."""
     if tensor_path() == "device":
         return None
-    from .select import cuda_missing
+    from ..select import cuda_missing
 
     why = cuda_missing()
     if why is not None:
@@ -95,7 +95,7 @@ def _gpu_identity(device: Any) -> str:
     """What makes two processes' GPUs the same one: the host and the GPU's UUID."""
     import torch
 
-    from .select import host_identity
+    from ...shmem.host import host_identity
 
     props = torch.cuda.get_device_properties(device)
     uuid = getattr(props, "uuid", None)
@@ -118,18 +118,18 @@ def shared_gpus(identities: list[str]) -> list[tuple[int, int, str]]:
 def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
                          device: Any) -> Engine:
     """The engine for ``group``'s CUDA tensors (collective over its members)."""
-    from .torch_engine import TORCH_GRACE, TorchEngine
-    from .torch_tensors import DeviceTensors
+    from .engine import TORCH_GRACE, TorchEngine
+    from .tensors import DeviceTensors
 
     if tensor_path() == "device":
         return TorchEngine.create(group, store, timeout, prefix="device", name=STAND_IN,
                                   tensors=DeviceTensors(device), poll=True)
     import torch.distributed as tdist
 
-    from ..store.prefix import PrefixStore
-    from ..store.torch_views import TorchStoreView
-    from .ring_check import check_mode
-    from .select import exchange
+    from ...store.prefix import PrefixStore
+    from ...store.torch_views import TorchStoreView
+    from ..base import check_mode
+    from ..select import exchange
 
     check = check_mode()
     ids = exchange(store, f"engine/{group.id}/gpu", _gpu_identity(device), group.size(),

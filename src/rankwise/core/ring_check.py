@@ -1,62 +1,29 @@
-"""Fingerprint checks on the control plane, for engines whose data rankwise does not own.
-
-Why: where a foreign library moves the bytes (torch's gloo or NCCL), no rankwise header
-rides with the data, so nothing compares the ranks' calls. Each rank instead sends each
-call's fingerprint and call site to its ring neighbour (group rank + 1) as an empty
-collective frame on rankwise's own TCP connections. Each rank equal to the previous one
-proves all are equal, at one small frame per call and rank. The frame is a
-``Kind.COLL`` frame on the ``CHECK`` lane (``wire.frames.Flag``), so the router checks
-it exactly as it checks the message engine's frames: the same mismatch words (both
-calls with their file:line), the same divergence report, the same abort of every rank.
-
-``RANKWISE_CHECK``:
-- ``async`` (default): send and go on; the neighbour's frame is matched whenever it
-  comes. A mismatched call may start on the data plane, but the mismatch fails the
-  group at once (the waiting ranks are released, see ``torch_wait``), and the data of
-  a call that completed is not handed back once the mismatch is known. Except on first
-  sight: the first call this rank makes with a given fingerprint at a given call site
-  waits as in ``sync``. Why: gloo terminates the process (``EnforceNotMet``, SIGABRT)
-  when more bytes arrive than its op expects, so a mismatched size must never reach
-  it; a new call (a branch taken on some ranks only, a first step) is where mismatches
-  live, while a training loop's repeated calls, once confirmed, run without waiting.
-  Their fingerprints travel together (one ``Kind.CHECKS`` frame, each entry judged
-  by the receiver exactly as the frame it stands for, naming both calls): a frame per
-  call cost a system call on the sender and a wake-up of the receiver's I/O thread,
-  more than the 4-byte op itself on two cores. The batch goes out once the data op is
-  enqueued if it holds ``BATCH`` calls or its oldest is ``BATCH_AGE`` old, when a data
-  op has not finished within ``torch_wait.GRACE`` (a mismatch that hangs the data
-  plane is found in milliseconds), before any first-sight frame, before this rank's
-  goodbye (``Engine.settle``) and when the group is closed. So a mismatch between
-  confirmed calls that the data plane silently accepts (equal sizes, different reduce
-  ops) is reported at most ``BATCH`` calls or
-  ``BATCH_AGE`` seconds after it: ``sync`` is for those who need it before the data.
-- ``sync``: wait for the neighbour's fingerprint before the data op starts, so no
-  mismatched op ever runs: one control round trip per call.
-- ``off``: no checks.
+"""Fingerprint checks on the control plane, for engines whose data rankwise does not own
+(torch's gloo, NCCL): each rank sends each call's fingerprint to its ring neighbour.
+``RANKWISE_CHECK`` = ``async`` (default; confirmed calls batched), ``sync`` or ``off``.
+Why and what it costs: docs/design.md, "Ring check for foreign engines".
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
-from ..core.router import Pending
+from ..engines.base import CHECK_MODES, Call
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import Fingerprint
 from ..wire.frames import CHECK_ENTRY, CHECK_KEY, Flag, Kind, encode_header
-from .base import Call
+from .failures import call_timeout
+from .router import Pending
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from .group import ProcessGroup
 
-__all__ = ["BATCH", "BATCH_AGE", "CHECK_ENV", "CHECK_MODES", "RingCheck", "check_mode"]
+__all__ = ["BATCH", "BATCH_AGE", "RingCheck"]
 
 log = logging.getLogger("rankwise")
 
-CHECK_ENV = "RANKWISE_CHECK"
-CHECK_MODES = ("async", "sync", "off")
 _NOTHING = memoryview(bytearray())
 #: confirmed (fingerprint, call site) pairs remembered per group (``async`` first sight)
 _SEEN_MAX = 4096
@@ -73,14 +40,6 @@ _BATCH_BYTES = BATCH * CHECK_ENTRY.size
 _pack_entry = CHECK_ENTRY.pack
 #: a plain int: ``int | Flag`` runs IntFlag's ``__ror__`` in Python, per call
 _CHECK = int(Flag.CHECK)
-
-
-def check_mode() -> str:
-    """The check mode the environment asks for, validated before any I/O."""
-    value = os.environ.get(CHECK_ENV, "async").strip().lower() or "async"
-    if value not in CHECK_MODES:
-        raise InvalidArgument(f"{CHECK_ENV}={value!r} is not one of {', '.join(CHECK_MODES)}")
-    return value
 
 
 class RingCheck:
@@ -114,12 +73,12 @@ class RingCheck:
         if not self.sync and key in self.seen:
             # confirmed before: the fingerprint joins the batch (see the module's doc);
             # the previous rank's is judged when it comes, no receive is posted for it
-            # (``Router.take_checks``)
+            # (``CheckBatches.take``)
             entry = _pack_entry(call.seq, fp.op, fp.dtype, fp.reduce, fp.flags | _CHECK,
                                 fp.root, fp.count, site)
             # the previous rank's entry must equal ours but for the site: the router
-            # compares the bytes (``Router.take_checks``)
-            comm.router.expect_check(gid, call.seq, entry[:CHECK_KEY])
+            # compares the bytes (``CheckBatches.take``)
+            comm.router.checks.expect(gid, call.seq, entry[:CHECK_KEY])
             if self.deferred is None:
                 self.deferred = bytearray(entry)
                 self._since = time.monotonic()
@@ -168,16 +127,14 @@ class RingCheck:
 
     def _wait(self, call: Call, pending: Pending) -> None:
         def what() -> str:
-            return (f"rank {self.comm.rank} timed out after {self.group.timeout:.0f}s in "
-                    f"{call.record.describe()} (collective #{call.seq} of {self.group.name}) "
-                    f"waiting for rank {self.prev}'s call (RANKWISE_CHECK=sync)")
+            return call_timeout(self.comm.rank, call, f" waiting for rank {self.prev}'s call "
+                                                      "(RANKWISE_CHECK=sync)")
+
         self.comm.activity.waiting_for = self.prev
         self.comm.wait(pending, call.deadline, what, patient=call.patient, quiet=call.quiet)
 
     def after(self) -> None:
         """The data op finished here: if a mismatch is known by now, its data must not be
         handed back as if it were good (one attribute read on the fast path)."""
-        failure = self.comm.router.failure
-        if failure is not None:
-            self.comm.await_diagnosis()
-            raise self.comm.as_of_now(failure)
+        if self.comm.router.failure is not None:
+            self.comm.port.raise_failure()

@@ -1,0 +1,146 @@
+"""Communication events for torch's profiler: ``rankwise:<op>``, as gloo's ``gloo:<op>``.
+
+A user profiling a job with ``torch.profiler`` sees every collective and p2p call, with its
+input shapes and ``is_async`` set, whether the job calls ``torch.distributed`` on backend
+``"rankwise"`` or ``import rankwise as dist``. Free without a profiler: :func:`on` is one
+call into torch (about 50 ns) and only once torch has been imported by someone else;
+rankwise never imports torch for this.
+
+Why the end is recorded on another thread: torch's profiler marks an event async when it
+ends on another thread than it started on (``_parse_kineto_results``), which is how gloo's
+events end (on gloo's worker thread). A rankwise call that finished on the caller's thread
+ends its event through :class:`_Finisher`'s thread, one hand-off per call, paid only while
+a profiler runs. An async call's event ends on the worker that ran it.
+
+Nesting: the torch backend opens one event for a call it splits into several rankwise calls
+(``all_reduce_coalesced``, ``all_gather_coalesced``); the calls inside add none, so one
+user call is one event, as on gloo.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["Event", "begin", "event", "on"]
+
+#: rankwise's op names where gloo's event names differ
+_GLOO_NAMES = {"all_to_all_single": "all_to_all"}
+
+_enabled: Callable[[], bool] | None = None
+_local = threading.local()
+
+
+def on() -> bool:
+    """Whether a torch profiler records now (False while torch is not imported)."""
+    check = _enabled
+    if check is None:
+        if "torch" not in sys.modules:
+            return False
+        check = _bind()
+    return check() and not getattr(_local, "inside", False)
+
+
+def _bind() -> Callable[[], bool]:
+    global _enabled
+    try:
+        from torch._C._autograd import _profiler_enabled
+    except ImportError:  # torch half-imported (we are inside its import): not yet
+        return lambda: False
+    _enabled = _profiler_enabled
+    return _profiler_enabled
+
+
+def _tensors(values: Any) -> list[Any]:
+    """The torch tensors among ``values`` (lists flattened): what the event's shapes are
+    read from (numpy arrays have none to give)."""
+    torch = sys.modules["torch"]
+    out: list[Any] = []
+    for v in values or ():
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(t for t in v if isinstance(t, torch.Tensor))
+    return out
+
+
+class _Finisher:
+    """One daemon thread that ends events handed to it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, threading.Event]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="rankwise-profiler",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            record, done = self._jobs.get()
+            try:
+                record.__exit__(None, None, None)
+            finally:
+                done.set()
+
+    def end(self, record: Any) -> None:
+        done = threading.Event()
+        self._jobs.put((record, done))
+        done.wait(5.0)  # bounded: a stuck profiler must not stop communication
+
+
+_finisher: _Finisher | None = None
+_finisher_lock = threading.Lock()
+
+
+def _the_finisher() -> _Finisher:
+    global _finisher
+    with _finisher_lock:
+        if _finisher is None:
+            _finisher = _Finisher()
+        return _finisher
+
+
+class Event:
+    """One ``rankwise:<op>`` record, begun now; :meth:`end` once the call is done."""
+
+    __slots__ = ("_record", "_thread")
+
+    def __init__(self, op: str, inputs: Any) -> None:
+        from torch._C._profiler import _RecordFunctionFast
+
+        name = f"rankwise:{_GLOO_NAMES.get(op, op)}"
+        self._record: Any = _RecordFunctionFast(name, _tensors(inputs))
+        self._record.__enter__()
+        self._thread = threading.get_ident()
+
+    def end(self) -> None:
+        record, self._record = self._record, None
+        if record is None:
+            return
+        if threading.get_ident() != self._thread:
+            record.__exit__(None, None, None)
+        else:
+            _the_finisher().end(record)
+
+
+def begin(op: str, inputs: Any) -> Event | None:
+    """An event for ``op`` if a profiler records (and no outer event covers this call)."""
+    return Event(op, inputs) if on() else None
+
+
+@contextmanager
+def event(op: str, inputs: Any) -> Iterator[None]:
+    """One event around a call that makes several rankwise calls (which add none)."""
+    ev = begin(op, inputs)
+    if ev is None:
+        yield
+        return
+    _local.inside = True
+    try:
+        yield
+    finally:
+        _local.inside = False
+        ev.end()

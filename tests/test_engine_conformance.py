@@ -1,0 +1,65 @@
+"""Every engine passes one conformance table (``rankwise.testing.engines``), in-process with
+ranks as threads, in seconds; an engine that mistranslates a failure fails it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rankwise.core.group import ProcessGroup
+from rankwise.engines.base import Array, Call, DeadlinePassed, Engine, EngineFact
+from rankwise.errors import DistError
+from rankwise.testing.engines import check_engine
+
+
+def _message(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    return group.messages
+
+
+def _shm(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    from rankwise.engines.shm_engine import ShmEngine
+
+    return ShmEngine.create(group, store, timeout)
+
+
+def _torch_gloo(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    pytest.importorskip("torch")
+    from rankwise.engines.torch.engine import TorchEngine
+
+    return TorchEngine.create(group, store, timeout)
+
+
+@pytest.mark.parametrize("make", [_message, _shm, _torch_gloo], ids=["tcp", "shm", "torch-gloo"])
+def test_every_engine_passes_the_table(make: Any) -> None:
+    check_engine(make)
+
+
+def test_three_ranks_on_shared_memory() -> None:
+    check_engine(_shm, size=3, dtypes=("float32", "int64"))
+
+
+class _Mistranslating:
+    """Wraps an engine and reports every failure of its all_reduce as a timeout."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.name, self.serial, self.framed = inner.name, inner.serial, inner.framed
+
+    def all_reduce(self, call: Call, data: Array) -> None:
+        try:
+            self.inner.all_reduce(call, data)
+        except (EngineFact, DistError) as exc:
+            raise DeadlinePassed(" (mistranslated)", str(exc)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_engine_that_mistranslates_a_failure_fails_the_check() -> None:
+    def make(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+        return _Mistranslating(_shm(group, store, timeout))  # type: ignore[return-value]
+
+    check_engine(make, ops=("all_reduce",), dtypes=("float32",), failures=False)  # sane
+    with pytest.raises(AssertionError, match="should raise (CollectiveMismatch|PeerFailure)"):
+        check_engine(make, ops=("all_reduce",), dtypes=("float32",))
