@@ -3,9 +3,14 @@ pattern functions run in-process (fake calls, no sockets)."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import _procs
 import pytest
 
 from rankwise.bench import run as bench
@@ -111,3 +116,25 @@ def test_report_names_the_pattern_and_gives_mean_and_median_ratios() -> None:
     assert "0.10 (0.10-0.10)" in row  # median per call: 1 us / 10 us
     lockstep = "\n".join(format_tables([{**run, "pattern": "lockstep"}]))
     assert "p50" not in lockstep
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.procs
+def test_interleaved_real_run(tmp_path: Path) -> None:
+    """The one part only real ranks reach: the second gloo group of the side calls."""
+    pytest.importorskip("torch")
+    raw = tmp_path / "raw.json"
+    argv = ["-n", "2", "--engines", "shm", "--sizes", "4", "--rounds", "1", "--iters", "3",
+            "--no-mpi", "--pattern", "interleaved", "--json", str(raw)]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")}
+    res = _procs.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env, timeout=120,
+                     cwd=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pattern interleaved" in res.stdout
+    (run,) = json.loads(raw.read_text())["runs"]
+    assert run["pattern"] == "interleaved"
+    (cell,) = run["passes"][0]["cells"]
+    assert cell["iters"] == {"rankwise-shm": 3, "gloo": 3}
+    assert all(len(v) == 1 and v[0] > 0 for v in cell["median_seconds"].values())
