@@ -30,7 +30,42 @@ def _torch_gloo(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     return TorchEngine.create(group, store, timeout)
 
 
-@pytest.mark.parametrize("make", [_message, _shm, _torch_gloo], ids=["tcp", "shm", "torch-gloo"])
+class _TensorFed:
+    """Hands ``inner`` CPU torch tensors sharing the API's arrays: how the staging wrapper
+    (``engines.device.staged``, built for CUDA tensors) runs without a GPU."""
+
+    def __init__(self, inner: Any, base: Engine) -> None:
+        self.inner = inner
+        self.base = base  #: the engine ``inner`` wraps: it owns what settle/close release
+        self.name, self.serial, self.framed = inner.name, inner.serial, inner.framed
+
+    def __getattr__(self, op: str) -> Any:
+        import torch
+
+        if op in ("settle", "close"):
+            return getattr(self.base, op)
+        method = getattr(self.inner, op)
+
+        def fed(call: Call, *args: Any) -> None:
+            def t(a: Any) -> Any:
+                if isinstance(a, list):
+                    return [t(x) for x in a]
+                return torch.from_numpy(a) if hasattr(a, "dtype") else a
+            method(call, *[t(a) for a in args])
+
+        return fed
+
+
+def _staged(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    pytest.importorskip("torch")
+    from rankwise.engines.device.staged import Staged
+
+    base = _shm(group, store, timeout)
+    return _TensorFed(Staged(base), base)
+
+
+@pytest.mark.parametrize("make", [_message, _shm, _torch_gloo, _staged],
+                         ids=["tcp", "shm", "torch-gloo", "staged-on-shm"])
 def test_every_engine_passes_the_table(make: Any) -> None:
     check_engine(make)
 
@@ -58,7 +93,7 @@ class _Mistranslating:
 
 def test_an_engine_that_mistranslates_a_failure_fails_the_check() -> None:
     def make(group: ProcessGroup, store: Any, timeout: float) -> Engine:
-        return _Mistranslating(_shm(group, store, timeout))  # type: ignore[return-value]
+        return _Mistranslating(_shm(group, store, timeout))
 
     check_engine(make, ops=("all_reduce",), dtypes=("float32",), failures=False)  # sane
     with pytest.raises(AssertionError, match="should raise (CollectiveMismatch|PeerFailure)"):

@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.procs
+
 from test_ddp_harness import free_port, run_ranks
 
 pytestmark = pytest.mark.procs

@@ -4,11 +4,16 @@ through ``import rankwise as dist`` alike; and none without a profiler."""
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.procs
 
 from test_ddp_harness import free_port, run_ranks
 
@@ -69,6 +74,14 @@ def _profiled(rank: int, world: int, gloo_port: int) -> dict[str, Any]:
         rankwise.all_gather([torch.zeros(5) for _ in range(world)], t)
         rankwise.barrier()
     got["api"] = _events(prof2, "rankwise:")
+    # every event has its end (one ended from a bare thread shows "finished": false)
+    trace = f"{tempfile.gettempdir()}/rankwise-profile-{os.getpid()}.json"
+    prof2.export_chrome_trace(trace)
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    os.unlink(trace)
+    got["unfinished"] = [e["name"] for e in events if str(e.get("name")).startswith(
+        "rankwise:") and e.get("args", {}).get("finished") is False]
     got["api_sum"] = t.tolist()
     # without a profiler: no event, and no profiler thread started by rankwise
     from rankwise.api import profiling
@@ -85,6 +98,7 @@ def test_communication_events_match_gloo() -> None:
         assert got["api"] == [("all_gather", True, [[5]], 1), ("all_reduce", True, [[5]], 1),
                               ("barrier", True, [], 1)]
         assert got["api_sum"] == [2.0] * 5
+        assert got["unfinished"] == []
         assert got["on_without"] is False
 
 

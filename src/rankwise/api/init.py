@@ -34,10 +34,12 @@ from ..store import PrefixStore
 from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
+from ..transport.keepalive import heartbeat_timeout
 from ..transport.mesh import exited_peers, local_address_for
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
 from ..wire.frames import VERSION as WIRE_VERSION
+from .init_done import wait_all_initialized
 from .leaving import _install_hooks, _set_watcher, destroy_process_group
 from .stores import _agent, _open_store, _resolve_store, _validate_rank_world
 from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
@@ -111,6 +113,7 @@ def init_process_group(
     # this rank's GPU for NCCL groups, checked here: a wrong LOCAL_RANK costs no rendezvous
     device = resolve_device(device_id) if parse_backend(backend_name).nccl else None
     requested_transport()  # ... and so does a bad RANKWISE_TRANSPORT
+    heartbeat_timeout()  # ... and a bad RANKWISE_HEARTBEAT_TIMEOUT
     timeout_s = seconds(timeout, DEFAULT_TIMEOUT)
     if timeout_s <= 0:
         raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
@@ -162,6 +165,8 @@ def init_process_group(
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)
+    # no rank leaves a peer still in init (nor the store's host a peer still reading it)
+    wait_all_initialized(scoped, comm, timeout_s, hosting=getattr(store, "server", None) is not None)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:

@@ -69,7 +69,7 @@ def _tensors(values: Any) -> list[Any]:
 
 
 class _Finisher:
-    """One daemon thread that ends events handed to it (see the module docstring)."""
+    """One daemon thread that completes the futures events end on (module docstring)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Any, threading.Event]] = queue.SimpleQueue()
@@ -79,15 +79,15 @@ class _Finisher:
 
     def _loop(self) -> None:
         while True:
-            record, done = self._jobs.get()
+            future, done = self._jobs.get()
             try:
-                record.__exit__(None, None, None)
+                future.set_result(None)
             finally:
                 done.set()
 
-    def end(self, record: Any) -> None:
+    def end(self, future: Any) -> None:
         done = threading.Event()
-        self._jobs.put((record, done))
+        self._jobs.put((future, done))
         done.wait(5.0)  # bounded: a stuck profiler must not stop communication
 
 
@@ -104,26 +104,34 @@ def _the_finisher() -> _Finisher:
 
 
 class Event:
-    """One ``rankwise:<op>`` record, begun now; :meth:`end` once the call is done."""
+    """One ``rankwise:<op>`` record, begun now; :meth:`end` once the call is done.
 
-    __slots__ = ("_record", "_thread")
+    torch's own async events are made this way (``record_function`` with its end tied to
+    a future): the record takes the input tensors (their shapes), and completing the
+    future on another thread ends it there, with the profiler's thread-local state carried
+    over (ending the record directly from a bare thread loses its end: torch then shows
+    it unfinished, lasting until the profiler stops)."""
+
+    __slots__ = ("_future", "_thread")
 
     def __init__(self, op: str, inputs: Any) -> None:
-        from torch._C._profiler import _RecordFunctionFast
+        import torch
+        from torch._C._autograd import _record_function_with_args_enter
 
         name = f"rankwise:{_GLOO_NAMES.get(op, op)}"
-        self._record: Any = _RecordFunctionFast(name, _tensors(inputs))
-        self._record.__enter__()
+        record = _record_function_with_args_enter(name, *_tensors(inputs))
+        self._future: Any = torch.futures.Future()
+        torch.ops.profiler._call_end_callbacks_on_jit_fut(record, self._future)
         self._thread = threading.get_ident()
 
     def end(self) -> None:
-        record, self._record = self._record, None
-        if record is None:
+        future, self._future = self._future, None
+        if future is None:
             return
         if threading.get_ident() != self._thread:
-            record.__exit__(None, None, None)
+            future.set_result(None)
         else:
-            _the_finisher().end(record)
+            _the_finisher().end(future)
 
 
 def begin(op: str, inputs: Any) -> Event | None:

@@ -34,6 +34,7 @@ from ..transport.base import Transport
 from ..wire.frames import CHECK_ENTRY, Frame, Kind, decode_checks
 from .activity import Activity, CallLog
 from .departures import Departures
+from .heartbeat import Heartbeat
 from .mismatches import Mismatches
 from .port import ControlPlane
 from .router import Pending, Router
@@ -111,7 +112,10 @@ class Communicator:
         self.call_of = self.calls.call_of
         self.last_reports = self.departures.last_reports
         self._last_seen = self.departures.last_seen
+        self.heartbeat = Heartbeat.create(self)  # before the first beat can arrive
         transport.start(self)
+        if self.heartbeat is not None:
+            self.heartbeat.start()
 
     @property
     def last_call(self) -> str:
@@ -150,6 +154,9 @@ class Communicator:
             self.where.answer(frame)
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
+        elif frame.kind == Kind.BEAT:
+            if self.heartbeat is not None:
+                self.heartbeat.on_beat(frame.src, payload)
         elif frame.kind == Kind.CHECKS:
             if len(payload) >= CHECK_ENTRY.size:  # the latest call the peer told of
                 last = decode_checks(frame, payload[-CHECK_ENTRY.size:])

@@ -181,4 +181,6 @@ class Departures:
                 comm.dumper.write(f"left after {type(failure).__name__}: {failure}")
         comm.where.settle(min(timeout, 1.0))
         comm.closed = True
+        if comm.heartbeat is not None:
+            comm.heartbeat.stop()
         comm.transport.close()

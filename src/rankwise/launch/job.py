@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,8 +23,10 @@ from typing import Any
 
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
+from .elastic import Round, join_round
 from .foreign_alarm import ForeignAlarm
-from .rendezvous import NodeInfo, StorePeers, rendezvous
+from .nodewatch import Detached, DetachedPeers, NodeWatch
+from .rendezvous import StorePeers
 from .summary import (
     WorkerOutcome,
     cause_line,
@@ -109,11 +110,12 @@ class _ExitNotices:
     rendezvous timeout for a rank that is gone. Best effort: a store problem here must
     not take the launcher down."""
 
-    def __init__(self, opts: JobOptions, port: int) -> None:
+    def __init__(self, opts: JobOptions, port: int, runner: Detached) -> None:
         self._opts = opts
         self._port = port
         self._store: Any | None = None
         self._told: set[int] = set()
+        self._runner = runner  # a silent store must not stall the teardown
 
     def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
         # only the first ending of an attempt: it is the cause; later ones are mostly ranks
@@ -121,6 +123,9 @@ class _ExitNotices:
         if attempt in self._told:
             return
         self._told.add(attempt)
+        self._runner.submit(lambda: self._tell(attempt, outcome))
+
+    def _tell(self, attempt: int, outcome: WorkerOutcome) -> None:
         how = (f"ended ({exit_status_text(outcome.returncode)}, pid {outcome.pid} on "
                f"{outcome.host})")
         try:
@@ -183,7 +188,8 @@ def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
     run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
     server: Any | None = None
-    peers: StorePeers | None = None
+    rounds: list[Round] = []  # this node's rendezvous rounds, the current one last
+    runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
     watchdog: subprocess.Popen[bytes] | None = None
     token, origin = resolve_job_token(opts)
@@ -199,14 +205,8 @@ def run_job(opts: JobOptions) -> int:
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
-                store = _client(opts, port)
-                me = NodeInfo(host=socket.gethostname(), pid=os.getpid(), nproc=opts.nproc,
-                              node_rank=-1 if opts.node_rank is None else opts.node_rank,
-                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
-                              rdzv_id=opts.rdzv_id or "none")
-                assignment = rendezvous(store, me, timeout=opts.timeout)
-                node_rank, nnodes = assignment.node_rank, assignment.nnodes
-                peers = StorePeers(store, lambda: _client(opts, port), node_rank)
+                rounds.append(_join(opts, port, 0, -1 if opts.node_rank is None else opts.node_rank))
+                node_rank, nnodes = rounds[0].node_rank, rounds[0].nnodes
         except DistError as exc:
             _say(f"rankwise run: {exc}")
             return 1
@@ -226,14 +226,21 @@ def run_job(opts: JobOptions) -> int:
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
         )
-        notices = _ExitNotices(opts, port)
-        agent = LocalAgent(config, peers, notices)
+        notices = _ExitNotices(opts, port, runner)
+        agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
+                           notices)
         alarm.agent = agent
-        code = _run_attempts(agent, opts, peers)
-        if peers is not None:
-            peers.finish(nnodes, hosting=server is not None, timeout=opts.timeout)
+        if rounds:
+            rounds[0].watch.start(agent.abort)
+        code = _run_attempts(agent, opts, rounds, port, runner)
+        if rounds:
+            last = rounds[-1]
+            _finish(last.peers, last.watch, code, last.nnodes, server is not None, opts.timeout)
         return code
     finally:
+        for rnd in rounds:
+            rnd.watch.stop()
+        runner.drain(2.0)
         _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
@@ -242,7 +249,55 @@ def run_job(opts: JobOptions) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None) -> int:
+def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, hosting: bool,
+            timeout: float) -> None:
+    """Tell the other nodes this one is done; the store's host keeps it up for them, but
+    after a failure only a few seconds (a lost node would never say it is done), and not at
+    all when this node cannot reach the store."""
+    if watch is not None and not watch.store_answers():
+        return
+    if watch is not None and (watch.lost or watch.suspect()):
+        timeout = min(timeout, 2.0)
+    elif code != 0:
+        timeout = min(timeout, 5.0)
+    peers.finish(nnodes, hosting=hosting, timeout=timeout)
+
+
+def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
+    def client(timeout: float | None) -> Any:
+        return _client(opts if timeout is None else replace(opts, timeout=timeout), port)
+
+    return join_round(number, client, opts.nproc, opts.min_nodes, opts.max_nodes,
+                      opts.rdzv_id or "none", node_rank, opts.timeout)
+
+
+def _may_restart(result: AttemptResult, opts: JobOptions, rnd: Round | None) -> bool:
+    """Restart after this failed attempt? Not after a launcher abort (it would repeat)
+    unless the abort was a lost node and MIN nodes may remain; never on a node that cannot
+    reach the store (it is the one cut off)."""
+    lost = rnd is not None and bool(rnd.watch.lost)
+    if result.aborted and not (lost and opts.min_nodes < opts.max_nodes):
+        return False
+    return rnd is None or rnd.watch.store_answers()
+
+
+def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
+                runner: Detached) -> None:
+    """Meet the surviving nodes again (``elastic.py``); the agent follows the new ranks."""
+    old = rounds[-1]
+    old.watch.stop()
+    wish = 0 if old.node_rank == 0 else (-1 if opts.min_nodes < opts.max_nodes else old.node_rank)
+    new = _join(opts, port, len(rounds), wish)
+    rounds.append(new)
+    agent.config = replace(agent.config, node_rank=new.node_rank, nnodes=new.nnodes)
+    agent.peers = DetachedPeers(new.peers, runner)
+    new.watch.start(agent.abort)
+    _say(f"rankwise run: rendezvous round {new.number}: {new.nnodes} node(s), this is node "
+         f"{new.node_rank}; {new.nnodes * opts.nproc} ranks")
+
+
+def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
+                  runner: Detached) -> int:
     with _forward_signals(agent):
         for attempt in range(opts.max_restarts + 1):
             result = agent.run_attempt(attempt)
@@ -252,19 +307,38 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, peers: StorePeers | None)
                 return 128 + result.interrupted_by
             if not result.failed:
                 return 0
-            if attempt < opts.max_restarts and not result.aborted:  # aborts would repeat
+            rnd = rounds[-1] if rounds else None
+            if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
-                what = cause_line(cause) if cause else result.remote_failure
+                what = cause_line(cause) if cause else (result.remote_failure or result.aborted)
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
                      f"(restart {attempt + 1} of {opts.max_restarts})")
+                if rounds:
+                    try:
+                        _next_round(agent, opts, rounds, port, runner)
+                    except DistError as exc:
+                        _say(f"rankwise run: could not meet the other nodes again: {exc}")
+                        return 1
                 continue
-            return _report(result, attempt, opts, peers)
+            return _report(result, attempt, opts, rnd.peers if rnd else None,
+                           rnd.watch if rnd else None)
     return 1  # unreachable: the loop returns on its last attempt
 
 
-def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None) -> int:
-    remote = peers.remote_outcome(attempt) if peers is not None else None
+def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,
+            watch: NodeWatch | None = None) -> int:
+    lost = (watch.lost or watch.suspect()) if watch is not None else ""
+    reachable = peers is not None and (watch is None or watch.store_answers())
+    remote = peers.remote_outcome(attempt) if not lost and reachable and peers is not None \
+        else None
     local = root_cause(result.outcomes)
+    if watch is not None and not lost and remote is None and (local is None or local.secondary):
+        # our ranks died of a peer, and no node said why: one that vanished (its launcher
+        # killed, its host gone) shows as silent within three beats -- name it, not a victim
+        lost = watch.await_suspect()
+    if lost:  # a lost node is the root cause of whatever failed after it
+        _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
+        return 1
     cause = root_cause([o for o in (local, remote) if o is not None])
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
     if not remote_line and result.remote_failure and local is None:

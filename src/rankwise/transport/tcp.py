@@ -19,6 +19,7 @@ import time
 from ..errors import DistError, DistNetworkError, DistTimeout
 from ..wire.frames import HEADER, WireError, decode_header
 from .base import FrameHandler
+from .keepalive import keep_alive
 from .tcp_reading import FrameReader, _Conn
 
 __all__ = ["TcpTransport"]
@@ -43,6 +44,7 @@ class TcpTransport(FrameReader):
         for peer, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)  # a vanished host's connection errors out in the end
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
                     sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)

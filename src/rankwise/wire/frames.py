@@ -73,6 +73,7 @@ class Kind(enum.IntEnum):
     #: fingerprints of several collective calls at once (payload: ``CHECK_ENTRY`` each),
     #: each judged as the empty collective frame it stands for (``core/ring_check``)
     CHECKS = 9
+    BEAT = 10  #: "still here" to the ring successor (payload: hostname; core.heartbeat)
 
 
 class Op(enum.IntEnum):

@@ -1,0 +1,62 @@
+"""The last step of ``init_process_group``: no rank returns before every rank got there.
+
+Why: a rank that returns from init can finish its program and exit while a peer is still
+inside init, needing something only that rank gives -- the store it hosts (rank 0 without
+a launcher), its answer in the engine agreement. The peer's init then failed ("rank 0
+finished and exited ...") instead of the peer reporting its first call precisely (a p2p
+tag mismatch, a missing collective). So every rank counts itself in (``init/done/<rank>``)
+and waits, bounded by the init timeout, until all have; the rank hosting the store then
+holds it until every rank has read that (else it could exit between another rank's
+"all done" and that rank's reading it). Two store round trips per rank. A peer that fails
+or exits meanwhile ends the wait at once with its failure.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from ..core.communicator import Communicator
+from ..errors import DistTimeout, PeerFailure
+from ..store.seen import HOLD_LIMIT, count_seen_and_hold
+from ..transport.mesh import exited_peers
+
+__all__ = ["wait_all_initialized"]
+
+_SLICE = 0.5  # seconds between looks at peers that failed or exited meanwhile
+
+
+def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
+                         hosting: bool = False) -> None:
+    """Count this rank in and wait until every rank of ``comm`` finished init; then, when
+    ``hosting`` the store, hold it until every rank has read that (``store.seen``)."""
+    rank, n = comm.rank, comm.world_size
+    if n == 1:
+        return
+    store.set(f"init/done/{rank}", "1")
+    if int(store.add("init/done", 1)) == n:
+        store.set("init/all", "1")
+    deadline = time.monotonic() + timeout_s
+    others = [r for r in range(n) if r != rank]
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            store.wait(["init/all"], timedelta(seconds=max(0.05, min(_SLICE, remaining))))
+            count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+            return
+        except DistTimeout:
+            pass
+        failure = comm.router.failure
+        if failure is not None:
+            raise comm.as_of_now(failure)
+        gone = exited_peers(store, others)
+        if gone:
+            peer, how = min(gone.items())
+            raise PeerFailure(f"rank {rank}: rank {peer} {how} before it finished "
+                              "init_process_group; the job cannot go on without it", rank=peer)
+        if remaining <= 0:
+            missing = [r for r in others if not store.check([f"init/done/{r}"])]
+            raise DistTimeout(f"rank {rank}: ranks {missing} did not finish "
+                              f"init_process_group within {timeout_s:g} s of this rank "
+                              "(they are connected: a slow engine setup, or stopped?)")

@@ -1,0 +1,201 @@
+"""Launchers of a multi-node job watch each other through the store.
+
+Why: a node that is cut off or loses power closes no connection, so the launcher of the
+other side learned of it only from its own ranks (if at all) and then waited for the lost
+node's "finished" record until the rendezvous timeout. Here each launcher bumps its counter
+``rankwise/nodebeat/<node>`` once per second and reads the others'; a counter that stops
+moving for ``RANKWISE_HEARTBEAT_TIMEOUT`` seconds (the ranks' heartbeat timeout, default 15)
+names that node, its host and its ranks. A launcher that cannot reach the store (hosted by
+node 0) for as long reports node 0 the same way. The store I/O runs in one thread and the
+judging in another, so a store call blocked on a silent network never delays the verdict.
+
+``Detached`` runs the launcher's best-effort store writes (failure and exit notices) in
+order on a thread of their own, so a silent store never stalls the teardown of the ranks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..core.heartbeat import heartbeat_timeout
+from ..errors import DistError
+from ..store.base import Store
+from .summary import WorkerOutcome
+
+__all__ = ["Detached", "DetachedPeers", "NodeWatch", "describe_node"]
+
+_KEY = "rankwise/nodebeat/"
+
+
+def describe_node(node: int, host: str, nproc: int) -> str:
+    """``node 1 (h1, ranks 2-3)``."""
+    first, last = node * nproc, node * nproc + nproc - 1
+    ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+    return f"node {node} ({host}, {ranks})"
+
+
+class NodeWatch:
+    """Beats for this node through the store and judges the other nodes' beats."""
+
+    def __init__(self, connect: Callable[[], Store], node: int, hosts: Sequence[str],
+                 nproc: int, timeout: float | None = None) -> None:
+        self._connect = connect
+        self.node = node
+        self.hosts = list(hosts)
+        self.nproc = nproc
+        self.timeout = heartbeat_timeout() if timeout is None else timeout
+        self.interval = min(1.0, max(self.timeout, 0.1) / 4)
+        now = time.monotonic()
+        self.store_ok_at = now  #: last time a store call of ours came back
+        self._heard = {n: now for n in range(len(hosts)) if n != node}
+        self._counts: dict[int, int] = {}
+        self._ended: set[int] = set()
+        self._stop = threading.Event()
+        self._post: Callable[[str], None] = lambda text: None
+        #: why a node counts as lost ("" while none is): the launcher's root cause
+        self.lost = ""
+        self.store_lost = False  #: this node cannot reach the store
+
+    def start(self, post: Callable[[str], None]) -> None:
+        """Start watching (a no-op for one node or a timeout of 0); ``post`` gets the verdict."""
+        if len(self.hosts) < 2 or self.timeout == 0:
+            return
+        self._post = post
+        for fn, what in ((self._beat_loop, "beat"), (self._judge_loop, "judge")):
+            threading.Thread(target=fn, name=f"rankwise-node-{what}", daemon=True).start()
+
+    def store_answers(self) -> bool:
+        """Did the store answer lately (within three beats)? When not, the launcher skips
+        what it would still ask the store at the end: it would only wait on a cut link."""
+        return not self.store_lost and time.monotonic() - self.store_ok_at < 3 * self.interval + 0.5
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # --- threads ----------------------------------------------------------------------------
+
+    def _beat_loop(self) -> None:
+        store: Store | None = None
+        while not self._stop.is_set():
+            try:
+                if store is None:
+                    store = self._connect()
+                store.add(f"{_KEY}{self.node}", 1)
+                for n in self._heard:
+                    count = store.add(f"{_KEY}{n}", 0)
+                    if count != self._counts.get(n):
+                        self._counts[n] = count
+                        self._heard[n] = time.monotonic()
+                    if n not in self._ended and store.check([f"{_KEY}{n}/end"]):
+                        self._ended.add(n)
+                self.store_ok_at = time.monotonic()
+            except DistError:
+                _close(store)
+                store = None
+            self._stop.wait(self.interval)
+        if store is not None:
+            try:
+                store.set(f"{_KEY}{self.node}/end", "1")
+            except DistError:
+                pass
+            _close(store)
+
+    def _judge_loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            verdict = self.verdict(time.monotonic())
+            if verdict:
+                self.lost = verdict
+                self._post(verdict)
+                return
+
+    def suspect(self) -> str:
+        """After the job failed: a node silent for three beats already, though not yet for
+        the timeout, named the same way -- the likely root cause the summary leads with."""
+        return self.verdict(time.monotonic(), 3 * self.interval + 0.5)
+
+    def await_suspect(self) -> str:
+        """:meth:`suspect`, waiting for it up to three beats (and not at all when this
+        node does not watch: one node, or a timeout of 0)."""
+        if len(self.hosts) < 2 or self.timeout == 0:
+            return ""
+        deadline = time.monotonic() + 3 * self.interval + 0.6
+        while not (found := self.suspect()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # bounded polling of the beat thread's records
+        return found
+
+    def verdict(self, now: float, limit: float | None = None) -> str:
+        """The lost node's description, or "" while every node answers."""
+        limit = self.timeout if limit is None else limit
+        silent = now - self.store_ok_at
+        if self.node != 0 and silent > limit:
+            self.store_lost = limit == self.timeout
+            return (f"{describe_node(0, self.hosts[0], self.nproc)} stopped answering "
+                    f"{silent:.1f} s ago: this node cannot reach the job's store there "
+                    "(network partition, host down or its launcher was killed)")
+        for n, heard in sorted(self._heard.items()):
+            if n not in self._ended and now - heard > limit:
+                return (f"{describe_node(n, self.hosts[n], self.nproc)} stopped answering "
+                        f"{now - heard:.1f} s ago: its launcher no longer reaches the store "
+                        "(network partition, host down or its launcher was killed)")
+        return ""
+
+
+def _close(store: Store | None) -> None:
+    """Close a store client, ignoring errors (it may be cut off)."""
+    close = getattr(store, "close", None)
+    if callable(close):
+        try:
+            close()
+        except (DistError, OSError):
+            pass
+
+
+class Detached:
+    """Runs best-effort calls in order on one daemon thread (started on first use)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[[], Any]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put(fn)
+
+    def _run(self) -> None:
+        while (fn := self._queue.get()) is not None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001, S110 - best effort: the store may be gone
+                pass
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the calls submitted so far."""
+        if self._thread is None:
+            return
+        done = threading.Event()
+        self._queue.put(done.set)
+        done.wait(timeout)
+
+
+class DetachedPeers:
+    """A ``RoundPeers`` whose failure announcement never blocks the agent's monitor."""
+
+    def __init__(self, peers: Any, runner: Detached) -> None:
+        self._peers = peers
+        self._runner = runner
+
+    def announce_failure(self, outcome: WorkerOutcome) -> None:
+        self._runner.submit(lambda: self._peers.announce_failure(outcome))
+
+    def watch(self, restart_count: int, post: Callable[[str], None]) -> None:
+        self._peers.watch(restart_count, post)
+
+    def stop_watching(self) -> None:
+        self._peers.stop_watching()

@@ -1,0 +1,172 @@
+"""Simulated hosts for tests: network namespaces joined by a bridge, each with its own hostname.
+
+Why this shape: a partition must be *silent* (no RST, no ICMP, the local link stays up), as
+when a switch port dies between two machines. Each host namespace ``<prefix>-h<i>`` has an
+``eth0`` (10.213.0.<i+1>/24) whose veth peer is a port of ``br0`` in a third namespace
+``<prefix>-br``; :meth:`SimHosts.cut` detaches that port from the bridge, so frames leave
+``eth0`` and vanish, and :meth:`SimHosts.heal` attaches it again. Nothing is reachable from
+the root namespace and no address outside 10.213.0.0/24 is ever used (netem and iptables are
+not assumed: this machine's kernel has neither).
+
+Everything is torn down by :meth:`SimHosts.close` (processes inside the namespaces first),
+and namespaces that a dead test process left behind are removed by :func:`remove_stale`
+(their names carry the creating pid).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+PREFIX = "net-"
+SUBNET = "10.213.0"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+def unavailable() -> str:
+    """Why namespaces cannot be made here ("" when they can)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` on PATH"
+    name = f"{PREFIX}{os.getpid()}-probe{secrets.token_hex(2)}"
+    try:
+        made = _ip("netns", "add", name, check=False)
+        if made.returncode != 0:
+            return f"`ip netns add` refused: {made.stderr.strip()}"
+        probe = subprocess.run(["ip", "netns", "exec", name, "unshare", "--uts", "true"],
+                               check=False, capture_output=True, text=True, timeout=20)
+        if probe.returncode != 0:
+            return f"`unshare --uts` refused: {probe.stderr.strip()}"
+        return ""
+    finally:
+        _ip("netns", "del", name, check=False)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_inside(ns: str) -> None:
+    """SIGKILL every process inside namespace ``ns`` (all were started by us)."""
+    for _ in range(20):
+        out = _ip("netns", "pids", ns, check=False).stdout.split()
+        if not out:
+            return
+        for pid in out:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        time.sleep(0.05)
+
+
+def remove_stale() -> list[str]:
+    """Delete ``net-<pid>-*`` namespaces whose creating process is gone; return their names."""
+    removed = []
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(PREFIX):
+            continue
+        owner = name[len(PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            _kill_inside(name)
+            _ip("netns", "del", name, check=False)
+            removed.append(name)
+    return removed
+
+
+class SimHosts:
+    """``n`` simulated hosts on one bridge; use as a context manager."""
+
+    def __init__(self, n: int = 2) -> None:
+        self.n = n
+        self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
+        self.bridge_ns = f"{self.prefix}-br"
+        self.hosts = [f"{self.prefix}-h{i}" for i in range(n)]
+        self.hostnames = [f"h{i}" for i in range(n)]
+        self._procs: list[subprocess.Popen[Any]] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        for i, ns in enumerate(self.hosts):
+            _ip("netns", "add", ns)
+            _ip("-n", self.bridge_ns, "link", "add", f"p{i}", "type", "veth",
+                "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def addr(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def command(self, i: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside host ``i`` under its own hostname ``h<i>``."""
+        return ["ip", "netns", "exec", self.hosts[i], "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.hostnames[i], *argv]
+
+    def popen(self, i: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(self.command(i, argv), start_new_session=True, **kw)
+        self._procs.append(proc)
+        return proc
+
+    def run(self, i: int, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.command(i, argv), check=False, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def pids(self, i: int) -> list[int]:
+        """Processes running inside host ``i`` now."""
+        return [int(p) for p in _ip("netns", "pids", self.hosts[i], check=False).stdout.split()]
+
+    def cut(self, i: int) -> None:
+        """Silently cut host ``i`` off: its bridge port leaves the bridge, its own link stays up."""
+        _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "nomaster")
+
+    def heal(self, i: int) -> None:
+        _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "master", "br0")
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for ns in [*self.hosts, self.bridge_ns]:
+            _kill_inside(ns)
+            _ip("netns", "del", ns, check=False)
+        for proc in self._procs:
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self) -> SimHosts:  # noqa: PYI034 - Python 3.10 has no typing.Self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

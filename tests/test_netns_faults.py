@@ -1,0 +1,133 @@
+"""Faults between simulated hosts (network namespaces): partitions, lost nodes, frozen ranks.
+
+2 hosts x 2 ranks under ``rankwise run``. Heartbeat timeout 3 s (``RANKWISE_HEARTBEAT_TIMEOUT``)
+where the default (15 s) is not what is tested, so the file stays short; the heal test uses
+10 s so that a 2 s cut stays well inside it. Every test's namespaces and processes go away in
+the fixture's finalizer, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from _netns import SimHosts, remove_stale, unavailable
+from _netns_job import Job
+
+_WHY = unavailable()
+pytestmark = [pytest.mark.procs, pytest.mark.skipif(bool(_WHY), reason=f"no simulated hosts: {_WHY}")]
+
+FAST = {"RANKWISE_HEARTBEAT_TIMEOUT": "3"}
+
+
+@pytest.fixture
+def hosts() -> Iterator[SimHosts]:
+    remove_stale()
+    sim = SimHosts(2)
+    try:
+        yield sim
+    finally:
+        sim.close()
+
+
+def _ready(job: Job) -> dict[int, int]:
+    """Wait for all 4 ranks to work; their pids by rank."""
+    assert job.wait_for(lambda ls: sum(line.startswith("ready ") for line in ls) == 4, 90), job.text()
+    return {int(line.split()[1]): int(line.split()[2])
+            for _, _, line in job.lines if line.startswith("ready ")}
+
+
+def _raised(job: Job) -> list[str]:
+    return [line for _, _, line in job.lines if line.startswith("raised ")]
+
+
+def test_partition_for_good_fails_both_sides_and_ends_both_launchers(hosts: SimHosts) -> None:
+    job = Job(hosts, ["loop", "120"], FAST)
+    _ready(job)
+    hosts.cut(1)
+    assert job.wait_for(lambda ls: sum(line.startswith("raised ") for line in ls) == 4, 45), job.text()
+    for line in _raised(job):
+        assert "PeerFailure" in line and "stopped answering" in line, line
+        assert "network partition, host down or frozen process" in line, line
+    codes = [job.wait_exit(n, 60) for n in range(2)]
+    assert codes == [1, 1], job.text()
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped answering" \
+        in job.text(0), job.text(0)
+    assert "node 0 (h0, ranks 0-1) stopped answering" in job.text(1), job.text(1)
+    assert hosts.pids(0) == [] and hosts.pids(1) == []
+
+
+def test_partition_that_heals_loses_nothing(hosts: SimHosts) -> None:
+    job = Job(hosts, ["loop", "8"], {"RANKWISE_HEARTBEAT_TIMEOUT": "10"})
+    _ready(job)
+    hosts.cut(1)
+    time.sleep(2.0)  # the fault's duration, not a synchronization
+    hosts.heal(1)
+    assert [job.wait_exit(n, 60) for n in range(2)] == [0, 0], job.text()
+    assert sum(line.startswith("done ") for _, _, line in job.lines) == 4
+    assert _raised(job) == []  # every all_reduce result was checked on every rank
+
+
+def test_node_sigkill_ends_the_other_node(hosts: SimHosts) -> None:
+    job = Job(hosts, ["loop", "120"], FAST)
+    _ready(job)
+    for pid in hosts.pids(1):
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait_exit(0, 20) == 1, job.text()
+    assert job.wait_for(lambda ls: sum(line.startswith("raised ") for line in ls) == 2, 5)
+    assert all("rank 2" in line or "rank 3" in line for line in _raised(job)), job.text()
+
+
+def test_launcher_sigkill_ends_the_other_launcher(hosts: SimHosts) -> None:
+    job = Job(hosts, ["loop", "120"], FAST)
+    _ready(job)
+    start = time.monotonic()
+    job.launchers[1].send_signal(signal.SIGKILL)  # the `ip netns exec` chain execs into it
+    assert job.wait_exit(0, 20) == 1, job.text()
+    assert time.monotonic() - start < 20
+    # the summary leads with the vanished node, not with a rank that died of it
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped " \
+        "answering" in job.text(0), job.text(0)
+    assert job.wait_exit(1, 10) is not None
+    for _ in range(100):  # the killed launcher's ranks die of PR_SET_PDEATHSIG
+        if not hosts.pids(1):
+            break
+        time.sleep(0.1)
+    assert hosts.pids(1) == []
+
+
+def test_frozen_rank_is_reported(hosts: SimHosts) -> None:
+    job = Job(hosts, ["loop", "120"], FAST)
+    pids = _ready(job)
+    os.kill(pids[3], signal.SIGSTOP)
+    try:
+        assert job.wait_for(lambda ls: any(line.startswith("raised 0") for line in ls), 30), job.text()
+    finally:
+        os.kill(pids[3], signal.SIGCONT)
+    line = next(x for x in _raised(job) if x.startswith("raised 0"))
+    assert "rank 3 on host h1 stopped answering" in line and "frozen process" in line, line
+    assert [job.wait_exit(n, 60) for n in range(2)] == [1, 1], job.text()
+
+
+def test_rank_busy_in_python_is_never_reported(hosts: SimHosts) -> None:
+    job = Job(hosts, ["busy", "20"], FAST)
+    _ready(job)
+    assert [job.wait_exit(n, 90) for n in range(2)] == [0, 0], job.text()
+    assert _raised(job) == []
+    assert sum(line.startswith("done ") for _, _, line in job.lines) == 4
+
+
+def test_elastic_restart_goes_on_without_a_lost_node(hosts: SimHosts) -> None:
+    """``--nnodes 1:2 --max-restarts 1``: node 1 is killed; node 0 meets alone in a new
+    rendezvous round and completes the job with 2 ranks."""
+    job = Job(hosts, ["loop", "3"], FAST, nnodes="1:2", extra=["--max-restarts", "1"])
+    _ready(job)
+    for pid in hosts.pids(1):
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait_exit(0, 60) == 0, job.text()
+    text = job.text(0)
+    assert "rendezvous round 1: 1 node(s), this is node 0; 2 ranks" in text, text
+    assert sum(line.startswith("done ") for _, n, line in job.lines if n == 0) == 2, text
