@@ -132,6 +132,10 @@ class _Forked(suite.TestDistBackend, suite.DistributedTest._DistTestBase):  # ty
     @classmethod
     def setUpClass(cls) -> None:
         cls._saved_master = os.environ.get("MASTER_ADDR")
+        # start the parent's OpenMP pool as earlier tests of a whole run do, so that the
+        # ranks forked below always meet it (see _run): the order of files cannot hide it
+        square = torch.ones(256, 256)
+        assert float((square @ square)[0, 0]) == 256.0
         super().setUpClass()
 
     @classmethod
@@ -145,6 +149,15 @@ class _Forked(suite.TestDistBackend, suite.DistributedTest._DistTestBase):  # ty
     @property
     def world_size(self) -> str:
         return str(self.WORLD)
+
+    @classmethod
+    def _run(cls, rank: int, test_name: str, file_name: str, parent_pipe: Any,
+             **kwargs: Any) -> None:
+        # A forked rank inherits the OpenMP pool of a parent that ran torch ops (any earlier
+        # in-process test) without its threads: its first parallel matmul hangs or crashes
+        # in libgomp. One intra-op thread per rank never enters that pool.
+        torch.set_num_threads(1)
+        super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
 
     def setUp(self) -> None:
         name = self._testMethodName
