@@ -103,6 +103,9 @@ class _IntrudingStore:
     def add(self, key: str, amount: int) -> int:
         return self.inner.add(key, amount)
 
+    def wait(self, keys: list[str], timeout: float) -> None:
+        self.inner.wait(keys, timeout)
+
 
 class _ClosedUnderUs:
     """A listener that ``connect()`` closes while the accepting thread is between two

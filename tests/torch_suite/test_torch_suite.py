@@ -10,7 +10,10 @@ re-imports torch, about a second a rank a test.
 Run at WORLD_SIZE 2 and 3 (two classes). ``NOT_HERE`` lists the tests that pass on gloo but
 cannot apply to another backend, each with its reason; everything else gloo passes must
 pass here. ``RANKWISE_TORCH_SUITE_BACKEND=gloo`` runs the same classes on gloo (the
-reference the list is checked against). Needs ``expecttest`` (the ``dev`` extra).
+reference the list is checked against). ``RANKWISE_TORCH_SUITE_DEVICE=cuda`` runs only the
+suite's CUDA tests (names with ``cuda`` or ``gpu``): ``scripts/gpu-check`` runs that half on a
+GPU machine, where the suite's own decorators skip what one GPU cannot hold. Needs
+``expecttest`` (the ``dev`` extra).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import torch
 pytestmark = [pytest.mark.procs, pytest.mark.torch]
 
 BACKEND = os.environ.get("RANKWISE_TORCH_SUITE_BACKEND", "rankwise")
+#: "cuda": only the suite's CUDA half (the GPU check script); anything else: all of it
+DEVICE = os.environ.get("RANKWISE_TORCH_SUITE_DEVICE", "cpu")
 #: per test, in seconds: a stuck test is killed by the suite's own harness
 PER_TEST_TIMEOUT = "120"
 
@@ -145,6 +150,8 @@ class _Forked(suite.TestDistBackend, suite.DistributedTest._DistTestBase):  # ty
         name = self._testMethodName
         if BACKEND != "gloo" and name in NOT_HERE:
             raise unittest.SkipTest(NOT_HERE[name])
+        if DEVICE == "cuda" and "cuda" not in name and "gpu" not in name:
+            raise unittest.SkipTest("RANKWISE_TORCH_SUITE_DEVICE=cuda runs the CUDA tests only")
         if self.WORLD > 2 and not FULL and name.startswith(SAME_AT_EVERY_SIZE):
             raise unittest.SkipTest("run at WORLD_SIZE 2 (RANKWISE_TORCH_SUITE_FULL=1 runs "
                                     "it here too)")

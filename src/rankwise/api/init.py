@@ -207,6 +207,7 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
             if not late_ones:
                 store.set("error/no-late-ones", "1")  # before the error: readers see both
             store.set("error", message)
+            store.set("joined/all", "error")  # wakes every rank waiting for the others
         except DistError:
             pass
         return failed(RendezvousError(message), late_ones)
@@ -238,7 +239,14 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                    "its own RANK (0..world_size-1)")
     store.set(f"joined/{rank}", me)
     job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
-    keys = [f"joined/{r}" for r in range(world_size)]
+    # one key, set by the last rank to join: waiting costs the store O(1) per rank, and
+    # only rank 0 looks for ended ranks often (it wakes the others through this key; the
+    # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
+    # costs O(1) requests per second for the job, not O(N)
+    if int(store.add("joined/count", 1)) == world_size:
+        store.compare_set("joined/all", "", "ok")
+    keys = ["joined/all"]
+    poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
     while True:
@@ -246,7 +254,7 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
             raise failed_elsewhere()
         remaining = deadline - time.monotonic()
         try:
-            store.wait(keys, timedelta(seconds=max(0.05, min(0.5, remaining))))
+            store.wait(keys, timedelta(seconds=max(0.05, min(poll, remaining))))
             break
         except DistTimeout:
             gone = exited_peers(store, [r for r in range(world_size) if r != rank])

@@ -63,11 +63,15 @@ def summarize(run: dict[str, Any]) -> list[dict[str, Any]]:
         for cell in p["cells"]:
             key = (cell["op"], int(cell["bytes"]))
             row = rows.setdefault(key, {"op": key[0], "bytes": key[1], "samples": {},
-                                        "ratio": {}, "kernel": {}})
+                                        "ratio": {}, "kernel": {}, "medians": {},
+                                        "median_ratio": {}})
             row["kernel"].update(cell.get("kernel", {}))  # runs saved before it had none
             secs: dict[str, list[float]] = cell["seconds"]
             for label, values in secs.items():
                 row["samples"].setdefault(label, []).extend(values)
+            meds: dict[str, list[float]] = cell.get("median_seconds", {})  # runs before it
+            for label, values in meds.items():
+                row["medians"].setdefault(label, []).extend(values)
             ours = [x for x in secs if x.startswith("rankwise-")]
             for mine in ours:
                 for ref in _REFERENCES:
@@ -75,15 +79,25 @@ def summarize(run: dict[str, Any]) -> list[dict[str, Any]]:
                         paired = [a / b for a, b in zip(secs[mine], secs[ref]) if b > 0]
                         med = statistics.median(secs[mine]) / statistics.median(secs[ref])
                         row["ratio"][(mine, ref)] = (med, min(paired), max(paired))
+                    if ref in meds and mine in meds:
+                        row["median_ratio"][(mine, ref)] = _paired(meds[mine], meds[ref])
     out = []
     for key in sorted(rows, key=lambda k: (OPS.index(k[0]) if k[0] in OPS else 99, k[1])):
         row = rows[key]
         row["latency"] = {lab: statistics.median(v) for lab, v in row["samples"].items()}
+        row["median"] = {lab: statistics.median(v) for lab, v in row["medians"].items()}
         factor = bus_factor(row["op"], n)
         row["busbw"] = {lab: (row["bytes"] / s * factor / 1e9 if s > 0 and factor else None)
                         for lab, s in row["latency"].items()}
         out.append(row)
     return out
+
+
+def _paired(mine: list[float], ref: list[float]) -> tuple[float, float, float]:
+    """(ratio of the medians over rounds, lowest, highest single-round ratio)."""
+    paired = [a / b for a, b in zip(mine, ref) if b > 0]
+    med = statistics.median(mine) / statistics.median(ref)
+    return (med, min(paired, default=med), max(paired, default=med))
 
 
 def _short(label: str) -> str:
@@ -109,6 +123,13 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
             # then share it with the rank's main thread, and latencies say more about that
             lines.append(f"note: rank 0 was pinned to {allowed} of {cpus} CPUs (mpirun binds "
                          "by default; pass --bind-to none to compare the libraries unpinned)")
+        pattern = run.get("pattern", "lockstep")
+        if pattern != "lockstep":
+            what = (f"a random busy compute of 0..{run.get('skew_us', 0):g} us before each "
+                    "call" if pattern == "skewed" else
+                    "each call followed by a gloo all_reduce of the same size on another group")
+            lines.append(f"pattern {pattern}: {what}; only the call is timed. 'us' and ratio "
+                         "use each round's mean per call; 'p50' columns its median per call")
         lines.append("latency: median us per call; busbw: GB/s (nccl-tests); sys%: the "
                      "kernel's share of the CPU spent (busiest rank); ratio: rankwise "
                      "time / other's, <1 = rankwise faster (lowest-highest single round)")
@@ -120,6 +141,10 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
         head += " ".join(f"{_short(x) + ' GB/s':>10}" for x in libs) + "  "
         head += " ".join(f"{_short(x) + ' sys%':>10}" for x in libs) + "  "
         head += " ".join(f"{_short(m) + '/' + r:>16}" for m, r in pairs)
+        p50 = pattern != "lockstep"
+        if p50:
+            head += "  " + " ".join(f"{_short(x) + ' p50':>10}" for x in libs)
+            head += "  " + " ".join(f"{_short(m) + '/' + r + ' p50':>16}" for m, r in pairs)
         lines.append(head.rstrip())
         for row in rows:
             line = f"{row['op']:<14} {human_size(row['bytes']) if row['bytes'] else '-':>9} "
@@ -127,6 +152,9 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
             line += " ".join(_num(row["busbw"].get(x), 1.0, 3) for x in libs) + "  "
             line += " ".join(_num(row["kernel"].get(x), 100.0, 0) for x in libs) + "  "
             line += " ".join(_ratio(row["ratio"].get(p)) for p in pairs)
+            if p50:
+                line += "  " + " ".join(_num(row["median"].get(x), 1e6, 1) for x in libs)
+                line += "  " + " ".join(_ratio(row["median_ratio"].get(p)) for p in pairs)
             lines.append(line.rstrip())
         lines.append("")
     return lines

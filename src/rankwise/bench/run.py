@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from .patterns import PATTERNS, Pattern
 from .report import PLOT_HINT, format_tables, plot
 from .worker import OPS, WorkerConfig
 
@@ -122,6 +123,13 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
                    help="calls per round (default: adaptive, each round ~--round-time)")
     p.add_argument("--round-time", type=float, default=0.15,
                    help="seconds per library per round when adaptive (default 0.15)")
+    p.add_argument("--pattern", choices=PATTERNS, default="lockstep",
+                   help="what ranks do around each timed call: lockstep (back to back, the "
+                        "default), skewed (a random busy compute of 0..--skew us before each "
+                        "call), interleaved (each call followed by a gloo all_reduce of the "
+                        "same size on another group); every library runs the same pattern")
+    p.add_argument("--skew", type=float, default=None, metavar="W",
+                   help="skewed: the most compute (us) before a call (default 100)")
     p.add_argument("--no-gloo", dest="gloo", action="store_false",
                    help="leave torch gloo out")
     mpi = p.add_mutually_exclusive_group()
@@ -188,6 +196,7 @@ def _check(p: argparse.ArgumentParser, ns: argparse.Namespace, worker: bool) -> 
         if not ns.worker and os.environ.get("OMPI_COMM_WORLD_RANK",
                                             os.environ.get("PMI_RANK", "0")) == "0":
             _note("torch is not installed: gloo columns skipped (pip install 'rankwise[torch]')")
+    pattern = _pattern(p, ns, gloo)
     mpi = bool(ns.mpi) if ns.mpi is not None else (_under_mpirun() and _has("mpi4py"))
     if mpi and not _under_mpirun():
         p.error("--mpi: MPI needs the ranks started by mpirun: mpirun -n 4 rankwise bench ...")
@@ -198,7 +207,21 @@ def _check(p: argparse.ArgumentParser, ns: argparse.Namespace, worker: bool) -> 
               "(mpirun -n 4 rankwise bench ...)")
     return WorkerConfig(ops=tuple(ops), sizes=tuple(ns.sizes), engines=tuple(engines),
                         rounds=ns.rounds, iters=ns.iters, round_time=ns.round_time,
-                        gloo=gloo, mpi=mpi)
+                        gloo=gloo, mpi=mpi, pattern=pattern)
+
+
+def _pattern(p: argparse.ArgumentParser, ns: argparse.Namespace, gloo: bool) -> Pattern:
+    """``--pattern``/``--skew``, checked together: a skew only means something to
+    ``skewed``, and ``interleaved``'s side calls run on gloo."""
+    if ns.skew is not None and ns.pattern != "skewed":
+        p.error("--skew only applies to --pattern skewed")
+    skew = 100.0 if ns.skew is None else ns.skew
+    if not 0 <= skew <= 1e6:
+        p.error(f"--skew: {ns.skew:g} us is outside 0..1000000")
+    if ns.pattern == "interleaved" and not gloo:
+        p.error("--pattern interleaved calls gloo between the timed calls: it needs torch "
+                "and gloo (drop --no-gloo, pip install 'rankwise[torch]')")
+    return Pattern(ns.pattern, skew if ns.pattern == "skewed" else 0.0)
 
 
 def _worker_argv(cfg: WorkerConfig, raw_out: str) -> list[str]:
@@ -206,7 +229,9 @@ def _worker_argv(cfg: WorkerConfig, raw_out: str) -> list[str]:
     argv = ["--worker", "--raw-out", raw_out, "--ops", ",".join(cfg.ops),
             "--sizes", ",".join(str(s) for s in cfg.sizes), "--engines", ",".join(cfg.engines),
             "--rounds", str(cfg.rounds), "--round-time", str(cfg.round_time),
-            "--mpi" if cfg.mpi else "--no-mpi"]
+            "--mpi" if cfg.mpi else "--no-mpi", "--pattern", cfg.pattern.name]
+    if cfg.pattern.name == "skewed":
+        argv += ["--skew", repr(cfg.pattern.skew_us)]
     if cfg.iters is not None:
         argv += ["--iters", str(cfg.iters)]
     if not cfg.gloo:

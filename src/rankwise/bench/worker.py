@@ -22,11 +22,14 @@ import socket
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
 import numpy as np
+
+from .patterns import Pattern, timed_batch
 
 __all__ = ["OPS", "WorkerConfig", "bus_factor", "run_worker"]
 
@@ -64,6 +67,7 @@ class WorkerConfig:
     round_time: float
     gloo: bool
     mpi: bool
+    pattern: Pattern = field(default_factory=Pattern)
 
 
 @dataclass
@@ -189,47 +193,77 @@ class _Mpi:
         return float(self._comm.allreduce(value, op=self._mpi.MAX))
 
 
-def _time(lib: _Library, op: str, b: _Buffers, iters: int) -> float:
-    """Seconds per call over ``iters`` back-to-back calls, the slowest rank's."""
+@dataclass(frozen=True)
+class _Run:
+    """How a cell's batches run: the pattern, this rank, and the side call of
+    ``interleaved`` (a gloo all_reduce of the cell's size on a gloo group of its own)."""
+
+    pattern: Pattern
+    rank: int
+    side: Callable[[], None] | None = None
+
+
+def _time(lib: _Library, op: str, b: _Buffers, iters: int, how: _Run) -> tuple[float, float]:
+    """Mean and median seconds per call over ``iters`` calls under the pattern, each the
+    slowest rank's."""
     lib.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        lib.run(op, b)
-    return lib.max_over_ranks((time.perf_counter() - t0) / iters)
+    t = timed_batch(how.pattern, how.rank, iters, lambda: lib.run(op, b), how.side)
+    return lib.max_over_ranks(t.mean), lib.max_over_ranks(t.median)
 
 
-def _calibrate(lib: _Library, op: str, b: _Buffers, round_time: float) -> int:
+def _calibrate(lib: _Library, op: str, b: _Buffers, round_time: float, how: _Run) -> int:
     """Warm up, then find the iteration count that fills ``round_time``.
 
     Doubling until a timed batch lasts a tenth of the target keeps small messages from
     being judged by one noisy call; every decision uses the max over ranks, so all ranks
-    take the same branches and agree on the count without another message.
+    take the same branches and agree on the count without another message.  The batch's
+    wall time counts (skew compute and side calls included), so a round stays near
+    ``round_time`` whatever the pattern.
     """
     for _ in range(2):
         lib.run(op, b)
     k = 1
     while True:
-        per_call = _time(lib, op, b, k)
-        if per_call * k >= round_time / 10 or k >= _MAX_ITERS:
+        t0 = time.perf_counter()
+        _time(lib, op, b, k, how)
+        per_iter = lib.max_over_ranks((time.perf_counter() - t0) / k)
+        if per_iter * k >= round_time / 10 or k >= _MAX_ITERS:
             break
         k *= 2
-    return int(max(1, min(_MAX_ITERS, round_time / max(per_call, 1e-9))))
+    return int(max(1, min(_MAX_ITERS, round_time / max(per_iter, 1e-9))))
+
+
+def _side_call(op: str, b: _Buffers, group: Any) -> Callable[[], None] | None:
+    """``interleaved``'s call after each timed one: a gloo all_reduce of the cell's size
+    on ``group`` (None: no side call)."""
+    if group is None:
+        return None
+    import torch
+    import torch.distributed as tdist
+
+    buf = torch.zeros(max(1, b.nbytes // 4), dtype=torch.float32)
+    return lambda: tdist.all_reduce(buf, group=group)
 
 
 def _cell(libs: list[_Library], op: str, size: int, n: int, rank: int, cfg: WorkerConfig,
-          use_torch: bool) -> dict[str, Any]:
+          use_torch: bool, side_group: Any = None) -> dict[str, Any]:
     b = _buffers(op, size, n, rank, use_torch)
-    iters = {lib.label: cfg.iters or _calibrate(lib, op, b, cfg.round_time) for lib in libs}
+    how = _Run(cfg.pattern, rank, _side_call(op, b, side_group))
+    iters = {lib.label: cfg.iters or _calibrate(lib, op, b, cfg.round_time, how)
+             for lib in libs}
     samples: dict[str, list[float]] = {lib.label: [] for lib in libs}
+    medians: dict[str, list[float]] = {lib.label: [] for lib in libs}
     cpu = {lib.label: _CpuTime() for lib in libs}
     for i in range(cfg.rounds):
         k = i % len(libs)  # rotate who goes first: no library always runs right after another
         for lib in libs[k:] + libs[:k]:
             with cpu[lib.label]:
-                samples[lib.label].append(_time(lib, op, b, iters[lib.label]))
+                mean, median = _time(lib, op, b, iters[lib.label], how)
+            samples[lib.label].append(mean)
+            medians[lib.label].append(median)
     kernel = {lib.label: lib.max_over_ranks(cpu[lib.label].kernel_share()) for lib in libs}
     return {"op": op, "bytes": b.nbytes, "iters": iters, "seconds": samples,
-            "kernel": kernel}
+            "median_seconds": medians, "kernel": kernel}
 
 
 class _CpuTime:
@@ -339,6 +373,14 @@ def _start_gloo(base: Any, addr: str, rank: int, n: int) -> _TorchLike:
     return _TorchLike("gloo", tdist)
 
 
+def _side_group() -> Any:
+    """A gloo group of every rank, apart from the one gloo is timed on, for
+    ``interleaved``'s side calls (needs gloo up: ``run.py`` checks before any process)."""
+    import torch.distributed as tdist
+
+    return tdist.new_group(backend="gloo")
+
+
 def _say(rank: int, text: str) -> None:
     if rank == 0:
         print(f"rankwise bench: {text}", file=sys.stderr, flush=True)
@@ -361,6 +403,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
                     timeout=timedelta(seconds=_INIT_TIMEOUT_S))
     use_torch = cfg.gloo or _has_torch()
     gloo = _start_gloo(base, addr, rank, n) if cfg.gloo else None
+    side_group = _side_group() if cfg.pattern.name == "interleaved" else None
     versions = _versions(mpi_version if cfg.mpi else None, cfg.gloo)
     passes = []
     try:
@@ -371,7 +414,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
             for op in cfg.ops:
                 t0 = time.monotonic()
                 for size in cfg.sizes if op != "barrier" else (0,):
-                    cells.append(_cell(libs, op, size, n, rank, cfg, use_torch))
+                    cells.append(_cell(libs, op, size, n, rank, cfg, use_torch, side_group))
                 _say(rank, f"n={n} engine {engine}: {op} done in "
                           f"{time.monotonic() - t0:.1f}s")
             import rankwise
@@ -390,6 +433,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
             "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count(),
             "rounds": cfg.rounds, "round_time": cfg.round_time, "iters": cfg.iters,
+            "pattern": cfg.pattern.name, "skew_us": cfg.pattern.skew_us,
             "versions": versions, "passes": passes}
 
 

@@ -9,7 +9,10 @@ so the answer is gathered with the who-is-where machinery (``checks.where``).
 Cost: nothing on the fast path. A waiting thread calls ``DeadlockWatch.probe`` only once
 its wait has lasted ``RANKWISE_DEADLOCK_AFTER`` seconds (default 1), then with a doubling
 back-off; the last rank to block is the one that finds the deadlock, about a second after
-it blocked. ``RANKWISE_DEADLOCK=0`` turns the check off.
+it blocked. A conclusive look that finds no deadlock (every rank answered: someone
+computes, or the waits can complete) backs off to ``MAX_BACKOFF`` at once: a deadlock that
+forms later has a last rank to block, whose new wait looks after ``after`` s. So waiters
+cost each rank one answer, not one per doubling (docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
 
 The verdict is conservative; "deadlock" needs all of:
 - every live rank answered and reports a rankwise call in progress, with no async work in
@@ -256,36 +259,47 @@ class DeadlockWatch:
         if not self._lock.acquire(blocking=False):
             return following
         try:
-            self._look()
+            if self._look():
+                # no deadlock now: if one forms, some rank blocks last, in a new wait, and
+                # that wait looks ``after`` s later; looking again soon from here only
+                # costs every rank an answer (N^2 a wave); the long pause is a safety net
+                return max(self.after, MAX_BACKOFF)
         except Exception as exc:  # noqa: BLE001 - detection must never break the wait
             log.debug("rankwise: deadlock probe on rank %d failed: %r", self._comm.rank, exc)
         finally:
             self._lock.release()
         return following
 
-    def _look(self) -> None:
+    def _look(self) -> bool:
+        """One look (two if the first shows a deadlock); whether it was conclusive: every
+        rank answered and none is in a deadlock (someone computes, or the waits can
+        complete), so this wait need not look again soon."""
         comm = self._comm
         if comm.router.failure is not None or comm.closed:
-            return
+            return False
         first = comm.where_is_everyone(2.0)
         if find_deadlock(first, comm.rank) is None:
-            if stalled_mismatch(first) is not None:
-                # ranks in the same collective with different calls, waiting on data
-                # planes that never meet (CUDA tensors on NCCL, host memory on the CPU
-                # engine; or engines that exchange no headers): a mismatch, not progress.
-                # ``check_where`` looks again and fails every rank with both calls.
-                comm.mismatches.check_where(
-                    f"rank {comm.rank} has waited {self.after:g}s in "
-                    f"{comm.calls.doing() or 'a wait'}")
-            return
+            if stalled_mismatch(first) is None:
+                # every rank answered and this is no deadlock: someone computes, or the
+                # waits can complete (merely slow). A new wait looks again after ``after``
+                # s; only an inconclusive look (a rank that did not answer) retries soon
+                return not any(rep.get("no_answer") for rep in first.values())
+            # ranks in the same collective with different calls, waiting on data planes
+            # that never meet (CUDA tensors on NCCL, host memory on the CPU engine; or
+            # engines that exchange no headers): a mismatch, not progress.
+            # ``check_where`` looks again and fails every rank with both calls.
+            comm.mismatches.check_where(
+                f"rank {comm.rank} has waited {self.after:g}s in "
+                f"{comm.calls.doing() or 'a wait'}")
+            return False
         time.sleep(CONFIRM_GAP)  # not synchronisation: the pause that shows movement
         second = comm.where_is_everyone(2.0)
         if set(first) != set(second) or any(
                 _snapshot(first[r]) != _snapshot(second[r]) for r in first):
-            return
+            return False
         found = find_deadlock(second, comm.rank)
         if found is None or comm.router.failure is not None:
-            return
+            return False
         message, calls = found
         # peers first: this rank raises and may exit right after, and the news must reach
         # them before its closed connection does
@@ -295,3 +309,4 @@ class DeadlockWatch:
         exc = DeadlockError(message, calls)
         exc.reports = second  # every rank's state at the deadlock, for RANKWISE_DUMP
         comm.router.fail_all(exc)
+        return False

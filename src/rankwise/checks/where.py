@@ -3,8 +3,9 @@
 Why here and not in the communicator: this is the slow path of diagnosis, used only when
 something is already wrong (a slow wait, a timeout, a mismatch). It rides on two control
 frames (``Kind.WHERE`` / ``Kind.HERE``) that the I/O thread hands over, so a rank that
-is busy computing still answers. Answers are sent from a short-lived thread: the I/O
-thread must never block on a send.
+is busy computing still answers. Answers are sent by one long-lived thread per rank:
+the I/O thread must never block on a send, and a thread per answer cost a thread start
+per rank and probe.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DistError
@@ -33,7 +35,10 @@ class WhereService:
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, tuple[threading.Event, dict[int, Report], int]] = {}
-        self._answering: set[threading.Thread] = set()  #: answers not yet sent
+        self._ready = threading.Condition(self._lock)  #: an answer queued, or one sent
+        self._queue: deque[tuple[int, bytes, bytes]] = deque()  #: answers not yet sent
+        self._unsent = 0  #: queued or being sent
+        self._sender: threading.Thread | None = None
 
     def mine(self) -> Report:
         """This rank's report, as it answers WHERE."""
@@ -43,34 +48,47 @@ class WhereService:
             return {"rank": self._comm.rank, "state": f"(report failed: {exc!r})"}
 
     def answer(self, frame: Frame) -> None:
-        """A peer asked (I/O thread): reply with this rank's report, off this thread."""
+        """A peer asked (I/O thread): queue this rank's report for the answering thread.
+
+        One long-lived thread sends every answer (the I/O thread must never block on a
+        send): a probe wave costs no thread start per answer."""
         payload = json.dumps(self.mine()).encode()[: (4 << 20)]
         header = encode_header(Kind.HERE, tag=frame.tag, payload_len=len(payload))
-        transport = self._comm.transport
+        with self._lock:
+            self._queue.append((frame.src, header, payload))
+            self._unsent += 1
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_answers, name="rankwise-here",
+                                                daemon=True)
+                self._sender.start()
+            self._ready.notify()
 
-        def run() -> None:
+    def _send_answers(self) -> None:
+        transport = self._comm.transport
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._ready.wait()
+                dst, header, payload = self._queue.popleft()
             try:
-                transport.send(frame.src, header, payload, time.monotonic() + 2.0)
+                transport.send(dst, header, payload, time.monotonic() + 2.0)
             except DistError:
                 pass
             finally:
                 with self._lock:
-                    self._answering.discard(thread)
-
-        thread = threading.Thread(target=run, name="rankwise-here", daemon=True)
-        # started under the lock: ``settle`` must never see (and join) an unstarted thread
-        with self._lock:
-            self._answering.add(thread)
-            thread.start()
+                    self._unsent -= 1
+                    self._ready.notify_all()
 
     def settle(self, timeout: float) -> None:
         """Let answers still being sent go out (bounded) before this rank leaves: a peer
         building a mismatch report waits for ours, and a daemon thread dies at exit."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            pending = list(self._answering)
-        for thread in pending:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            while self._unsent:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._ready.wait(left)
 
     def on_here(self, frame: Frame, payload: bytes) -> None:
         """A peer answered (I/O thread)."""

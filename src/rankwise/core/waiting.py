@@ -70,9 +70,15 @@ class Waiter:
             raise
 
     def warn_slow(self, what: Callable[[], str]) -> None:
-        """A wait passed ``warn_after``: log who is where (or fail every rank at once if
-        the table shows a mismatch no message revealed)."""
+        """A wait passed ``warn_after``: rank 0 logs who is where (or fails every rank at
+        once if the table shows a mismatch no message revealed); the others log their own
+        line only, so a slow job prints one table, not one per rank (docs/scale.md)."""
         comm = self._comm
+        if comm.rank != 0:  # one table per job, not N (N^2 lines and probes at scale)
+            log.warning("rankwise: slow wait on rank %d — %s (rank 0 logs who is where "
+                        "when it waits too)", comm.rank,
+                        what().replace(" timed out after", " still waiting; timeout is"))
+            return
         try:
             table = comm.mismatches.check_where(
                 f"rank {comm.rank} has waited {comm.warn_after:g}s (RANKWISE_WARN_AFTER) in "

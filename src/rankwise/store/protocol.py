@@ -45,6 +45,7 @@ __all__ = [
     "encode_int",
     "encode_request",
     "encode_response",
+    "parse_request",
     "read_request",
     "read_response",
 ]
@@ -262,6 +263,39 @@ def read_request(
         if kind is Kind.INT:
             decode_int(field)  # length already checked by the bound; keep the check honest
     return Request(op, fields)
+
+
+def parse_request(buf: bytearray, limits: Limits, peer: str) -> tuple[Request, int] | None:
+    """The first whole request in ``buf`` and its length, or ``None`` while it is still
+    incomplete: the event-loop server's decoder, with ``read_request``'s checks. Every
+    bound is checked as soon as its length prefix is in ``buf``, so a hostile peer can
+    make the buffer hold at most one bounded field in flight."""
+    if len(buf) < _HEADER.size:
+        return None
+    code, nfields = _HEADER.unpack_from(buf, 0)
+    try:
+        op = Op(code)
+    except ValueError:
+        raise ProtocolError(f"{peer} sent unknown opcode {code}") from None
+    kinds = _kinds_for(op, nfields, limits)
+    pos = _HEADER.size
+    spans = []
+    for kind in kinds:
+        if len(buf) < pos + _LEN.size:
+            return None
+        (length,) = _LEN.unpack_from(buf, pos)
+        bound = limits.bound(kind)
+        if length > bound:
+            raise ProtocolError(f"{op.name} {kind.value} from {peer}: field of {length} bytes "
+                                f"exceeds the limit of {bound}")
+        if kind is Kind.INT and length != _INT.size:
+            raise ProtocolError(f"integer field has {length} bytes, expected {_INT.size}")
+        pos += _LEN.size
+        spans.append((pos, pos + length))
+        pos += length
+    if len(buf) < pos:
+        return None
+    return Request(op, tuple(bytes(buf[a:b]) for a, b in spans)), pos
 
 
 def read_response(sock: socket.socket, limits: Limits, peer: str) -> Response:

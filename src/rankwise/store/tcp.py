@@ -43,7 +43,7 @@ from .protocol import (
 )
 from .tcp_server import PURPOSE, TCPStoreServer
 
-__all__ = ["TCPStore", "connect_store_socket"]
+__all__ = ["TCPStore", "connect_store_socket", "requests_sent"]
 
 _REPLY_GRACE_S = 10.0  # how much longer than a server-side wait the socket may block
 _WORKERS_KEY = b"\x00rankwise/store/workers"
@@ -94,6 +94,15 @@ def connect_store_socket(
             ) from last
         time.sleep(min(delay, remaining))  # backoff between attempts, not synchronisation
         delay = min(delay * 2, 1.0)
+
+
+#: requests this process sent to any store server (read by ``benchmarks/scale.py``)
+_SENT = [0]
+
+
+def requests_sent() -> int:
+    """How many store requests this process has sent so far (all its TCPStore clients)."""
+    return _SENT[0]
 
 
 class TCPStore(Store):
@@ -197,6 +206,7 @@ class TCPStore(Store):
         ``wait_s`` is how long the server may legitimately take (a blocking get/wait).
         """
         frame = encode_request(op, fields, self._limits)  # InvalidArgument before any I/O
+        _SENT[0] += 1
         with self._lock:
             if self._closed:
                 raise StoreError(f"{what} on a closed TCPStore ({self._peer})")

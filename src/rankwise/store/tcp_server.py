@@ -4,34 +4,34 @@ Design (why it looks like this):
 
 * One listening socket bound *only* to the address asked for (``localhost`` stays on
   loopback; all interfaces only when the caller passes ``"0.0.0.0"``/``"::"``).
-* An accept thread waits on a selector holding the listener and a wake-up socket, so
-  ``close()`` stops it at once without polling.
-* One daemon thread per connection (jobs have at most a few hundred ranks). A thread
-  blocked in ``get``/``wait`` sleeps on the shared ``KVTable`` condition, so one slow
-  waiter never delays another client (no head-of-line blocking) and nothing spins.
+* One thread serves every client (``store.loop``: a ``selectors`` event loop), so the
+  number of clients is bounded by the fd limit only, not by threads. A blocked
+  ``get``/``wait`` is parked as a waiter on the keys it misses: a write wakes only the
+  waiters of its key, one slow waiter never delays another client, and nothing spins.
 * Every connection passes the ``wire.auth`` handshake first; failures are logged at debug
   level only (a port scanner should not fill the job's log) and the server goes on.
 * Every request is decoded by ``protocol.read_request`` with bounded lengths; an
   invalid frame drops that client only.
-* ``close()`` closes the table first, which wakes blocked waiters so their clients get
-  a ``CLOSED`` reply, then shuts every connection down.
+* ``close()`` closes the table and stops the loop, which answers parked waiters with a
+  ``CLOSED`` reply, then shuts every connection down.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import selectors
+import resource
 import socket
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import AuthError, DistError, DistNetworkError, InvalidArgument, StoreError
-from ..wire.auth import ForeignClient, resolve_token, server_handshake
+from ..errors import AuthError, DistNetworkError, InvalidArgument, StoreError
+from ..wire.auth import resolve_token
 from .base import AUTH_FAILURES_KEY
 from .foreign import ForeignKnock, describe_foreign_client
+from .loop import StoreLoop, Waiting
 from .protocol import (
     DEFAULT_LIMITS,
     Limits,
@@ -40,8 +40,6 @@ from .protocol import (
     Status,
     decode_int,
     encode_int,
-    encode_response,
-    read_request,
 )
 from .table import KVTable, TableClosed
 
@@ -79,7 +77,7 @@ class TCPStoreServer:
 
     ``TCPStoreServer(host, port)`` does not touch the network until ``start()`` (or
     ``with``); ``port=0`` picks a free port, readable as ``.port`` afterwards.
-    ``on_foreign`` is called (from the connection's thread, before it closes) for every
+    ``on_foreign`` is called (from the server's thread, before the connection closes) for every
     client recognised as another system's, e.g. torch's TCPStore (``store.foreign``).
     """
 
@@ -92,7 +90,7 @@ class TCPStoreServer:
         limits: Limits = DEFAULT_LIMITS,
         handshake_timeout: float = 30.0,
         frame_timeout: float = 60.0,
-        max_connections: int = 4096,
+        max_connections: int | None = None,
         on_foreign: Callable[[ForeignKnock], None] | None = None,
     ) -> None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
@@ -105,18 +103,18 @@ class TCPStoreServer:
         self._limits = limits
         self._handshake_timeout = handshake_timeout
         self._frame_timeout = frame_timeout
-        self._max_connections = max_connections
+        #: default: as many as the fd limit allows (a few kept for the server itself)
+        self._max_connections = max_connections if max_connections is not None else \
+            max(resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 16, 1)
         self._table = KVTable(limits.max_total_bytes)
         self._auth_failures = 0
         self._on_foreign = on_foreign
         self._listener: socket.socket | None = None
         self._port: int | None = None
         self._lock = threading.Lock()
-        self._conns: dict[socket.socket, threading.Thread] = {}
         self._closed = False
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
-        self._accept_thread: threading.Thread | None = None
+        self._loop: StoreLoop | None = None
+        self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -165,12 +163,14 @@ class TCPStoreServer:
                 f"an address of this machine."
             ) from exc
         self._listener = listener
-        self._wake_r, self._wake_w = socket.socketpair()
         self._port = int(listener.getsockname()[1])
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name=f"rankwise-store-accept:{self._port}", daemon=True
-        )
-        self._accept_thread.start()
+        self._loop = StoreLoop(
+            listener, self._token, PURPOSE, self._limits, self._handshake_timeout,
+            self._frame_timeout, self._max_connections, self._dispatch,
+            self._missing, self._note_auth_failure, self._tell_foreign)
+        self._thread = threading.Thread(
+            target=self._loop.run, name=f"rankwise-store:{self._port}", daemon=True)
+        self._thread.start()
         return self
 
     def close(self, join_timeout: float = 5.0) -> None:
@@ -179,22 +179,13 @@ class TCPStoreServer:
             if self._closed:
                 return
             self._closed = True
-            conns = list(self._conns.items())
         self._table.close()
-        if self._wake_w is not None:
-            self._wake_w.send(b"x")
-        if self._accept_thread is not None:
-            self._accept_thread.join(join_timeout)
-        for conn, _ in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for _, thread in conns:
-            thread.join(join_timeout)
-        for sock in (self._listener, self._wake_r, self._wake_w):
-            if sock is not None:
-                sock.close()
+        if self._loop is not None:
+            self._loop.stop()
+        if self._thread is not None:
+            self._thread.join(join_timeout)
+        if self._listener is not None:
+            self._listener.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -208,57 +199,6 @@ class TCPStoreServer:
         self.close()
 
     # ------------------------------------------------------------------ serving
-    def _accept_loop(self) -> None:
-        assert self._listener is not None and self._wake_r is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._closed:
-                for key, _ in sel.select():
-                    if key.fileobj is self._wake_r:
-                        return
-                    try:
-                        conn, addr = self._listener.accept()
-                    except OSError:
-                        continue
-                    self._admit(conn, f"{addr[0]}:{addr[1]}")
-
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        with self._lock:
-            if self._closed or len(self._conns) >= self._max_connections:
-                log.debug("store: refusing %s (closed or %d connections)", peer, len(self._conns))
-                conn.close()
-                return
-            thread = threading.Thread(
-                target=self._serve, args=(conn, peer), name=f"rankwise-store:{peer}", daemon=True
-            )
-            self._conns[conn] = thread
-        thread.start()
-
-    def _serve(self, conn: socket.socket, peer: str) -> None:
-        try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(self._handshake_timeout)
-            server_handshake(conn, self._token, PURPOSE, peer)
-            conn.settimeout(None)  # idle clients may stay quiet for the whole job
-            while True:
-                request = read_request(conn, self._limits, peer, self._frame_timeout)
-                status, fields = self._dispatch(request)
-                conn.sendall(encode_response(status, fields))
-                if status is Status.CLOSED:
-                    return
-        except AuthError as exc:
-            self._note_auth_failure(peer, exc)
-            if isinstance(exc, ForeignClient):
-                self._tell_foreign(exc.head, conn)
-        except (DistError, OSError) as exc:
-            # Malformed frames and hang-ups end this client only.
-            log.debug("store: dropping %s: %s", peer, exc)
-        finally:
-            with self._lock:
-                self._conns.pop(conn, None)
-            conn.close()
-
     def _tell_foreign(self, head: bytes, conn: socket.socket) -> None:
         """A recognised foreign client (torch's TCPStore): tell ``on_foreign`` at every
         knock, before the connection closes (the listener may look up who holds its
@@ -287,41 +227,64 @@ class TCPStoreServer:
         note = f"{count} connection(s) failed the token check; the last, from {peer}: {exc}"
         try:
             self._table.set(AUTH_FAILURES_KEY, note[:1000].encode())
+            if self._loop is not None:
+                self._loop.written(AUTH_FAILURES_KEY)
         except StoreError:  # closed, or full: the note is a courtesy
             pass
         log.debug("store: %s", note)
 
-    def _dispatch(self, req: Request) -> tuple[Status, list[bytes]]:
-        """Run one request against the table; the reply status and fields."""
+    def _missing(self, keys: list[bytes]) -> list[bytes]:
+        return self._table.wait(keys, 0.0)
+
+    def _dispatch(self, req: Request) -> tuple[Status, list[bytes]] | Waiting:
+        """Run one request against the table (never blocking): the reply, or ``Waiting``
+        for a ``get``/``wait`` whose keys are missing (the loop parks it on them)."""
         f = req.fields
         table = self._table
         try:
-            if req.op is Op.SET:
-                table.set(f[0], f[1])
-                return Status.OK, []
             if req.op is Op.GET:
-                value = table.get(f[0], _ms_to_s(decode_int(f[1])))
-                if value is None:
-                    return Status.TIMEOUT, [f[0]]
-                return Status.OK, [value]
-            if req.op is Op.ADD:
-                return Status.OK, [encode_int(table.add(f[0], decode_int(f[1])))]
-            if req.op is Op.COMPARE_SET:
-                return Status.OK, [table.compare_set(f[0], f[1], f[2])]
+                value = table.get(f[0], 0.0)
+                if value is not None:
+                    return Status.OK, [value]
+                return self._wait_or_timeout([f[0]], [f[0]], decode_int(f[1]))
             if req.op is Op.WAIT:
-                missing = table.wait(list(f[1:]), _ms_to_s(decode_int(f[0])))
-                return (Status.TIMEOUT, missing) if missing else (Status.OK, [])
+                missing = table.wait(list(f[1:]), 0.0)
+                if not missing:
+                    return Status.OK, []
+                return self._wait_or_timeout(list(f[1:]), missing, decode_int(f[0]))
             if req.op is Op.CHECK:
                 return Status.OK, [encode_int(int(table.check(list(f))))]
             if req.op is Op.DELETE:
                 return Status.OK, [encode_int(int(table.delete(f[0])))]
             if req.op is Op.NUM_KEYS:
                 return Status.OK, [encode_int(table.num_keys())]
+            reply = self._write(req)
+            assert self._loop is not None
+            self._loop.written(f[0])  # wakes only the waiters of this key
+            return reply
         except TableClosed:
             return Status.CLOSED, [b"the store server is shutting down"]
         except StoreError as exc:
             return Status.ERROR, [str(exc).encode("utf-8")[:4096]]
+
+    def _write(self, req: Request) -> tuple[Status, list[bytes]]:
+        f = req.fields
+        if req.op is Op.SET:
+            self._table.set(f[0], f[1])
+            return Status.OK, []
+        if req.op is Op.ADD:
+            return Status.OK, [encode_int(self._table.add(f[0], decode_int(f[1])))]
+        if req.op is Op.COMPARE_SET:
+            return Status.OK, [self._table.compare_set(f[0], f[1], f[2])]
         raise AssertionError(f"unhandled opcode {req.op!r}")  # schemas cover every Op
+
+    def _wait_or_timeout(self, keys: list[bytes], missing: list[bytes],
+                         timeout_ms: int) -> tuple[Status, list[bytes]] | Waiting:
+        if self._closed:
+            raise TableClosed("the store was shut down")
+        if timeout_ms <= 0:
+            return Status.TIMEOUT, missing
+        return Waiting(keys, set(missing), _ms_to_s(timeout_ms))
 
 
 def _ms_to_s(ms: int) -> float:

@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
@@ -30,12 +31,15 @@ class _KV(Protocol):
     def get(self, key: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
     def add(self, key: str, amount: int) -> int: ...
+    def wait(self, keys: list[str], timeout: float) -> None: ...
 
 
 #: how long one incoming connection may take to prove itself (token and hello); a
 #: connection that says nothing is dropped after this, never holding up the others
 HANDSHAKE_TIMEOUT = float(os.environ.get("RANKWISE_HANDSHAKE_TIMEOUT", "10"))
 _CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
+_CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
+_KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``
 
 
 def exited_peers(store: _KV, ranks: list[int]) -> dict[int, str]:
@@ -112,6 +116,7 @@ class Mesh:
             self._peers = set(peers) - {self.rank}
         if not self._peers:
             return {}
+        full = len(self._peers) == self.world_size - 1  # every rank takes part
         deadline = time.monotonic() + self._timeout
         listener = self._listen()
         try:
@@ -120,13 +125,21 @@ class Mesh:
             acceptor = threading.Thread(target=self._accept_all, args=(listener, deadline),
                                         name="rankwise-mesh-accept", daemon=True)
             acceptor.start()
-            for peer in sorted(p for p in self._peers if p < self.rank):
-                self._connect_to(peer, deadline)
+            lower = sorted(p for p in self._peers if p < self.rank)
+            addrs = self._addresses(deadline) if full else {}
+            with ThreadPoolExecutor(min(_CONNECTORS, max(len(lower), 1)),
+                                    thread_name_prefix="rankwise-mesh-connect") as pool:
+                for done in [pool.submit(self._connect_to, p, deadline, addrs.get(p))
+                             for p in lower]:
+                    done.result()  # the first error (by rank) is the one raised
             self._await_higher(deadline)
         finally:
-            self._stop.set()
+            with self._changed:  # atomic with a handover in _accept_one: a socket is in
+                self._stop.set()  # _pending or in _socks, never both
+                pending = list(self._pending)
+                self._pending.clear()
             listener.close()
-            for sock in list(self._pending):
+            for sock in pending:
                 sock.close()  # handshakes still running (strangers): cut them short
         if self._errors:
             raise self._errors[0]
@@ -178,10 +191,41 @@ class Mesh:
         listener.listen(max(self.world_size, 8))
         return listener
 
-    def _connect_to(self, peer: int, deadline: float) -> None:
-        key = f"mesh/addr/{peer}"
-        self._await_key(key, peer, deadline, "its data address")
-        addr = self._store.get(key).decode()
+    def _addresses(self, deadline: float) -> dict[int, str]:
+        """Every rank's data address, from one blob rank 0 gathers and publishes: O(N)
+        store requests for the whole job instead of one wait and read per pair."""
+        if self.rank == 0:
+            for start in range(0, self.world_size, _KEYS_PER_WAIT):
+                keys = [f"mesh/addr/{p}" for p in range(start, min(start + _KEYS_PER_WAIT,
+                                                                   self.world_size))]
+                self._await_keys(keys, deadline)
+            blob = "\n".join(self._store.get(f"mesh/addr/{p}").decode()
+                             for p in range(self.world_size))
+            self._store.set("mesh/addrs", blob)
+            return {}  # rank 0 connects to nobody: every other rank is higher
+        self._await_keys(["mesh/addrs"], deadline)
+        return dict(enumerate(self._store.get("mesh/addrs").decode().split("\n")))
+
+    def _await_keys(self, keys: list[str], deadline: float) -> None:
+        """Wait (on the store, not by polling) until ``keys`` exist; ranks the launcher saw
+        end are named, looked for every ``_CHECK_EVERY * 4``."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._store.wait(keys, max(min(left, _CHECK_EVERY * 4), 0.01))
+                return
+            except DistTimeout:
+                self._raise_if_exited(sorted(self._peers))
+                if time.monotonic() >= deadline:
+                    raise DistTimeout(f"rank {self.rank}: the ranks' data addresses were not "
+                                      f"all published within {self._timeout:.0f}s after "
+                                      "rendezvous") from None
+
+    def _connect_to(self, peer: int, deadline: float, addr: str | None = None) -> None:
+        if addr is None:
+            key = f"mesh/addr/{peer}"
+            self._await_key(key, peer, deadline, "its data address")
+            addr = self._store.get(key).decode()
         host, _, port_s = addr.rpartition(":")
         checked = time.monotonic()
         while True:
@@ -283,6 +327,9 @@ class Mesh:
         sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
         sock.settimeout(None)
         with self._changed:
+            if self._stop.is_set():  # connect() is done and closed what was pending
+                raise DistNetworkError(f"rank {peer} from {addr} connected after init gave up")
+            self._pending.discard(sock)  # handed over: connect()'s clean-up must not close it
             self._socks[peer] = sock
             self._changed.notify_all()
 

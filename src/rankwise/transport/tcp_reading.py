@@ -29,7 +29,9 @@ class _Conn:
     rank: int
     sock: socket.socket
     send_lock: threading.Lock = field(default_factory=threading.Lock)
-    stage: bytearray = field(default_factory=lambda: bytearray(_STAGE))
+    #: allocated on the first read (``_STAGE`` bytes): a rank of a big job reads from
+    #: O(log N) of its peers, and an eager stage per peer was 64 MiB per rank at 256
+    stage: bytearray = field(default_factory=bytearray)
     start: int = 0
     end: int = 0
     frame: Frame | None = None  #: frame whose payload is being read directly
@@ -95,6 +97,8 @@ class FrameReader:
                     self._compact(conn)
                     end = conn.end
                 limit = end + HEADER.size if conn.large and conn.start == end else _STAGE
+                if not conn.stage:
+                    conn.stage = bytearray(_STAGE)
                 n = recv_into(memoryview(conn.stage)[end:limit])
                 if n == 0:
                     return self._lost(conn, None)

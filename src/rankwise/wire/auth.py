@@ -31,8 +31,8 @@ import socket
 
 from ..errors import AuthError, DistNetworkError
 
-__all__ = ["NotRankwiseEndpoint", "client_handshake", "read_token_file", "recv_exact", "resolve_token",
-           "server_handshake"]
+__all__ = ["NotRankwiseEndpoint", "ServerHandshake", "client_handshake", "read_token_file",
+           "recv_exact", "resolve_token", "server_handshake"]
 
 _MAGIC = b"RWAUTH01"
 _NONCE = 16
@@ -155,40 +155,92 @@ class ForeignClient(AuthError):
         self.head = head
 
 
+class ServerHandshake:
+    """The server side of the handshake without I/O, so a blocking socket
+    (``server_handshake``) and an event loop (the store server) run the same checks.
+
+    Feed it exactly ``need`` bytes at a time (``step``); each step returns the bytes to
+    send back, and raises ``AuthError`` (``ForeignClient`` for another system's client)
+    *after* the caller sent them, via ``error``: the failing client is told why first.
+    """
+
+    def __init__(self, token: bytes | None, purpose: str, peer: str) -> None:
+        self._token = token
+        self._purpose = purpose.encode()
+        self._peer = peer
+        self._stage = 0
+        self._head = b""
+        self._client_nonce = b""
+        self._server_nonce = secrets.token_bytes(_NONCE)
+        self.need = _FIRST_LOOK  #: bytes the next ``step`` takes
+        self.what = f"handshake from {peer}"  #: what those bytes are, for error messages
+        self.done = False
+        self.error: AuthError | None = None  #: raise this once the reply is sent
+
+    def step(self, data: bytes) -> bytes:
+        """Take ``need`` bytes; the reply to send (possibly empty)."""
+        stage, self._stage = self._stage, self._stage + 1
+        peer = self._peer
+        if stage == 0:  # the first bytes alone: torch's TCPStore sends 5, then may wait
+            self._head = data
+            if not _MAGIC.startswith(data):
+                raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake "
+                                    "bytes)", data)
+            self.need = len(_MAGIC) + 1 - _FIRST_LOOK
+            return b""
+        if stage == 1:
+            head = self._head + data
+            if head[: len(_MAGIC)] != _MAGIC:
+                raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake "
+                                    "bytes)", head)
+            self.need, self.what = head[len(_MAGIC)], f"handshake purpose from {peer}"
+            return b""
+        if stage == 2:
+            self._head = data  # the purpose asked for
+            self.need, self.what = 1 + _NONCE, f"handshake from {peer}"
+            return b""
+        if stage == 3:
+            return self._hello(data)
+        return self._verdict(data)
+
+    def _hello(self, rest: bytes) -> bytes:
+        client_has_token = bool(rest[0])
+        self._client_nonce = rest[1:]
+        purpose_b, peer, token = self._head, self._peer, self._token
+        status = _OK
+        if purpose_b != self._purpose:
+            status = _PURPOSE_DIFFERS
+            self.error = AuthError(f"{peer} asked for a {purpose_b!r} connection on a "
+                                   f"{self._purpose.decode()!r} endpoint")
+        elif client_has_token != (token is not None):
+            status = _TOKEN_SETTINGS_DIFFER
+            self.error = AuthError(f"{peer} connected {'without' if token else 'with'} a "
+                                   "token; refused")
+        self.done = self.error is not None or token is None
+        self.need, self.what = _MAC, f"token proof from {peer}"
+        return _MAGIC + bytes([status]) + self._server_nonce
+
+    def _verdict(self, proof: bytes) -> bytes:
+        assert self._token is not None
+        expected = _mac(self._token, b"c", self._purpose, self._server_nonce, self._client_nonce)
+        self.done = True
+        if not hmac.compare_digest(proof, expected):
+            self.error = AuthError(f"{self._peer} presented a wrong token; connection refused")
+            return bytes([_BAD_PROOF]) + bytes(_MAC)
+        return bytes([_OK]) + _mac(self._token, b"s", self._purpose, self._client_nonce,
+                                   self._server_nonce)
+
+
 def server_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
     """Check the proof of a connecting client; raise ``AuthError`` if it fails.
 
     The failing client is told why (so it raises a clear error of its own) before
     the caller closes the socket.
     """
-    # Look at the first bytes alone: another system's client (torch's TCPStore sends
-    # 5 bytes, then may wait for an answer) is named at once, not after a read timeout.
-    head = recv_exact(sock, _FIRST_LOOK, f"handshake from {peer}")
-    if not _MAGIC.startswith(head):
-        raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake bytes)", head)
-    head += recv_exact(sock, len(_MAGIC) + 1 - _FIRST_LOOK, f"handshake from {peer}")
-    if head[: len(_MAGIC)] != _MAGIC:
-        raise ForeignClient(f"{peer} is not a rankwise client (unexpected handshake bytes)", head)
-    purpose_b = recv_exact(sock, head[len(_MAGIC)], f"handshake purpose from {peer}")
-    rest = recv_exact(sock, 1 + _NONCE, f"handshake from {peer}")
-    client_has_token = bool(rest[0])
-    client_nonce = rest[1:]
-    server_nonce = secrets.token_bytes(_NONCE)
-    status = _OK
-    if purpose_b != purpose.encode():
-        status = _PURPOSE_DIFFERS
-    elif client_has_token != (token is not None):
-        status = _TOKEN_SETTINGS_DIFFER
-    _send(sock, _MAGIC + bytes([status]) + server_nonce, "handshake reply")
-    if status == _PURPOSE_DIFFERS:
-        raise AuthError(f"{peer} asked for a {purpose_b!r} connection on a {purpose!r} endpoint")
-    if status == _TOKEN_SETTINGS_DIFFER:
-        raise AuthError(f"{peer} connected {'without' if token else 'with'} a token; refused")
-    if token is None:
-        return
-    proof = recv_exact(sock, _MAC, f"token proof from {peer}")
-    expected = _mac(token, b"c", purpose.encode(), server_nonce, client_nonce)
-    if not hmac.compare_digest(proof, expected):
-        _send(sock, bytes([_BAD_PROOF]) + bytes(_MAC), "token verdict")
-        raise AuthError(f"{peer} presented a wrong token; connection refused")
-    _send(sock, bytes([_OK]) + _mac(token, b"s", purpose.encode(), client_nonce, server_nonce), "verdict")
+    machine = ServerHandshake(token, purpose, peer)
+    while not machine.done:
+        reply = machine.step(recv_exact(sock, machine.need, machine.what))
+        if reply:
+            _send(sock, reply, "handshake reply")
+        if machine.error is not None:
+            raise machine.error
