@@ -10,7 +10,7 @@ import pytest
 from rankwise.core.group import ProcessGroup
 from rankwise.engines.base import Array, Call, DeadlinePassed, Engine, EngineFact
 from rankwise.errors import DistError
-from rankwise.testing.engines import check_engine
+from rankwise.testing.engines import _peer_gone, check_engine
 
 
 def _message(group: ProcessGroup, store: Any, timeout: float) -> Engine:
@@ -98,3 +98,12 @@ def test_an_engine_that_mistranslates_a_failure_fails_the_check() -> None:
     check_engine(make, ops=("all_reduce",), dtypes=("float32",), failures=False)  # sane
     with pytest.raises(AssertionError, match="should raise (CollectiveMismatch|PeerFailure)"):
         check_engine(make, ops=("all_reduce",), dtypes=("float32",))
+
+
+def test_a_mistranslated_failure_raised_by_work_wait_fails_the_check() -> None:
+    def make(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+        return _Mistranslating(_shm(group, store, timeout))
+
+    with pytest.raises(AssertionError, match="async_op=True: a peer that left: rank 0 "
+                                             "should raise PeerFailure"):
+        _peer_gone(make, 2, 60.0, is_async=True)

@@ -275,7 +275,7 @@ def test_async_worker_drops_closures_and_is_joined() -> None:
     work.wait(10)
     gc.collect()
     assert ref() is None, "the worker still holds the finished job's closure"
-    thread = _work._worker._thread if _work._worker is not None else None
+    thread = _work._workers[None]._thread if None in _work._workers else None
     assert thread is not None
     _work.stop_worker()
     assert not thread.is_alive(), "stop_worker returned with the worker thread alive"

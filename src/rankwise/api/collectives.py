@@ -84,7 +84,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         if adopt is not None:
             job, device = adopt(job)
         work = run_async(f"{call.label or op.name} #{call.seq} on {group.name}", job,
-                         outputs, device)
+                         outputs, device, owner=group.comm)
         if runner.serial:
             group.queued = work
         return work

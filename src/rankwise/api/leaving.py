@@ -58,7 +58,7 @@ def _leave(world: World, where: str, linger: bool = False) -> None:
     for group in list(world.groups.values()):
         group.engine.settle()  # ahead of the goodbye: a peer stops reading after it
     world.comm.goodbye(where)
-    stop_worker()
+    stop_worker(owner=world.comm)
     for group in list(world.groups.values()):
         group.engine.close()
     if clean:

@@ -68,7 +68,7 @@ def blocked_state(comm: Any) -> dict[str, Any]:
     a = comm.activity
     groups = dict(comm.groups)
     state: dict[str, Any] = {
-        "async": in_flight(),
+        "async": in_flight(comm),
         "since": a.since,
         "seqs": {str(gid): int(g.seq) for gid, g in groups.items()},
         "names": {str(gid): str(g.name) for gid, g in groups.items()},

@@ -1,7 +1,8 @@
 """``Work``: the handle an ``async_op=True`` call returns, as in torch.distributed.
 
-Async collectives run, in call order, on one worker thread per process; their sequence
-numbers are taken when the user calls, so concurrent operations never mix their frames.
+Async collectives run, in call order, on one worker thread per communicator (so one per
+process; one per rank when ranks are threads); their sequence numbers are taken when the
+user calls, so concurrent operations never mix their frames.
 """
 
 from __future__ import annotations
@@ -163,32 +164,40 @@ class _Worker:
         return not self._thread.is_alive()
 
 
-_worker: _Worker | None = None
+#: one worker per owner (the communicator): a process has one, and each thread-rank of an
+#: in-process job its own, so one rank's blocked call never queues another rank's behind it
+_workers: dict[object, _Worker] = {}
 _worker_lock = threading.Lock()
 
 
 def run_async(description: str, fn: Callable[[], None], result: Any = None,
-              device: Any = None) -> Work:
-    global _worker
+              device: Any = None, owner: object = None) -> Work:
+    """Queue ``fn`` on ``owner``'s worker (made on first use; the API's owner is the
+    communicator, ``None`` an anonymous one) and return its ``Work``."""
     with _worker_lock:
-        if _worker is None:
-            _worker = _Worker()
+        worker = _workers.get(owner)
+        if worker is None:
+            worker = _workers[owner] = _Worker()
         work = Work(description, result, device)
-        _worker.submitted += 1
-        _worker.submit(work, fn)
+        worker.submitted += 1
+        worker.submit(work, fn)
     return work
 
 
-def in_flight() -> int:
-    """Async operations of this process handed in and not yet ended (slow path only)."""
-    worker = _worker
-    return 0 if worker is None else max(0, worker.submitted - worker.ended)
-
-
-def stop_worker(timeout: float = 5.0) -> None:
-    """Stop the async worker and join it (bounded by ``timeout`` seconds)."""
-    global _worker
+def in_flight(owner: object = None) -> int:
+    """Async operations handed in and not yet ended (slow path only): ``owner``'s, or
+    (``None``) every worker's of this process."""
     with _worker_lock:
-        worker, _worker = _worker, None
-    if worker is not None:
+        workers = list(_workers.values()) if owner is None else \
+            [w for w in (_workers.get(owner),) if w is not None]
+    return sum(max(0, w.submitted - w.ended) for w in workers)
+
+
+def stop_worker(timeout: float = 5.0, *, owner: object = None) -> None:
+    """Stop ``owner``'s async worker, or (``None``) every one, and join each (bounded by
+    ``timeout`` seconds)."""
+    with _worker_lock:
+        keys = list(_workers) if owner is None else [owner]
+        stopped = [w for w in (_workers.pop(k, None) for k in keys) if w is not None]
+    for worker in stopped:
         worker.stop(timeout)

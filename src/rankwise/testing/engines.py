@@ -4,8 +4,9 @@
 transport (the control plane is rankwise's own, in-process), gives its default group the
 engine ``make_engine(group, store, timeout)`` returns (called on every rank's thread, as
 engine creation is collective), and runs through the public API: every op x dtype x
-reduce op against numpy, then a mismatch, a peer that leaves, and a passed deadline, each
-of which must reach every waiting rank as the right public exception. The checker raises
+reduce op against numpy and async calls (``Work``), then a mismatch, a peer that leaves,
+and a passed deadline (sync and async), each of which must reach every waiting rank as the
+right public exception. The checker raises
 ``AssertionError`` naming the first case that failed (the model: trio's
 ``check_two_way_stream``, torchft's one table of collectives for every implementation).
 """
@@ -23,6 +24,7 @@ from ..api import collectives as C
 from ..api.world import World, set_thread_world
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup
+from ..core.work import Work, stop_worker
 from ..engines.base import Engine
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from ..store.hash import HashStore
@@ -93,6 +95,7 @@ def _run(make_engine: EngineMaker, size: int, timeout: float,
     for world in job.worlds:
         world.comm.closed = True
         world.comm.transport.close()
+        stop_worker(0.0, owner=world.comm)  # its async worker (one per thread-rank)
     for world in job.worlds:
         try:
             world.default_group.engine.close()
@@ -203,16 +206,26 @@ def _expect(results: dict[int, Any], ranks: Iterable[int], exc_type: type[BaseEx
                                      f"say {needle!r}: {got}")
 
 
-def _mismatch(make_engine: EngineMaker, size: int, limit: float) -> None:
+def _all_reduce(x: Any, is_async: bool, op: ReduceOp = ReduceOp.SUM) -> None:
+    """``all_reduce``, blocking or (``is_async``) as a ``Work`` waited on: either way the
+    failure must come out of this call."""
+    work = C.all_reduce(x, op=op, async_op=is_async)
+    if work is not None:
+        work.wait()
+
+
+def _mismatch(make_engine: EngineMaker, size: int, limit: float, is_async: bool) -> None:
     def body(rank: int, world: World) -> None:
-        C.all_reduce(np.ones(N, np.float32), op=ReduceOp.MAX if rank == 0 else ReduceOp.SUM)
+        _all_reduce(np.ones(N, np.float32), is_async,
+                    ReduceOp.MAX if rank == 0 else ReduceOp.SUM)
 
     results = _run(make_engine, size, 10.0, body, limit)
-    _expect(results, range(size), CollectiveMismatch, "ranks calling different reductions",
+    _expect(results, range(size), CollectiveMismatch,
+            f"{_kind(is_async)}ranks calling different reductions",
             "collective mismatch", "MAX", "SUM")
 
 
-def _peer_gone(make_engine: EngineMaker, size: int, limit: float) -> None:
+def _peer_gone(make_engine: EngineMaker, size: int, limit: float, is_async: bool) -> None:
     gone = size - 1
 
     def body(rank: int, world: World) -> None:
@@ -220,13 +233,15 @@ def _peer_gone(make_engine: EngineMaker, size: int, limit: float) -> None:
             world.comm.goodbye("left the conformance check early")
             world.default_group.engine.close()
             return
-        C.all_reduce(np.ones(N, np.float32))
+        _all_reduce(np.ones(N, np.float32), is_async)
 
     results = _run(make_engine, size, 10.0, body, limit)
-    _expect(results, range(gone), PeerFailure, "a peer that left", f"rank {gone}")
+    _expect(results, range(gone), PeerFailure, f"{_kind(is_async)}a peer that left",
+            f"rank {gone}")
 
 
-def _deadline(make_engine: EngineMaker, size: int, timeout: float, limit: float) -> None:
+def _deadline(make_engine: EngineMaker, size: int, timeout: float, limit: float,
+              is_async: bool) -> None:
     done = threading.Event()
 
     def body(rank: int, world: World) -> None:
@@ -234,13 +249,41 @@ def _deadline(make_engine: EngineMaker, size: int, timeout: float, limit: float)
             done.wait(limit)
             return
         try:
-            C.all_reduce(np.ones(N, np.float32))
+            _all_reduce(np.ones(N, np.float32), is_async)
         finally:
             done.set()
 
     results = _run(make_engine, size, timeout, body, limit)
-    _expect(results, range(size - 1), DistTimeout, "a call a peer never makes",
-            "timed out after")
+    _expect(results, range(size - 1), DistTimeout,
+            f"{_kind(is_async)}a call a peer never makes", "timed out after")
+
+
+def _kind(is_async: bool) -> str:
+    return "async_op=True: " if is_async else ""
+
+
+def _async(make_engine: EngineMaker, size: int, limit: float) -> None:
+    """Two async calls in flight, then a blocking one: ``wait`` returns True, the results
+    are there after it, ``is_completed`` says so, and the blocking call runs after both."""
+    def body(rank: int, world: World) -> bool:
+        a, b = _inputs(rank, "float32"), _inputs(rank, "int64")
+        handles = [C.all_reduce(a, async_op=True), C.broadcast(b, src=size - 1, async_op=True)]
+        works = [w for w in handles if isinstance(w, Work)]
+        if len(works) != len(handles):
+            return False
+        waited = [w.wait() for w in works]
+        c = np.full(N, rank + 1, np.float64)
+        C.all_reduce(c, op=ReduceOp.MAX)
+        return (waited == [True, True] and all(w.is_completed() for w in works)
+                and bool(np.allclose(a, sum(_inputs(r, "float32") for r in range(size))))
+                and bool(np.array_equal(b, _inputs(size - 1, "int64")))
+                and bool(np.all(c == size)))
+
+    for rank, ok in _run(make_engine, size, 10.0, body, limit).items():
+        if ok is not True:
+            raise AssertionError(f"async calls on rank {rank}: " + (
+                f"{type(ok).__name__}: {ok}" if isinstance(ok, BaseException)
+                else "wrong result or state after wait()"))
 
 
 def check_engine(make_engine: EngineMaker, *, size: int = 2, dtypes: Iterable[str] = DTYPES,
@@ -248,9 +291,11 @@ def check_engine(make_engine: EngineMaker, *, size: int = 2, dtypes: Iterable[st
                  limit: float = 60.0) -> None:
     """Check the engine ``make_engine`` makes against the conformance table, then (with
     ``failures``) a mismatch, a peer that leaves and a passed deadline (``timeout``
-    seconds per call). Raises ``AssertionError`` naming the first case it fails."""
+    seconds per call), each also as an ``async_op=True`` call whose ``Work.wait`` raises.
+    Raises ``AssertionError`` naming the first case it fails."""
     _table(make_engine, size, list(dtypes), list(ops), limit)
-    if failures:
-        _mismatch(make_engine, size, limit)
-        _peer_gone(make_engine, size, limit)
-        _deadline(make_engine, size, timeout, limit)
+    _async(make_engine, size, limit)
+    for is_async in (False, True) if failures else ():
+        _mismatch(make_engine, size, limit, is_async)
+        _peer_gone(make_engine, size, limit, is_async)
+        _deadline(make_engine, size, timeout, limit, is_async)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from ..api.world import World, set_thread_world
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup
+from ..core.work import stop_worker
 from ..diagnosis.recorders import attach_recorders
 from ..transport.memory import MemoryHub
 
@@ -81,6 +82,7 @@ def run_threads(fn: Callable[[int, int], T], n: int, timeout: float = 20.0,
     for w in worlds:
         w.comm.closed = True
         w.comm.transport.close()
+        stop_worker(0.0, owner=w.comm)  # its async worker (one per thread-rank)
     if stuck:
         errors.update({r: TimeoutError(f"still running after {timeout}s") for r in stuck})
     if errors:
