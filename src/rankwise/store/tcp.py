@@ -26,6 +26,7 @@ import weakref
 from datetime import timedelta
 
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
+from ..transport.keepalive import heartbeat_timeout, keep_alive
 from ..wire.auth import client_handshake, resolve_token
 from .base import DEFAULT_TIMEOUT, Store
 from .protocol import (
@@ -61,6 +62,7 @@ def connect_store_socket(
     check, or ``AuthError`` as soon as the handshake is refused.
     """
     peer = f"{host}:{port}"
+    keepalive_s = heartbeat_timeout()  # a bad value is refused before any I/O
     start = time.monotonic()
     deadline = start + timeout_s
     delay = 0.01
@@ -75,6 +77,7 @@ def connect_store_socket(
         else:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keep_alive(sock, keepalive_s)  # a cut-off store host: an error, not a hang
                 sock.settimeout(max(remaining, 1.0))
                 client_handshake(sock, token, PURPOSE, f"the store at {peer}")
                 return sock
