@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -356,3 +357,21 @@ def test_store_refuses_bad_heartbeat_timeout_before_connecting(
         TCPStoreServer("127.0.0.1", 0).start()
     with pytest.raises(InvalidArgument, match="RANKWISE_HEARTBEAT_TIMEOUT"):
         _client(1)
+
+
+def test_connection_the_kernel_gave_up_on_is_named_as_such(
+    server: TCPStoreServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ETIMEDOUT from keepalive/TCP_USER_TIMEOUT (Python raises it as TimeoutError) is a
+    dead connection, not the request's own timeout: the error says the host stopped
+    answering and names the likely causes."""
+    import rankwise.store.tcp as tcp_module
+
+    def dead(*args: object) -> None:
+        raise TimeoutError(errno.ETIMEDOUT, "Connection timed out")
+
+    with _client(server.port) as client:
+        client.set("k", b"v")
+        monkeypatch.setattr(tcp_module, "read_response", dead)
+        with pytest.raises(StoreError, match="stopped answering TCP keepalive.*partition"):
+            client.get("k")

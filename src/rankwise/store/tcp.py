@@ -19,6 +19,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -225,6 +226,13 @@ class TCPStore(Store):
                 response = read_response(sock, self._limits, self._peer)
             except BaseException as exc:
                 self._drop()  # the stream is out of sync now; reconnect on the next call
+                if _dead_connection(exc):
+                    raise StoreError(
+                        f"the connection to the store at {self._peer} died during {what}: its "
+                        f"host stopped answering TCP keepalive probes (RANKWISE_HEARTBEAT_"
+                        f"TIMEOUT); likely a network partition, the host down or a frozen "
+                        f"process"
+                    ) from exc
                 if isinstance(exc, socket.timeout) or isinstance(exc.__cause__, socket.timeout):
                     raise DistTimeout(
                         f"store {what} at {self._peer}: no reply within {reply_s:g}s; the "
@@ -308,6 +316,13 @@ class TCPStore(Store):
             self._drop()
         if self._server is not None:
             self._server.close()
+
+
+def _dead_connection(exc: BaseException) -> bool:
+    """The kernel gave up on the connection (keepalive or ``TCP_USER_TIMEOUT``): ETIMEDOUT,
+    which Python also raises as ``TimeoutError``, unlike a socket timeout (no errno)."""
+    return any(isinstance(e, OSError) and e.errno == errno.ETIMEDOUT
+               for e in (exc, exc.__cause__))
 
 
 def _show(key: bytes) -> str:
