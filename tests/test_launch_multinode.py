@@ -12,6 +12,7 @@ import pytest
 from launch_scripts.helpers import JOB, free_port, read_lines_until, run_launcher, start_launcher
 
 from rankwise.errors import RendezvousError
+from rankwise.launch.elastic import await_round, close_rounds
 from rankwise.launch.rendezvous import NodeInfo, assign_ranks, rendezvous
 from rankwise.store import HashStore, TCPStore
 
@@ -123,3 +124,33 @@ def test_failure_on_one_node_stops_the_other(tmp_path: Path) -> None:
     assert any("Root cause (on another node): rank 3 (node 1) exit code 3" in e for e in errs), errs
     for rank in (0, 1, 2):
         assert (tmp_path / f"finally_{rank}_0").exists()
+
+
+def _waiting(store: HashStore, timeout: float) -> object:
+    """``await_round`` for a 1:2 job with 2 restarts over one shared in-memory store."""
+    def client(t: float | None) -> HashStore:
+        store.set_timeout(timeout if t is None else t)
+        return store
+
+    return await_round(client, 2, 1, 2, "j", max_restarts=2, timeout=timeout)
+
+
+def test_waiting_node_is_released_when_the_job_ends_or_times_out() -> None:
+    store = HashStore()
+    close_rounds(store, current=0, max_restarts=2)  # the job ended in its first round
+    assert _waiting(store, 5.0) is None
+    with pytest.raises(RendezvousError, match="none opened; raise --timeout"):
+        _waiting(HashStore(), 0.2)  # no round ever opens: bounded by the timeout
+
+
+def test_waiting_node_skips_a_full_round() -> None:
+    """Round 1 filled up without the late node: it goes on to round 2, and is released
+    there when the job ends."""
+    store = HashStore()
+    store.set("rankwise/rdzv/wake/1", "open")
+    first = NodeInfo(host="h", pid=1, nproc=2, node_rank=0, min_nodes=1, max_nodes=2,
+                     rdzv_id="j")
+    store.set("rankwise/round1/rankwise/rdzv/job", first.dumps())
+    store.set("rankwise/round1/rankwise/rdzv/closed", "2")
+    close_rounds(store, current=1, max_restarts=2)
+    assert _waiting(store, 5.0) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -328,3 +329,49 @@ def test_wait_for_workers() -> None:
 def test_wait_for_workers_times_out_with_count() -> None:
     with pytest.raises(DistTimeout, match="only 1 of 2 workers"):
         TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=0.3), wait_for_workers=True)
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="needs TCP_USER_TIMEOUT")
+def test_store_connections_get_keepalive_on_both_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store client whose server host is cut off (and the server, for a vanished client)
+    errors out after ``2 * RANKWISE_HEARTBEAT_TIMEOUT`` instead of waiting on a dead
+    connection: keepalive and TCP_USER_TIMEOUT are set on the client's socket and on the
+    one the server accepted."""
+    monkeypatch.setenv("RANKWISE_HEARTBEAT_TIMEOUT", "6")
+    with TCPStoreServer("127.0.0.1", 0) as srv, _client(srv.port) as client:
+        client.set("k", b"v")  # connected and served: the server holds the accepted socket
+        assert client._sock is not None and srv._loop is not None
+        accepted = [s for s in list(srv._loop._conns) if s.fileno() >= 0]
+        assert len(accepted) == 1
+        for sock in (client._sock, accepted[0]):
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 6
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 12000
+
+
+def test_store_refuses_bad_heartbeat_timeout_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANKWISE_HEARTBEAT_TIMEOUT", "soon")
+    with pytest.raises(InvalidArgument, match="RANKWISE_HEARTBEAT_TIMEOUT"):
+        TCPStoreServer("127.0.0.1", 0).start()
+    with pytest.raises(InvalidArgument, match="RANKWISE_HEARTBEAT_TIMEOUT"):
+        _client(1)
+
+
+def test_connection_the_kernel_gave_up_on_is_named_as_such(
+    server: TCPStoreServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ETIMEDOUT from keepalive/TCP_USER_TIMEOUT (Python raises it as TimeoutError) is a
+    dead connection, not the request's own timeout: the error says the host stopped
+    answering and names the likely causes."""
+    import rankwise.store.tcp as tcp_module
+
+    def dead(*args: object) -> None:
+        raise TimeoutError(errno.ETIMEDOUT, "Connection timed out")
+
+    with _client(server.port) as client:
+        client.set("k", b"v")
+        monkeypatch.setattr(tcp_module, "read_response", dead)
+        with pytest.raises(StoreError, match="stopped answering TCP keepalive.*partition"):
+            client.get("k")

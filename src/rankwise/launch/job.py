@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -23,10 +23,10 @@ from typing import Any
 
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
-from .elastic import Round, join_round
+from .elastic import Round, await_round, close_rounds, join_round
 from .foreign_alarm import ForeignAlarm
 from .nodewatch import Detached, DetachedPeers, NodeWatch
-from .rendezvous import StorePeers
+from .rendezvous import RendezvousClosed, StorePeers
 from .summary import (
     WorkerOutcome,
     cause_line,
@@ -205,8 +205,13 @@ def run_job(opts: JobOptions) -> int:
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
-                rounds.append(_join(opts, port, 0, -1 if opts.node_rank is None else opts.node_rank))
-                node_rank, nnodes = rounds[0].node_rank, rounds[0].nnodes
+                first = _first_round(opts, port)
+                if first is None:
+                    _say("rankwise run: the job ended, or has no restart left, before a next "
+                         "rendezvous round opened; this node was not needed")
+                    return 0
+                rounds.append(first)
+                node_rank, nnodes = first.node_rank, first.nnodes
         except DistError as exc:
             _say(f"rankwise run: {exc}")
             return 1
@@ -235,6 +240,8 @@ def run_job(opts: JobOptions) -> int:
         code = _run_attempts(agent, opts, rounds, port, runner)
         if rounds:
             last = rounds[-1]
+            if server is not None:
+                _release_waiting_nodes(opts, port, last.number)
             _finish(last.peers, last.watch, code, last.nnodes, server is not None, opts.timeout)
         return code
     finally:
@@ -263,12 +270,45 @@ def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, 
     peers.finish(nnodes, hosting=hosting, timeout=timeout)
 
 
-def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
+def _clients(opts: JobOptions, port: int) -> Callable[[float | None], Any]:
+    """Makes store clients whose calls time out after the given seconds (None: --timeout)."""
     def client(timeout: float | None) -> Any:
         return _client(opts if timeout is None else replace(opts, timeout=timeout), port)
 
-    return join_round(number, client, opts.nproc, opts.min_nodes, opts.max_nodes,
+    return client
+
+
+def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
+    return join_round(number, _clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
                       opts.rdzv_id or "none", node_rank, opts.timeout)
+
+
+def _first_round(opts: JobOptions, port: int) -> Round | None:
+    """This node's first round: the job's first rendezvous or, for a node that arrives after
+    it closed (``--nnodes MIN:MAX`` with restarts left), the round of the next restart."""
+    try:
+        return _join(opts, port, 0, -1 if opts.node_rank is None else opts.node_rank)
+    except RendezvousClosed as exc:
+        if opts.min_nodes == opts.max_nodes or opts.max_restarts == 0:
+            raise
+        _say(f"rankwise run: {exc}; waiting (up to --timeout {opts.timeout:g}s) to join at "
+             f"the job's next restart")
+    return await_round(_clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
+                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout)
+
+
+def _release_waiting_nodes(opts: JobOptions, port: int, current: int) -> None:
+    """The job is over: a node waiting for a next round stops waiting (best effort)."""
+    if opts.min_nodes == opts.max_nodes or opts.max_restarts == 0:
+        return
+    try:
+        store = _client(replace(opts, timeout=2.0), port)
+        try:
+            close_rounds(store, current, opts.max_restarts)
+        finally:
+            store.close()
+    except DistError:
+        pass
 
 
 def _may_restart(result: AttemptResult, opts: JobOptions, rnd: Round | None) -> bool:
@@ -287,7 +327,7 @@ def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: 
     old = rounds[-1]
     old.watch.stop()
     wish = 0 if old.node_rank == 0 else (-1 if opts.min_nodes < opts.max_nodes else old.node_rank)
-    new = _join(opts, port, len(rounds), wish)
+    new = _join(opts, port, old.number + 1, wish)
     rounds.append(new)
     agent.config = replace(agent.config, node_rank=new.node_rank, nnodes=new.nnodes)
     agent.peers = DetachedPeers(new.peers, runner)
@@ -298,8 +338,9 @@ def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: 
 
 def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
                   runner: Detached) -> int:
+    first = rounds[0].number if rounds else 0  # a late node starts at its round's attempt
     with _forward_signals(agent):
-        for attempt in range(opts.max_restarts + 1):
+        for attempt in range(first, opts.max_restarts + 1):
             result = agent.run_attempt(attempt)
             if result.interrupted_by is not None:
                 name = signal.Signals(result.interrupted_by).name

@@ -31,9 +31,14 @@ from ..errors import DistError, DistTimeout, RendezvousError
 from ..store.base import Store
 from .summary import WorkerOutcome, cause_line
 
-__all__ = ["Assignment", "NodeInfo", "StorePeers", "rendezvous"]
+__all__ = ["Assignment", "NodeInfo", "RendezvousClosed", "StorePeers", "rendezvous"]
 
 PREFIX = "rankwise/rdzv/"
+
+
+class RendezvousClosed(RendezvousError):
+    """The round this node came to join is closed or full: with ``--nnodes MIN:MAX`` it may
+    wait for the job's next round (``elastic.await_round``)."""
 
 
 @dataclass(frozen=True)
@@ -131,13 +136,13 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
                 f"node a distinct --node-rank, or leave it out to have one assigned."
             )
     if store.check([_key("closed")]):
-        raise RendezvousError(
+        raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already closed its rendezvous with "
             f"{int(store.get(_key('closed')))} nodes"
         )
     arrival = store.add(_key("joined"), 1)
     if arrival > me.max_nodes:
-        raise RendezvousError(
+        raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already has its {me.max_nodes} nodes"
         )
     store.set(_key(f"node/{arrival}"), me.dumps())
@@ -159,7 +164,7 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
         ) from exc
     n = int(store.get(_key("closed")))
     if arrival > n:
-        raise RendezvousError(f"refusing this {me.describe()}: the job closed with {n} nodes")
+        raise RendezvousClosed(f"refusing this {me.describe()}: the job closed with {n} nodes")
     infos = [NodeInfo.loads(store.get(_key(f"node/{k}"))) for k in range(1, n + 1)]
     ranks = assign_ranks(infos)
     by_rank = sorted(zip(ranks, infos, strict=True), key=lambda pair: pair[0])

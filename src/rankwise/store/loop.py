@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import AuthError, DistError
+from ..transport.keepalive import keep_alive
 from ..wire.auth import ForeignClient, ServerHandshake
 from .protocol import (
     Limits,
@@ -80,7 +81,8 @@ class StoreLoop:
                  max_connections: int, dispatch: Dispatch,
                  present: Callable[[list[bytes]], list[bytes]],
                  on_auth_failure: Callable[[str, AuthError], None],
-                 on_foreign: Callable[[bytes, socket.socket], None]) -> None:
+                 on_foreign: Callable[[bytes, socket.socket], None],
+                 keepalive_s: float = 0.0) -> None:
         self._listener = listener
         self._token = token
         self._purpose = purpose
@@ -88,6 +90,7 @@ class StoreLoop:
         self._handshake_timeout = handshake_timeout
         self._frame_timeout = frame_timeout
         self._max_connections = max_connections
+        self._keepalive_s = keepalive_s  #: the heartbeat timeout (0: no keepalive)
         self._dispatch = dispatch
         self._missing_of = present  #: which of these keys are not in the table now
         self._on_auth_failure = on_auth_failure
@@ -167,6 +170,7 @@ class StoreLoop:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock, self._keepalive_s)  # a vanished client is dropped in the end
             conn = _Conn(sock, peer, ServerHandshake(self._token, self._purpose, peer))
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ)

@@ -19,6 +19,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ import weakref
 from datetime import timedelta
 
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
+from ..transport.keepalive import heartbeat_timeout, keep_alive
 from ..wire.auth import client_handshake, resolve_token
 from .base import DEFAULT_TIMEOUT, Store
 from .protocol import (
@@ -61,6 +63,7 @@ def connect_store_socket(
     check, or ``AuthError`` as soon as the handshake is refused.
     """
     peer = f"{host}:{port}"
+    keepalive_s = heartbeat_timeout()  # a bad value is refused before any I/O
     start = time.monotonic()
     deadline = start + timeout_s
     delay = 0.01
@@ -75,6 +78,7 @@ def connect_store_socket(
         else:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keep_alive(sock, keepalive_s)  # a cut-off store host: an error, not a hang
                 sock.settimeout(max(remaining, 1.0))
                 client_handshake(sock, token, PURPOSE, f"the store at {peer}")
                 return sock
@@ -222,6 +226,13 @@ class TCPStore(Store):
                 response = read_response(sock, self._limits, self._peer)
             except BaseException as exc:
                 self._drop()  # the stream is out of sync now; reconnect on the next call
+                if _dead_connection(exc):
+                    raise StoreError(
+                        f"the connection to the store at {self._peer} died during {what}: its "
+                        f"host stopped answering TCP keepalive probes (RANKWISE_HEARTBEAT_"
+                        f"TIMEOUT); likely a network partition, the host down or a frozen "
+                        f"process"
+                    ) from exc
                 if isinstance(exc, socket.timeout) or isinstance(exc.__cause__, socket.timeout):
                     raise DistTimeout(
                         f"store {what} at {self._peer}: no reply within {reply_s:g}s; the "
@@ -305,6 +316,13 @@ class TCPStore(Store):
             self._drop()
         if self._server is not None:
             self._server.close()
+
+
+def _dead_connection(exc: BaseException) -> bool:
+    """The kernel gave up on the connection (keepalive or ``TCP_USER_TIMEOUT``): ETIMEDOUT,
+    which Python also raises as ``TimeoutError``, unlike a socket timeout (no errno)."""
+    return any(isinstance(e, OSError) and e.errno == errno.ETIMEDOUT
+               for e in (exc, exc.__cause__))
 
 
 def _show(key: bytes) -> str:

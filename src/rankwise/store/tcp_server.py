@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import AuthError, DistNetworkError, InvalidArgument, StoreError
+from ..transport.keepalive import heartbeat_timeout
 from ..wire.auth import resolve_token
 from .base import AUTH_FAILURES_KEY
 from .foreign import ForeignKnock, describe_foreign_client
@@ -142,6 +143,7 @@ class TCPStoreServer:
             return self
         if self._closed:
             raise StoreError("TCPStoreServer was closed; create a new one")
+        keepalive_s = heartbeat_timeout()  # a bad value is refused before binding
         listener = socket.socket(self._family, socket.SOCK_STREAM)
         try:
             # Lets a restarted job reuse a port in TIME_WAIT; on Linux it still refuses
@@ -167,7 +169,7 @@ class TCPStoreServer:
         self._loop = StoreLoop(
             listener, self._token, PURPOSE, self._limits, self._handshake_timeout,
             self._frame_timeout, self._max_connections, self._dispatch,
-            self._missing, self._note_auth_failure, self._tell_foreign)
+            self._missing, self._note_auth_failure, self._tell_foreign, keepalive_s)
         self._thread = threading.Thread(
             target=self._loop.run, name=f"rankwise-store:{self._port}", daemon=True)
         self._thread.start()
