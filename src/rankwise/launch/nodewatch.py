@@ -118,11 +118,13 @@ class NodeWatch:
         return self.verdict(time.monotonic(), 3 * self.interval + 0.5)
 
     def await_suspect(self) -> str:
-        """:meth:`suspect`, waiting for it up to three beats (and not at all when this
-        node does not watch: one node, or a timeout of 0)."""
+        """:meth:`suspect`, waiting for it up to four beats (and not at all when this
+        node does not watch: one node, or a timeout of 0). Four, not three: the beat
+        thread notes a node's last beat up to one beat after it was made, so a node that
+        vanished just now may have been heard less than a beat ago."""
         if len(self.hosts) < 2 or self.timeout == 0:
             return ""
-        deadline = time.monotonic() + 3 * self.interval + 0.6
+        deadline = time.monotonic() + 4 * self.interval + 1.0
         while not (found := self.suspect()) and time.monotonic() < deadline:
             time.sleep(0.1)  # bounded polling of the beat thread's records
         return found
