@@ -7,7 +7,13 @@ import json
 import pytest
 
 from rankwise.checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
-from rankwise.errors import CollectiveMismatch, DeadlockError, DistTimeout, PeerFailure
+from rankwise.errors import (
+    CollectiveMismatch,
+    DeadlockError,
+    DistTimeout,
+    PeerFailure,
+    PeerTimeout,
+)
 
 
 def _error(info: dict[str, object], src: int = 1) -> Exception:
@@ -36,3 +42,16 @@ def test_unreadable_payloads_are_named_not_trusted() -> None:
         assert isinstance(exc, PeerFailure) and "unreadable abort message" in str(exc)
     exc = _error({"kind": "exception", "rank": "not-a-rank", "message": "m" * 10**6}, src=5)
     assert isinstance(exc, PeerFailure) and exc.rank == 5 and len(str(exc)) < 250_000
+
+
+def test_a_peer_that_timed_out_first_is_this_ranks_timeout_too() -> None:
+    # a stopped rank: whichever survivor's deadline passes first, all raise DistTimeout
+    exc = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: rank 2 timed out",
+                  "report": "who is where: rank 1 did not answer"})
+    assert isinstance(exc, PeerTimeout) and isinstance(exc, DistTimeout)
+    assert isinstance(exc, PeerFailure) and exc.rank == 2
+    assert exc.report == "who is where: rank 1 did not answer" and "rank 2 failed" in str(exc)
+    bare = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: no report sent"})
+    assert isinstance(bare, DistTimeout) and bare.report == ""
+    other = _error({"kind": "exception", "rank": 2, "message": "ValueError: DistTimeout: x"})
+    assert not isinstance(other, DistTimeout)

@@ -80,6 +80,7 @@ from .errors import (
     DistTimeout,
     InvalidArgument,
     PeerFailure,
+    PeerTimeout,
     RendezvousError,
     StoreError,
 )
@@ -153,7 +154,8 @@ if _os.environ.get("RANKWISE_LAUNCHED") == "1":
 __all__ = [
     "AuthError", "Backend", "CollectiveMismatch", "DeadlockError", "DistBackendError",
     "DistError", "DistNetworkError", "DistStoreError", "DistTimeout", "FileStore",
-    "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "P2POp", "PeerFailure", "PrefixStore",
+    "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "P2POp", "PeerFailure", "PeerTimeout",
+    "PrefixStore",
     "ProcessGroup", "ReduceOp", "RendezvousError", "Store", "StoreError", "TCPStore", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",

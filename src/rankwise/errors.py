@@ -6,6 +6,7 @@ catches all of them and nothing from the socket layer leaks through unexplained:
     DistError (RuntimeError)
      ├─ DistTimeout                a bounded wait ran out; carries the who-is-where report
      ├─ PeerFailure                another rank died, raised, or left; carries its rank
+ │   └─ PeerTimeout            ...of a timeout of its own (also a DistTimeout)
      ├─ CollectiveMismatch         ranks called different collectives/shapes/dtypes/roots/ops
      ├─ DeadlockError              every live rank is blocked in a rankwise call and none can
      │                             ever be woken (a wait-for cycle across groups and p2p)
@@ -33,6 +34,7 @@ __all__ = [
     "DistTimeout",
     "InvalidArgument",
     "PeerFailure",
+    "PeerTimeout",
     "RendezvousError",
     "StoreError",
 ]
@@ -72,6 +74,25 @@ class PeerFailure(DistError):
         self.rank = rank
         self.remote_traceback = remote_traceback
         self.last_collective = last_collective
+
+
+class PeerTimeout(PeerFailure, DistTimeout):
+    """Another rank's bounded wait ran out first and it left; its report comes along.
+
+    A rank that waits on a stopped peer would have timed out too: whichever deadline
+    passes first, every survivor raises a ``DistTimeout`` (and a ``PeerFailure``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        remote_traceback: str = "",
+        last_collective: str = "",
+        report: str = "",
+    ) -> None:
+        super().__init__(message, rank, remote_traceback, last_collective)
+        self.report = report
 
 
 class CollectiveMismatch(DistError):

@@ -103,7 +103,8 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException,
         else:
             info = {"kind": "exception", "rank": world.comm.rank,
                     "message": f"{exc_type.__name__}: {exc}"[:4000],
-                    "traceback": text[-40000:], "last": world.comm.last_call}
+                    "traceback": text[-40000:], "last": world.comm.last_call,
+                    "report": str(getattr(exc, "report", ""))[:100000]}
         try:
             world.comm.broadcast_abort(info)
         except Exception:  # noqa: BLE001, S110 - the original error matters more

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CollectiveMismatch, DeadlockError, DistError, PeerFailure
+from ..errors import CollectiveMismatch, DeadlockError, DistError, PeerFailure, PeerTimeout
 
 __all__ = ["AbortInfo", "abort_error", "kind_of", "parse_abort"]
 
 _MESSAGE_MAX = 200_000
+_REPORT_MAX = 100_000
 _TRACEBACK_MAX = 50_000
 
 
@@ -47,6 +48,11 @@ class AbortInfo:
     @property
     def traceback(self) -> str:
         return str(self.raw.get("traceback", ""))[:_TRACEBACK_MAX]
+
+    @property
+    def report(self) -> str:
+        """The who-is-where table of a peer that timed out ("" if it sent none)."""
+        return str(self.raw.get("report", ""))[:_REPORT_MAX]
 
     @property
     def last(self) -> str:
@@ -100,13 +106,15 @@ def _exception(a: AbortInfo) -> DistError:
             return cls(a.message[len(prefix):]
                        + f"\n(raised on rank {a.origin}; reported to rank {a.me})")
     tb = a.traceback
-    return PeerFailure(
-        f"rank {a.origin} failed: {a.message}\n"
-        f"its last collective: {a.last or 'none'}\n"
-        + (f"rank {a.me} was in {a.doing}\n" if a.doing else "")
-        + (f"its traceback:\n{tb}" if tb else ""),
-        rank=a.origin, remote_traceback=tb, last_collective=a.last,
-    )
+    message = (f"rank {a.origin} failed: {a.message}\n"
+               f"its last collective: {a.last or 'none'}\n"
+               + (f"rank {a.me} was in {a.doing}\n" if a.doing else "")
+               + (f"its traceback:\n{tb}" if tb else ""))
+    if a.message.startswith("DistTimeout: "):
+        # the peer's deadline passed first; ours would have: it is this rank's timeout too
+        return PeerTimeout(message, rank=a.origin, remote_traceback=tb, last_collective=a.last,
+                           report=a.report)
+    return PeerFailure(message, rank=a.origin, remote_traceback=tb, last_collective=a.last)
 
 
 #: kind on the wire -> the class it is raised as here, and how to build it; an unknown
