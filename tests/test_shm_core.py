@@ -580,6 +580,7 @@ def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> N
     the peer shares its core) stops spinning the policy's full budget, and takes its
     peers for skewed (its first waits then skip the yield stage: ``Arrivals``)."""
     monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "50")
+    monkeypatch.setenv("RANKWISE_SHM_SKEW_US", "100")  # on even with a CPU per rank
     vals = _ok(run_ranks(w_spin_adapts, 2, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))
     policy, spins, skewed = vals[0]

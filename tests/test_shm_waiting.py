@@ -51,9 +51,13 @@ def test_an_infinite_limit_never_turns_the_rule_on() -> None:
 
 def test_policy_skew_limit_follows_the_yield_budget_and_the_environment(
         monkeypatch: Any) -> None:
+    from rankwise.shmem import waiting
+
+    monkeypatch.setattr(waiting, "usable_cpus", lambda: 2)
     monkeypatch.delenv("RANKWISE_SHM_SKEW_US", raising=False)
     monkeypatch.setenv("RANKWISE_SHM_YIELD_US", "400")
-    assert policy_for(2).skew_s == pytest.approx(100e-6)
+    assert policy_for(4).skew_s == pytest.approx(100e-6)  # oversubscribed: on
+    assert policy_for(2).skew_s == float("inf")  # a CPU per rank: off
     monkeypatch.setenv("RANKWISE_SHM_SKEW_US", "30")
     assert policy_for(2).skew_s == pytest.approx(30e-6)
 

@@ -6,10 +6,11 @@ peer it waits for: 4 ranks on 2 cores measured 4 ms per barrier with pure spinni
 31 us with spin-then-yield). So: spin only when the group fits the CPUs, then
 ``sched_yield`` for a bounded while, then futex sleeps.
 
-Arrival skew: when a group's ranks have lately reached their calls far apart (they
-compute between calls), a call's first wait is long whatever we do, and polling through
-it takes the CPU a peer still computing may need; such waits go to the futex after the
-short spin (``Arrivals``; docs/waiting.md has the measurements).
+Arrival skew: when an oversubscribed group's ranks have lately reached their calls far
+apart (they compute between calls), a call's first wait is long whatever we do, and
+yielding through it takes the CPU a peer still computing needs; such waits go to the
+futex after the short spin (``Arrivals``). With a CPU per rank the rule is off by
+default: there it measured no better than yielding (docs/waiting.md).
 
 Tunables (microseconds): ``RANKWISE_SHM_SPIN_US``, ``RANKWISE_SHM_YIELD_US``,
 ``RANKWISE_SHM_SKEW_US`` (a huge value turns the skew rule off). (Sleeping
@@ -65,7 +66,8 @@ def policy_for(nranks: int) -> Policy:
     oversubscribed = nranks > usable_cpus()
     spin = _env_us("RANKWISE_SHM_SPIN_US", 0.0 if oversubscribed else 50e-6)
     yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 500e-6)
-    return Policy(spin, yld, 0.02, _env_us("RANKWISE_SHM_SKEW_US", 0.25 * yld))
+    skew = _env_us("RANKWISE_SHM_SKEW_US", 0.25 * yld if oversubscribed else math.inf)
+    return Policy(spin, yld, 0.02, skew)
 
 
 class Arrivals:
