@@ -482,13 +482,24 @@ def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
                 raise AssertionError(f"iteration {i}: broadcast wrong")
         else:
             g.barrier(_fp(Op.barrier), site, _deadline())
+    sleeps = g.ch.sleeps
     g.close()
+    return sleeps
 
 
+@pytest.mark.parametrize("sleeping", [False, True], ids=["default", "sleeping"])
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.procs
-def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
-    _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
+def test_stress_mixed_calls(size: int, sleeping: bool, tmp_path: Any, monkeypatch: Any) -> None:
+    """``sleeping``: no spin, no yield, so every wait that finds a peer missing sleeps on
+    the group's futex word and is woken by the rank that completes the round."""
+    if sleeping:
+        monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "0")
+        monkeypatch.setenv("RANKWISE_SHM_YIELD_US", "0")
+    sleeps = _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False,
+                           timeout=240))
+    if sleeping:
+        assert sum(sleeps) > 0
 
 
 def _thread_groups(size: int, **kw: Any) -> list[Any]:
