@@ -156,6 +156,12 @@ class TorchEngine:
             watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
             watchdog.start()
+        #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
+        self.p2p: Any = None
+        #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
+        #: on first use by ``make_reverse`` (None: ``pg`` carries both directions)
+        self.make_reverse: Callable[[], Any] | None = None
+        self.reverse: Any = None
         group.port.on_failure.append(self._abort)
 
     @classmethod
@@ -200,7 +206,19 @@ class TorchEngine:
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
         if pg is not None and self._aborting is None:
-            self._aborting = on_thread(pg.abort, "rankwise-torch-abort")
+            reverse = self.reverse
+            self._aborting = on_thread(pg.abort if reverse is None else
+                                       lambda: (reverse.abort(), pg.abort()),
+                                       "rankwise-torch-abort")
+
+    def p2p_group(self, src: int, dst: int) -> Any:
+        """The torch group that carries p2p messages from group rank ``src`` to ``dst``
+        (NCCL runs one pair's two directions on one stream; see ``p2p``)."""
+        if src < dst or self.make_reverse is None:
+            return self.pg
+        if self.reverse is None:
+            self.reverse = self.make_reverse()
+        return self.reverse
 
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
@@ -362,9 +380,14 @@ class TorchEngine:
         pg, self.pg = self.pg, None
         if pg is None:
             return
+        reverse, self.reverse = self.reverse, None
         if self.waiter.stuck or (aborting is not None and aborting.is_alive()):
             _keep(pg)
+            if reverse is not None:
+                _keep(reverse)
             return
+        if reverse is not None:
+            on_thread(reverse.shutdown, "rankwise-torch-shutdown").join(SHUTDOWN_LIMIT)
         # bounded like every other wait: torch's shutdown joins the backend's threads,
         # which a peer's half-finished op or connection can hold for torch's own timeout
         shutting = on_thread(pg.shutdown, "rankwise-torch-shutdown")
