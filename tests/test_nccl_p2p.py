@@ -47,9 +47,21 @@ class FakeWork:
     """A torch work that completes when the fake net pairs it; ``wait`` is a stream
     wait (recorded), never a host block."""
 
-    def __init__(self) -> None:
-        self.completed = False
+    def __init__(self, reads: bool = False) -> None:
+        self.landed = threading.Event()
         self.waits = 0
+        #: a receive whose data the caller reads next: on CUDA the read (``tolist``)
+        #: syncs with the stream, so here ``wait`` stands for it and waits, bounded
+        self.reads = reads
+
+    @property
+    def completed(self) -> bool:
+        return self.landed.is_set()
+
+    @completed.setter
+    def completed(self, value: bool) -> None:
+        if value:
+            self.landed.set()
 
     def is_completed(self) -> bool:
         return self.completed
@@ -57,13 +69,17 @@ class FakeWork:
     def wait(self, *args: Any) -> bool:
         assert not args, "a timed wait: NCCL's watchdog would tear the process down"
         self.waits += 1
+        if self.reads:
+            assert self.landed.wait(10.0), "the data never came"
         return True
 
 
 class FakeNet:
     """NCCL's p2p semantics: per direction, the n-th send meets the n-th receive."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads: bool = False) -> None:
+        self.reads = reads  #: receives' ``wait`` syncs (``FakeWork.reads``)
+        self.lock = threading.Lock()  #: thread-ranks share it
         self.sends: dict[tuple[int, int], deque[tuple[Any, FakeWork]]] = {}
         self.recvs: dict[tuple[int, int], deque[tuple[Any, FakeWork]]] = {}
         self.log: list[tuple[str, int, int, int]] = []  #: (op, me, peer, nbytes)
@@ -81,9 +97,13 @@ class FakeNet:
 
     def _op(self, op: str, me: int, peer: int, t: Any) -> FakeWork:
         assert t.dtype is torch.uint8, "bytes move as uint8"
+        with self.lock:
+            return self._op_locked(op, me, peer, t)
+
+    def _op_locked(self, op: str, me: int, peer: int, t: Any) -> FakeWork:
         self.log.append((op, me, peer, t.numel()))
         key = (me, peer) if op == "send" else (peer, me)
-        work = FakeWork()
+        work = FakeWork(reads=self.reads and op == "recv")
         mine, other = (self.sends, self.recvs) if op == "send" else (self.recvs, self.sends)
         waiting = other.setdefault(key, deque())
         if waiting:
@@ -231,9 +251,13 @@ def test_tags_match_in_arrival_order_and_earlier_messages_wait_in_scratch() -> N
     assert second.tolist() == [3, 4, 5]
     # NCCL's receives in the sender's order: tag 1's message first, into scratch
     assert w.recvs(1) == [8, 12] and p1.book.stash_bytes == 8
+    w.send(0, 1, _t(6), tag=3)
+    third = torch.zeros(1)
+    assert p1.finish(w.post(1, 0, third, tag=3)) == 0 and third.tolist() == [6]
+    assert w.recvs(1) == [8, 12, 4], "tag 1's message was received twice"
     first = torch.zeros(2)
     assert p1.finish(w.post(1, 0, first, tag=1)) == 0
-    assert first.tolist() == [1, 2] and w.recvs(1) == [8, 12], "taken from the stash"
+    assert first.tolist() == [1, 2] and w.recvs(1) == [8, 12, 4], "taken from the stash"
     assert p1.book.stash_bytes == 0 and w.contacts == [(0, 1), (1, 0)]
 
 
@@ -327,8 +351,10 @@ def test_a_send_nobody_receives_ends_in_the_watchdogs_timeout() -> None:
 
 def test_a_recv_whose_send_never_comes_times_out_and_is_forgotten() -> None:
     w = World()
+    w.send(0, 1, _t(1, 2), tag=0)
     r = w.post(1, 0, torch.zeros(2), tag=4)
-    with pytest.raises(DistTimeout, match=r"rank 1 timed out in recv\(.*from rank 0 \(tag 4\)"):
+    with pytest.raises(DistTimeout, match=r"rank 1 timed out in recv\(.*from rank 0 \(tag 4\)"
+                       r".*messages from rank 0 with tags \[0\] wait for their receives"):
         w.ranks[1].finish(r)
     assert w.ranks[1].book.pending() == 0
     w.send(0, 1, _t(1, 2), tag=4)
@@ -405,3 +431,131 @@ def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert device_p2p(staged, tensor) is None  # type: ignore[arg-type]
     monkeypatch.setenv(ENV, "0")
     assert device_p2p(SimpleNamespace(engine=pair), tensor) is None  # type: ignore[arg-type]
+
+
+# --- through the public API: thread-ranks, the real control plane, a fake NCCL engine ----
+
+class FakeNcclEngine:
+    """What the API and ``api.p2p_nccl`` use of the NCCL engine (``TorchEngine``): its
+    name, device, waits (the real watchdog on the real control plane, CUDA-like
+    streams), ``p2p_group`` and ``_abort``; the torch group is the fake net."""
+
+    name = "nccl"
+
+    def __init__(self, group: Any, net: FakeNet) -> None:
+        from rankwise.engines.torch.wait import CommPlane, WorkWaiter
+
+        self.p2p: Any = None
+        self.tensors = SimpleNamespace(device=torch.device("cpu"))
+        self.waiter = WorkWaiter(group.port, "nccl")
+        self.aborted = 0
+        self._pg = net.pg(group.comm.rank)
+        plane = CommPlane(self.waiter, lambda: True)
+        self.dog = Watchdog(plane, lambda: self._abort(None), name="nccl")
+        self.device = DeviceWaits(self.dog, CudaLike(), plane.op_failed)
+        self.dog.start()
+
+    def p2p_group(self, src: int, dst: int) -> Any:
+        return self._pg
+
+    def _abort(self, failure: BaseException | None) -> None:
+        self.aborted += 1
+
+
+def _on_fake_nccl(monkeypatch: pytest.MonkeyPatch, n: int, fn: Any) -> list[Any]:
+    """Run ``fn(rank, engine)`` on ``n`` thread-ranks whose default group has the fake
+    NCCL plane; CPU tensors take the tensor path (``RANKWISE_TENSOR_PATH``)."""
+    from rankwise.api.world import resolve_group
+    from rankwise.engines.device.pair import DevicePair
+    from rankwise.testing.threads import run_threads
+    from rankwise.wire import device
+
+    monkeypatch.setattr(device, "CPU_TENSORS", True)
+    monkeypatch.delenv("RANKWISE_NCCL_P2P", raising=False)
+    net = FakeNet(reads=True)
+
+    def body(rank: int, size: int) -> Any:
+        g = resolve_group(None)
+        assert g is not None
+        engine = FakeNcclEngine(g, net)
+        g.engine = DevicePair(g.engine, engine)  # type: ignore[arg-type]
+        try:
+            return fn(rank, engine)
+        finally:
+            engine.dog.stop()
+    return run_threads(body, n, timeout=30.0, op_timeout=10.0)
+
+
+def test_the_api_sends_tensors_over_nccl_and_host_memory_beside_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    import rankwise as dist
+
+    def rank(r: int, engine: FakeNcclEngine) -> Any:
+        if r == 0:
+            dist.send(_t(1, 2), 1, tag=1)
+            work = dist.isend(_t(3, 4, 5), 1, tag=2)
+            assert work is not None and work.wait()
+            dist.send(np.array([9.0], dtype=np.float32), 1, tag=1)  # host memory, tag 1 too
+            ours, theirs = _t(6), torch.zeros(1)
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, theirs, 1),
+                                            dist.P2POp(dist.isend, ours, 1)])
+            for w in works:
+                w.wait()
+            return theirs.tolist(), engine.p2p is not None
+        second, first, host = torch.zeros(3), torch.zeros(2), np.zeros(1, dtype=np.float32)
+        assert dist.recv(second, 0, tag=2) == 0
+        pending = dist.irecv(first, 0, tag=1)
+        assert dist.recv(host, 0, tag=1) == 0
+        assert pending is not None and pending.wait() and pending.source_rank() == 0
+        ours, theirs = _t(7), torch.zeros(1)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, ours, 0),
+                                        dist.P2POp(dist.irecv, theirs, 0)])
+        for w in works:
+            w.wait()
+        return second.tolist(), first.tolist(), host.tolist(), theirs.tolist()
+
+    zero, one = _on_fake_nccl(monkeypatch, 2, rank)
+    assert zero == ([7.0], True)
+    assert one == ([3, 4, 5], [1, 2], [9.0], [6.0])
+
+
+def test_the_switch_off_sends_tensors_through_host_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import rankwise as dist
+
+    def rank(r: int, engine: FakeNcclEngine) -> Any:
+        monkeypatch.setenv("RANKWISE_NCCL_P2P", "0")
+        if r == 0:
+            dist.send(_t(1, 2), 1)
+        else:
+            got = torch.zeros(2)
+            dist.recv(got, 0)
+            return got.tolist(), engine.p2p
+        return None
+
+    assert _on_fake_nccl(monkeypatch, 2, rank)[1] == ([1, 2], None)
+
+
+def test_a_mismatch_through_the_api_reaches_both_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rankwise as dist
+
+    def rank(r: int, engine: FakeNcclEngine) -> Any:
+        try:
+            if r == 0:
+                dist.send(_t(1, 2, 3, 4), 1)  # returns: the stream waits, not the host
+                dist.recv(torch.zeros(1), 1, tag=77)  # released by rank 1's mismatch
+            else:
+                dist.recv(torch.zeros(5), 0)
+        except CollectiveMismatch as exc:
+            engine.dog.tick()  # one pass (its thread may have made it already)
+            return str(exc), engine.aborted, engine.dog.failed, engine.dog.in_flight()
+        return None
+
+    (zero, aborted, failed, left), (one, *_) = _on_fake_nccl(monkeypatch, 2, rank)
+    for text in (zero, one):
+        assert "rank 0 sent float32 x 4 (tag 0) at" in text and "test_nccl_p2p.py" in text
+        assert "rank 1 received it with recv(float32 x 5)" in text
+    # the send waiting in NCCL: its group aborted, its work settled with the mismatch
+    assert aborted == 1 and isinstance(failed, CollectiveMismatch) and left == 0

@@ -26,7 +26,7 @@ from ..identity.calls import Fingerprint
 from ..identity.callsite import CallSite, capture
 from ..wire.buffers import Buffer, as_buffer, commit, dtype_name, on_host
 from ..wire.frames import Kind, Op
-from . import profiling
+from . import p2p_nccl, profiling
 from .p2p_nccl import DeviceRecvWork, device_p2p, p2p_call
 from .world import resolve_group
 
@@ -162,7 +162,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     try:
         if nccl is not None:
             r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
-            return _in_recv(g, peer, tag, lambda: nccl.finish(r))
+            return _in_recv(g, peer, tag, lambda: p2p_nccl.finish(g, nccl, r))
         buf = on_host(buf, copy=False)
         return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
     finally:
@@ -238,7 +238,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g.comm.router.check_alive()
     if nccl is not None:
         r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
-        return DeviceRecvWork(nccl, r, f"irecv from {'any' if peer == -1 else peer} tag {tag}")
+        return DeviceRecvWork(g, nccl, r, f"irecv from {'any' if peer == -1 else peer} tag {tag}")
     buf = on_host(buf, copy=False)
     ev = _recv_event(tensor, peer)
     return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag, ev)

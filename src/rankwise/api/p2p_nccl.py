@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..engines.torch.p2p import NcclP2P
     from ..wire.buffers import Buffer
 
-__all__ = ["ENV", "HEADER_TAG", "ControlLink", "DeviceRecvWork", "device_p2p", "p2p_call"]
+__all__ = ["ENV", "HEADER_TAG", "ControlLink", "DeviceRecvWork", "device_p2p", "finish",
+           "p2p_call"]
 
 ENV = "RANKWISE_NCCL_P2P"
 #: the headers' tag: outside the users' range (``api.p2p._check_tag``), so a header never
@@ -157,20 +158,35 @@ class ControlLink:
         return self._comm.router.peer_gone(rank)
 
 
+def finish(g: ProcessGroup, p2p: NcclP2P, r: Receive, timeout: float | None = None) -> int:
+    """``p2p.finish``, a timeout with the who-is-where table, as the host path's."""
+    try:
+        return p2p.finish(r, timeout)
+    except DistTimeout as exc:
+        comm = g.comm
+        if exc.report or comm.router.failure is not None:
+            raise
+        table = comm.mismatches.check_where(f"rank {comm.rank} timed out in a recv on nccl")
+        failure = comm.router.failure
+        if failure is not None:  # the table found a mismatch no message revealed
+            raise failure from None
+        raise DistTimeout(str(exc), report=table) from None
+
+
 class DeviceRecvWork(Work):
     """An ``irecv`` on NCCL: matched when its header is read (``is_completed`` and
     ``wait`` read what is there), then ordered like any NCCL work."""
 
-    def __init__(self, p2p: NcclP2P, r: Receive, description: str) -> None:
+    def __init__(self, g: ProcessGroup, p2p: NcclP2P, r: Receive, description: str) -> None:
         super().__init__(description)
-        self._p2p, self._r = p2p, r
+        self._g, self._p2p, self._r = g, p2p, r
         self._sender = -1
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._done.is_set():
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
             try:
-                self._sender = self._p2p.finish(self._r, seconds)
+                self._sender = finish(self._g, self._p2p, self._r, seconds)
             except BaseException as exc:
                 self._finish(exc)
                 raise

@@ -151,6 +151,11 @@ class Book:
             if r in self._posted:
                 self._posted.remove(r)
 
+    def untaken(self, src: int) -> list[int]:
+        """The tags of the messages from ``src`` (-1: any) nobody has taken yet."""
+        with self._lock:
+            return [h.tag for h in self._arrived if src in (-1, h.src)]
+
     def pending(self) -> int:
         with self._lock:
             return len(self._posted)

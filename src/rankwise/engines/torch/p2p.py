@@ -209,8 +209,12 @@ class NcclP2P:
                 if failed is not None:
                     raise failed
                 who = "any rank" if r.src == -1 else f"rank {r.src}"
-                raise DistTimeout(f"rank {self.rank} timed out in {r.describe()} from {who} "
-                                  f"(tag {r.tag}) on nccl: no matching send was announced")
+                tags = self.book.untaken(r.src)
+                raise DistTimeout(
+                    f"rank {self.rank} timed out in {r.describe()} from {who} (tag {r.tag}) "
+                    "on nccl: no matching send was announced" + (
+                        f" (messages from {who} with tags {sorted(set(tags))} wait for "
+                        "their receives)" if tags else ""))
             if self._pulling.acquire(blocking=False):
                 try:
                     got = link.next(min(SLICE, left))
