@@ -216,7 +216,7 @@ class World:
                        waits=DeviceWaits(self.dogs[r], CudaLike(), lambda c, e: e),
                        scratch=lambda n: torch.empty(n, dtype=torch.uint8),
                        link=self.links[r], tell=self.told.append, first_contact=first,
-                       clock=self.clock)
+                       clock=self.clock, reader=False)
 
     def call(self, op: Op, t: Any, site: str, dtype: int = F32) -> Call:
         return Call(Fingerprint(int(op), dtype, 0, 0, t.numel()), self.clock.now + 5.0, site)

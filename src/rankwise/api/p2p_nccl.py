@@ -70,8 +70,8 @@ def device_p2p(g: ProcessGroup, buf: Buffer) -> NcclP2P | None:
 
 
 def _make(g: ProcessGroup, engine: Any) -> NcclP2P:
-    from ..engines.torch.nccl import FIRST_MIN
-    from ..engines.torch.p2p import NcclP2P, bounded_enqueue
+    from ..engines.torch.nccl import FIRST_MIN, STAND_IN
+    from ..engines.torch.p2p import NcclP2P, StandInGroup, bounded_enqueue
 
     link = ControlLink(g)
     comm = g.comm
@@ -94,10 +94,12 @@ def _make(g: ProcessGroup, engine: Any) -> NcclP2P:
 
         return torch.empty(nbytes, dtype=torch.uint8, device=engine.tensors.device)
 
+    def pg_for(src: int, dst: int) -> Any:
+        pg = engine.p2p_group(g.group_rank_of(src, "src"), g.group_rank_of(dst, "dst"))
+        return StandInGroup(pg) if engine.name == STAND_IN else pg
+
     return NcclP2P(
-        rank=comm.rank, group_rank=lambda r: g.group_rank_of(r, "peer"),
-        pg_for=lambda s, d: engine.p2p_group(g.group_rank_of(s, "src"),
-                                             g.group_rank_of(d, "dst")),
+        rank=comm.rank, group_rank=lambda r: g.group_rank_of(r, "peer"), pg_for=pg_for,
         waits=engine.device, scratch=scratch, link=link, tell=tell,
         first_contact=first_contact)
 

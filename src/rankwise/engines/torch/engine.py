@@ -363,6 +363,8 @@ class TorchEngine:
         (see ``_keep``)."""
         with self._check_lock:
             self.check.flush()  # a group destroyed alone: its last calls are checked too
+        if self.p2p is not None:
+            self.p2p.close()
         if self.device is not None:  # destroying is a sync point: kernels end first
             watchdog = self.device.watchdog
             if not watchdog.drain(self.group.timeout):

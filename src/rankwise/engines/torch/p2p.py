@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .streams import DeviceWaits
     from .watchdog import Pending
 
-__all__ = ["HeaderLink", "NcclP2P", "bounded_enqueue"]
+__all__ = ["HeaderLink", "NcclP2P", "StandInGroup", "bounded_enqueue"]
 
 #: seconds a receive waits for headers before it looks at the job's state again
 SLICE = 0.05
@@ -101,14 +101,15 @@ class NcclP2P:
     rank's rank in it; ``waits``: the engine's watchdog and streams; ``scratch(nbytes)``:
     a byte tensor on the group's device; ``first_contact(peer, enqueue)``: runs the
     first op between this rank and ``peer`` (bounded); ``tell(exc)``: fails the job
-    with a mismatch found here."""
+    with a mismatch found here; ``reader``: a thread reads headers while receives are
+    posted (without it only waiting receives do: the in-process tests)."""
 
     def __init__(self, *, rank: int, group_rank: Callable[[int], int],
                  pg_for: Callable[[int, int], Any], waits: DeviceWaits,
                  scratch: Callable[[int], Any], link: HeaderLink,
                  tell: Callable[[BaseException], None],
                  first_contact: Callable[[int, Callable[[], Any]], Any],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, reader: bool = True) -> None:
         self.rank = rank
         self._group_rank = group_rank
         self._pg_for = pg_for
@@ -123,7 +124,11 @@ class NcclP2P:
         self._sent: dict[int, int] = {}  #: device messages sent, per destination
         self._paired: set[int] = set()  #: peers with NCCL's pair communicator made
         self._pulling = threading.Lock()  #: held by the thread reading headers
-        self._turn = threading.Condition()  #: a reader finished a round
+        self._turn = threading.Condition()  #: a round of reading ended, or a post came
+        self._reader: threading.Thread | None = None
+        self._closed = not reader  #: ``reader``: a thread reads headers (tests: no)
+        #: what stopped the reader thread (a peer's malformed header), raised by waiters
+        self._error: BaseException | None = None
 
     # --- sending -----------------------------------------------------------------------
 
@@ -153,21 +158,64 @@ class NcclP2P:
         r = Receive(src, tag, call.fp.dtype, call.fp.count, tensor, call.describe, call)
         self.book.post(r)
         self.progress()
+        if self._reader is None and not r.ready.is_set() and not self._closed:
+            self._reader = threading.Thread(target=self._read, name="rankwise-nccl-p2p",
+                                            daemon=True)
+            self._reader.start()
+        with self._turn:
+            self._turn.notify_all()  # the reader: a receive waits
         return r
 
     def progress(self) -> None:
         """Read the headers that are here, without waiting."""
-        if self._pulling.acquire(blocking=False):
+        while self._round(0.0):
+            pass
+
+    def _round(self, timeout: float) -> bool:
+        """Read one header, waiting up to ``timeout`` s (another thread reading: wait for
+        its round); True if one was read."""
+        if self._error is not None:
+            raise self._error
+        if not self._pulling.acquire(blocking=False):
+            if timeout > 0:
+                with self._turn:
+                    self._turn.wait(timeout)
+            return False
+        try:
+            got = self.link.next(timeout)
+            if got is not None:
+                self.book.arrive(decode(*got))
+            return got is not None
+        finally:
+            self._pulling.release()
+            with self._turn:
+                self._turn.notify_all()
+
+    def _read(self) -> None:
+        """The reader thread: while receives are posted, read their headers, so that
+        each NCCL receive is enqueued as soon as its message is known (an ``irecv``
+        nobody waits for yet included: its sender's NCCL send needs it)."""
+        while True:
+            with self._turn:
+                while not self._closed and not self.book.pending():
+                    self._turn.wait()
+                if self._closed:
+                    return
+            if self.link.failure() is not None:
+                return  # every waiter raises the job's failure itself
             try:
-                while True:
-                    got = self.link.next(0.0)
-                    if got is None:
-                        break
-                    self.book.arrive(decode(*got))
-            finally:
-                self._pulling.release()
+                self._round(SLICE)
+            except BaseException as exc:  # noqa: BLE001 - raised by every waiter
+                self._error = exc
                 with self._turn:
                     self._turn.notify_all()
+                return
+
+    def close(self) -> None:
+        """Stop the reader thread (the engine is closing)."""
+        with self._turn:
+            self._closed = True
+            self._turn.notify_all()
 
     def done(self, r: Receive) -> bool:
         """``is_completed``: matched, and its NCCL receive finished."""
@@ -215,19 +263,7 @@ class NcclP2P:
                     "on nccl: no matching send was announced" + (
                         f" (messages from {who} with tags {sorted(set(tags))} wait for "
                         "their receives)" if tags else ""))
-            if self._pulling.acquire(blocking=False):
-                try:
-                    got = link.next(min(SLICE, left))
-                    if got is not None:
-                        self.book.arrive(decode(*got))
-                finally:
-                    self._pulling.release()
-                    with self._turn:
-                        self._turn.notify_all()
-            else:
-                with self._turn:
-                    if not r.ready.is_set():
-                        self._turn.wait(min(SLICE, left))
+            self._round(min(SLICE, left))
 
     # --- the book's callbacks ----------------------------------------------------------
 
@@ -253,6 +289,49 @@ class NcclP2P:
         work = self._first_contact(peer, enqueue)
         self._paired.add(peer)
         return work
+
+
+class StandInGroup:
+    """torch's gloo standing in for NCCL (``RANKWISE_TENSOR_PATH=device``): gloo marks a
+    send/recv work complete only inside ``wait()`` (``is_completed`` stays False), and
+    the watchdog only polls. So each work is waited for on a thread of its own (bounded
+    by gloo's own timeout); tests only."""
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+
+    def send(self, tensors: list[Any], peer: int, tag: int) -> Any:
+        return _Waited(self.pg.send(tensors, peer, tag))
+
+    def recv(self, tensors: list[Any], peer: int, tag: int) -> Any:
+        return _Waited(self.pg.recv(tensors, peer, tag))
+
+
+class _Waited:
+    def __init__(self, work: Any) -> None:
+        self._work = work
+        self._done = threading.Event()
+        self._error: RuntimeError | None = None
+        threading.Thread(target=self._run, name="rankwise-stand-in-p2p", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._work.wait()
+        except RuntimeError as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def is_completed(self) -> bool:
+        if self._done.is_set() and self._error is not None:
+            raise self._error
+        return self._done.is_set()
+
+    def wait(self, *args: Any) -> bool:
+        self._done.wait()  # asked only once ``is_completed`` said so
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 def _uint8() -> Any:
