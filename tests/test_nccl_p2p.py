@@ -446,7 +446,9 @@ class FakeNcclEngine:
         from rankwise.engines.torch.wait import CommPlane, WorkWaiter
 
         self.p2p: Any = None
-        self.tensors = SimpleNamespace(device=torch.device("cpu"))
+        from rankwise.engines.torch.tensors import DeviceTensors
+
+        self.tensors = DeviceTensors(torch.device("cpu"))
         self.waiter = WorkWaiter(group.port, "nccl")
         self.aborted = 0
         self._pg = net.pg(group.comm.rank)
@@ -462,7 +464,8 @@ class FakeNcclEngine:
         self.aborted += 1
 
 
-def _on_fake_nccl(monkeypatch: pytest.MonkeyPatch, n: int, fn: Any) -> list[Any]:
+def _on_fake_nccl(monkeypatch: pytest.MonkeyPatch, n: int, fn: Any,
+                  net: FakeNet | None = None) -> list[Any]:
     """Run ``fn(rank, engine)`` on ``n`` thread-ranks whose default group has the fake
     NCCL plane; CPU tensors take the tensor path (``RANKWISE_TENSOR_PATH``)."""
     from rankwise.api.world import resolve_group
@@ -472,7 +475,8 @@ def _on_fake_nccl(monkeypatch: pytest.MonkeyPatch, n: int, fn: Any) -> list[Any]
 
     monkeypatch.setattr(device, "CPU_TENSORS", True)
     monkeypatch.delenv("RANKWISE_NCCL_P2P", raising=False)
-    net = FakeNet(reads=True)
+    if net is None:
+        net = FakeNet(reads=True)
 
     def body(rank: int, size: int) -> Any:
         g = resolve_group(None)
@@ -494,6 +498,12 @@ def test_the_api_sends_tensors_over_nccl_and_host_memory_beside_them(
 
     def rank(r: int, engine: FakeNcclEngine) -> Any:
         if r == 0:
+            engine.tensors.device = torch.device("meta")  # the group's GPU: another one
+            with pytest.raises(InvalidArgument, match="the tensor is on cpu, but the "
+                               r"default group \(WORLD\)'s NCCL communicator is on meta"):
+                dist.send(_t(1, 2), 1)
+            engine.tensors.device = torch.device("cpu")
+            assert not engine.p2p._sent and not net.log, "I/O before the device check"
             dist.send(_t(1, 2), 1, tag=1)
             work = dist.isend(_t(3, 4, 5), 1, tag=2)
             assert work is not None and work.wait()
@@ -516,7 +526,8 @@ def test_the_api_sends_tensors_over_nccl_and_host_memory_beside_them(
             w.wait()
         return second.tolist(), first.tolist(), host.tolist(), theirs.tolist()
 
-    zero, one = _on_fake_nccl(monkeypatch, 2, rank)
+    net = FakeNet(reads=True)
+    zero, one = _on_fake_nccl(monkeypatch, 2, rank, net)
     assert zero == ([7.0], True)
     assert one == ([3, 4, 5], [1, 2], [9.0], [6.0])
 

@@ -101,7 +101,7 @@ def _make(g: ProcessGroup, engine: Any) -> NcclP2P:
     return NcclP2P(
         rank=comm.rank, group_rank=lambda r: g.group_rank_of(r, "peer"), pg_for=pg_for,
         waits=engine.device, scratch=scratch, link=link, tell=tell,
-        first_contact=first_contact)
+        first_contact=first_contact, check=engine.tensors.check)
 
 
 def p2p_call(g: ProcessGroup, op: Op, buf: Buffer, site: CallSite,
@@ -161,9 +161,11 @@ class ControlLink:
 
 
 def finish(g: ProcessGroup, p2p: NcclP2P, r: Receive, timeout: float | None = None) -> int:
-    """``p2p.finish``, a timeout with the who-is-where table, as the host path's."""
+    """``p2p.finish``, bounded as the host path's (the group's timeout from now: an
+    ``irecv`` waited for long after it was posted is not past its deadline at once),
+    a timeout with the who-is-where table."""
     try:
-        return p2p.finish(r, timeout)
+        return p2p.finish(r, g.timeout if timeout is None else timeout)
     except DistTimeout as exc:
         comm = g.comm
         if exc.report or comm.router.failure is not None:

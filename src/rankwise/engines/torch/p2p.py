@@ -102,14 +102,16 @@ class NcclP2P:
     a byte tensor on the group's device; ``first_contact(peer, enqueue)``: runs the
     first op between this rank and ``peer`` (bounded); ``tell(exc)``: fails the job
     with a mismatch found here; ``reader``: a thread reads headers while receives are
-    posted (without it only waiting receives do: the in-process tests)."""
+    posted (without it only waiting receives do: the in-process tests); ``check(call,
+    tensors)``: ``InvalidArgument`` before any I/O for a tensor off the group's device."""
 
     def __init__(self, *, rank: int, group_rank: Callable[[int], int],
                  pg_for: Callable[[int, int], Any], waits: DeviceWaits,
                  scratch: Callable[[int], Any], link: HeaderLink,
                  tell: Callable[[BaseException], None],
                  first_contact: Callable[[int, Callable[[], Any]], Any],
-                 clock: Callable[[], float] = time.monotonic, reader: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, reader: bool = True,
+                 check: Callable[[Any, tuple[Any, ...]], None] | None = None) -> None:
         self.rank = rank
         self._group_rank = group_rank
         self._pg_for = pg_for
@@ -118,6 +120,7 @@ class NcclP2P:
         self.link = link
         self._tell = tell
         self._first_contact = first_contact
+        self._check = check
         self._clock = clock
         self.book = Book(self._issue, self._mismatch)
         self._send_lock = threading.Lock()
@@ -136,6 +139,8 @@ class NcclP2P:
              shape: tuple[int, ...]) -> Pending:
         """Announce, then enqueue, a send of the flat ``tensor`` to global rank ``dst``;
         returns the watched work (the caller orders its stream after it, or not)."""
+        if self._check is not None:
+            self._check(call, (tensor,))
         self.waits.raise_failed()
         fp = call.fp
         with self._send_lock:  # headers and NCCL sends to one peer in the same order
@@ -153,7 +158,10 @@ class NcclP2P:
 
     def post(self, call: Call, tensor: Any, src: int, tag: int) -> Receive:
         """Post a receive into the flat ``tensor`` (``src`` -1: any); it is matched
-        now if its header is here, else when a waiter reads it (``finish``, ``done``)."""
+        now if its header is here, else when it is read (the reader thread, ``finish``,
+        ``done``)."""
+        if self._check is not None:
+            self._check(call, (tensor,))
         self.waits.raise_failed()
         r = Receive(src, tag, call.fp.dtype, call.fp.count, tensor, call.describe, call)
         self.book.post(r)
@@ -229,8 +237,9 @@ class NcclP2P:
         return bool(p.done())
 
     def finish(self, r: Receive, timeout: float | None = None) -> int:
-        """Wait (bounded) until ``r`` is matched, then order this thread's stream after
-        its data; returns the sender's global rank."""
+        """Wait (bounded: ``timeout`` s from now, else the call's deadline) until ``r`` is
+        matched, then order this thread's stream after its data; returns the sender's
+        global rank."""
         call = r.call
         deadline = call.deadline if timeout is None else self._clock() + timeout
         self._await(r, deadline)
