@@ -162,6 +162,7 @@ class TorchEngine:
         #: on first use by ``make_reverse`` (None: ``pg`` carries both directions)
         self.make_reverse: Callable[[], Any] | None = None
         self.reverse: Any = None
+        self._reverse_lock = threading.Lock()
         group.port.on_failure.append(self._abort)
 
     @classmethod
@@ -206,19 +207,30 @@ class TorchEngine:
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
         if pg is not None and self._aborting is None:
+            self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
+
+    def _abort_groups(self, pg: Any) -> None:
+        with self._reverse_lock:
             reverse = self.reverse
-            self._aborting = on_thread(pg.abort if reverse is None else
-                                       lambda: (reverse.abort(), pg.abort()),
-                                       "rankwise-torch-abort")
+        if reverse is not None:
+            try:
+                reverse.abort()
+            except Exception as exc:  # noqa: BLE001 - the group is given up anyway
+                log.debug("rankwise: abort of the reverse p2p group: %r", exc)
+        pg.abort()
 
     def p2p_group(self, src: int, dst: int) -> Any:
         """The torch group that carries p2p messages from group rank ``src`` to ``dst``
         (NCCL runs one pair's two directions on one stream; see ``p2p``)."""
         if src < dst or self.make_reverse is None:
             return self.pg
-        if self.reverse is None:
-            self.reverse = self.make_reverse()
-        return self.reverse
+        with self._reverse_lock:
+            if self.reverse is None:
+                self.reverse = self.make_reverse()
+            reverse = self.reverse
+        if self._aborting is not None:  # made after the abort began: aborted too
+            on_thread(reverse.abort, "rankwise-torch-abort")
+        return reverse
 
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
@@ -389,7 +401,10 @@ class TorchEngine:
                 _keep(reverse)
             return
         if reverse is not None:
-            on_thread(reverse.shutdown, "rankwise-torch-shutdown").join(SHUTDOWN_LIMIT)
+            ending = on_thread(reverse.shutdown, "rankwise-torch-shutdown")
+            ending.join(SHUTDOWN_LIMIT)
+            if ending.is_alive():
+                _keep(reverse)
         # bounded like every other wait: torch's shutdown joins the backend's threads,
         # which a peer's half-finished op or connection can hold for torch's own timeout
         shutting = on_thread(pg.shutdown, "rankwise-torch-shutdown")
