@@ -95,3 +95,27 @@ def test_a_mismatch_through_the_api_reaches_both_ranks(monkeypatch: pytest.Monke
         assert "rank 1 received it with recv(float32 x 5)" in text
     # the send waiting in NCCL: its group aborted, its work settled with the mismatch
     assert aborted == 1 and isinstance(failed, CollectiveMismatch) and left == 0
+
+
+def test_a_device_recv_is_seen_by_the_deadlock_detector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for a header shows as a blocked recv (who-is-where, deadlock cycles),
+    as on the host path: a cycle with a host recv is found, not left to the timeout."""
+    import numpy as np
+
+    import rankwise as dist
+    from rankwise.errors import DeadlockError
+
+    def rank(r: int, engine: FakeNcclEngine) -> Any:
+        try:
+            if r == 0:
+                dist.recv(np.zeros(1, dtype=np.float32), 1, tag=5)  # host memory
+            else:
+                dist.recv(torch.zeros(2), 0, tag=3)  # CALL:device-recv
+        except DeadlockError as exc:
+            return str(exc)
+        return None
+
+    zero, one = on_fake_nccl(monkeypatch, 2, rank)
+    for text in (zero, one):
+        assert "rank 1: recv from rank 0 at test_nccl_p2p_api.py:" in text
+        assert "rank 0: recv from rank 1 at test_nccl_p2p_api.py:" in text

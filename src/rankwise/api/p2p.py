@@ -162,7 +162,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     try:
         if nccl is not None:
             r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
-            return _in_recv(g, peer, tag, lambda: p2p_nccl.finish(g, nccl, r))
+            return p2p_nccl.finish(g, nccl, r, shown=lambda wait: _in_recv(g, peer, tag, wait))
         buf = on_host(buf, copy=False)
         return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
     finally:
@@ -238,7 +238,8 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g.comm.router.check_alive()
     if nccl is not None:
         r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
-        return DeviceRecvWork(g, nccl, r, f"irecv from {'any' if peer == -1 else peer} tag {tag}")
+        return DeviceRecvWork(g, nccl, r, f"irecv from {'any' if peer == -1 else peer} tag {tag}",
+                              lambda wait: _in_recv(g, peer, tag, wait))
     buf = on_host(buf, copy=False)
     ev = _recv_event(tensor, peer)
     return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag, ev)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.work import Work
@@ -39,6 +40,10 @@ ENV = "RANKWISE_NCCL_P2P"
 #: matches a user's receive of host messages
 HEADER_TAG = 1 << 62
 _made = threading.Lock()
+
+
+def _call(fn: Callable[[], None]) -> None:
+    fn()
 
 
 def enabled(engine_name: str) -> bool:
@@ -160,12 +165,15 @@ class ControlLink:
         return self._comm.router.peer_gone(rank)
 
 
-def finish(g: ProcessGroup, p2p: NcclP2P, r: Receive, timeout: float | None = None) -> int:
+def finish(g: ProcessGroup, p2p: NcclP2P, r: Receive, timeout: float | None = None,
+           shown: Callable[[Callable[[], None]], None] = _call) -> int:
     """``p2p.finish``, bounded as the host path's (the group's timeout from now: an
-    ``irecv`` waited for long after it was posted is not past its deadline at once),
-    a timeout with the who-is-where table."""
+    ``irecv`` waited for long after it was posted is not past its deadline at once), a
+    timeout with the who-is-where table. ``shown(wait)`` runs the wait for the peer's
+    send (who-is-where shows it); ordering after the data is not such a wait."""
     try:
-        return p2p.finish(r, g.timeout if timeout is None else timeout)
+        shown(lambda: p2p.match(r, g.timeout if timeout is None else timeout))
+        return p2p.complete(r)
     except DistTimeout as exc:
         comm = g.comm
         if exc.report or comm.router.failure is not None:
@@ -181,16 +189,17 @@ class DeviceRecvWork(Work):
     """An ``irecv`` on NCCL: matched when its header is read (``is_completed`` and
     ``wait`` read what is there), then ordered like any NCCL work."""
 
-    def __init__(self, g: ProcessGroup, p2p: NcclP2P, r: Receive, description: str) -> None:
+    def __init__(self, g: ProcessGroup, p2p: NcclP2P, r: Receive, description: str,
+                 shown: Callable[[Callable[[], None]], None] = _call) -> None:
         super().__init__(description)
-        self._g, self._p2p, self._r = g, p2p, r
+        self._g, self._p2p, self._r, self._shown = g, p2p, r, shown
         self._sender = -1
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._done.is_set():
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
             try:
-                self._sender = finish(self._g, self._p2p, self._r, seconds)
+                self._sender = finish(self._g, self._p2p, self._r, seconds, self._shown)
             except BaseException as exc:
                 self._finish(exc)
                 raise

@@ -237,14 +237,22 @@ class NcclP2P:
         return bool(p.done())
 
     def finish(self, r: Receive, timeout: float | None = None) -> int:
+        """``match`` then ``complete``: the sender's global rank."""
+        self.match(r, timeout)
+        return self.complete(r)
+
+    def match(self, r: Receive, timeout: float | None = None) -> None:
         """Wait (bounded: ``timeout`` s from now, else the call's deadline) until ``r`` is
-        matched, then order this thread's stream after its data; returns the sender's
-        global rank."""
-        call = r.call
-        deadline = call.deadline if timeout is None else self._clock() + timeout
+        matched and its NCCL receive enqueued: the part that waits for a peer's send."""
+        deadline = r.call.deadline if timeout is None else self._clock() + timeout
         self._await(r, deadline)
         if r.error is not None:
             raise r.error
+
+    def complete(self, r: Receive) -> int:
+        """Order this thread's stream after the matched ``r``'s data (the host waits only
+        on the CPU stand-in); returns the sender's global rank."""
+        call = r.call
         assert r.header is not None
         if r.stash is not None:  # received early into scratch: copy it out, in order
             p, scratch = r.stash
