@@ -48,6 +48,8 @@ def test_tags_match_in_arrival_order_and_earlier_messages_wait_in_scratch() -> N
     assert p1.finish(w.post(1, 0, first, tag=1)) == 0
     assert first.tolist() == [1, 2] and w.recvs(1) == [8, 12, 4], "taken from the stash"
     assert p1.book.stash_bytes == 0 and w.contacts == [(0, 1), (1, 0)]
+    w.send(1, 0, floats(8))  # the other direction: another torch group, bounded again
+    assert w.contacts == [(0, 1), (1, 0), (1, 0)]
 
 
 def test_receives_are_served_in_the_order_they_were_posted() -> None:

@@ -125,7 +125,8 @@ class NcclP2P:
         self.book = Book(self._issue, self._mismatch)
         self._send_lock = threading.Lock()
         self._sent: dict[int, int] = {}  #: device messages sent, per destination
-        self._paired: set[int] = set()  #: peers with NCCL's pair communicator made
+        #: directions (src, dst) whose torch group has made NCCL's pair communicator
+        self._paired: set[tuple[int, int]] = set()
         self._pulling = threading.Lock()  #: held by the thread reading headers
         self._turn = threading.Condition()  #: a round of reading ended, or a post came
         self._reader: threading.Thread | None = None
@@ -151,7 +152,7 @@ class NcclP2P:
             self._sent[dst] = number + 1
             raw = tensor.view(_uint8())
             pg, peer = self._pg_for(self.rank, dst), self._group_rank(dst)
-            work = self._enqueue(dst, lambda: pg.send([raw], peer, 0))
+            work = self._enqueue(self.rank, dst, lambda: pg.send([raw], peer, 0))
             return self.waits.watch(call, work)
 
     # --- receiving ---------------------------------------------------------------------
@@ -166,11 +167,11 @@ class NcclP2P:
         r = Receive(src, tag, call.fp.dtype, call.fp.count, tensor, call.describe, call)
         self.book.post(r)
         self.progress()
-        if self._reader is None and not r.ready.is_set() and not self._closed:
-            self._reader = threading.Thread(target=self._read, name="rankwise-nccl-p2p",
-                                            daemon=True)
-            self._reader.start()
         with self._turn:
+            if self._reader is None and not r.ready.is_set() and not self._closed:
+                self._reader = threading.Thread(target=self._read, daemon=True,
+                                                name="rankwise-nccl-p2p")
+                self._reader.start()
             self._turn.notify_all()  # the reader: a receive waits
         return r
 
@@ -287,7 +288,7 @@ class NcclP2P:
     def _issue(self, h: Header, r: Receive, scratch: bool) -> tuple[Pending, Any]:
         target = self._scratch(h.nbytes) if scratch else r.target.view(_uint8())
         pg, peer = self._pg_for(h.src, self.rank), self._group_rank(h.src)
-        work = self._enqueue(h.src, lambda: pg.recv([target], peer, 0))
+        work = self._enqueue(h.src, self.rank, lambda: pg.recv([target], peer, 0))
         return self.waits.watch(r.call, work), target
 
     def _mismatch(self, h: Header, r: Receive) -> BaseException:
@@ -300,11 +301,13 @@ class NcclP2P:
         self._tell(exc)
         return exc
 
-    def _enqueue(self, peer: int, enqueue: Callable[[], Any]) -> Any:
-        if peer in self._paired:
+    def _enqueue(self, src: int, dst: int, enqueue: Callable[[], Any]) -> Any:
+        """The op on the torch group of direction ``src`` -> ``dst``; its first one
+        makes NCCL's communicator for the pair there (bounded, ``first_contact``)."""
+        if (src, dst) in self._paired:
             return enqueue()
-        work = self._first_contact(peer, enqueue)
-        self._paired.add(peer)
+        work = self._first_contact(dst if src == self.rank else src, enqueue)
+        self._paired.add((src, dst))
         return work
 
 
