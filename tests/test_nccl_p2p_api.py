@@ -27,8 +27,12 @@ def test_the_api_sends_tensors_over_nccl_and_host_memory_beside_them(
             with pytest.raises(InvalidArgument, match="the tensor is on cpu, but the "
                                r"default group \(WORLD\)'s NCCL communicator is on meta"):
                 dist.send(floats(1, 2), 1)
+            with pytest.raises(InvalidArgument, match="is on cpu"):  # the whole batch
+                dist.batch_isend_irecv([dist.P2POp(dist.isend, np.ones(1), 1, tag=4),
+                                        dist.P2POp(dist.isend, floats(1), 1)])
             engine.tensors.device = torch.device("cpu")
             assert not engine.p2p._sent and not net.log, "I/O before the device check"
+            dist.send(np.ones(1), 1, tag=5)  # after anything of the batch, if it sent
             dist.send(floats(1, 2), 1, tag=1)
             work = dist.isend(floats(3, 4, 5), 1, tag=2)
             assert work is not None and work.wait()
@@ -39,6 +43,10 @@ def test_the_api_sends_tensors_over_nccl_and_host_memory_beside_them(
             for w in works:
                 w.wait()
             return theirs.tolist(), engine.p2p is not None
+        marker = np.zeros(1)
+        dist.recv(marker, 0, tag=5)
+        batch = dist.irecv(np.zeros(1), 0, tag=4)
+        assert batch is not None and not batch.is_completed(), "the refused batch sent"
         second, first, host = torch.zeros(3), torch.zeros(2), np.zeros(1, dtype=np.float32)
         assert dist.recv(second, 0, tag=2) == 0
         pending = dist.irecv(first, 0, tag=1)

@@ -269,9 +269,13 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     for p in p2p_op_list:
         g = resolve_group(p.group)
         if g is not None:
-            as_buffer(p.tensor, "P2POp.tensor", writable=p.op is irecv)
+            buf = as_buffer(p.tensor, "P2POp.tensor", writable=p.op is irecv)
             _peer(g, p.peer, p.group_peer, "src" if p.op is irecv else "dst")
             _check_tag(p.tag)
+            nccl = device_p2p(g, buf)
+            if nccl is not None:  # a tensor off the group's GPU
+                nccl.check(p2p_call(g, Op.recv if p.op is irecv else Op.send, buf,
+                                    capture()), buf.array)
     works: dict[int, Work] = {}
     for i, p in enumerate(p2p_op_list):
         if p.op is irecv:

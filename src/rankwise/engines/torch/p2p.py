@@ -134,14 +134,18 @@ class NcclP2P:
         #: what stopped the reader thread (a peer's malformed header), raised by waiters
         self._error: BaseException | None = None
 
+    def check(self, call: Call, tensor: Any) -> None:
+        """``InvalidArgument`` for a tensor off the group's device (no I/O)."""
+        if self._check is not None:
+            self._check(call, (tensor,))
+
     # --- sending -----------------------------------------------------------------------
 
     def send(self, call: Call, tensor: Any, dst: int, tag: int, site: str,
              shape: tuple[int, ...]) -> Pending:
         """Announce, then enqueue, a send of the flat ``tensor`` to global rank ``dst``;
         returns the watched work (the caller orders its stream after it, or not)."""
-        if self._check is not None:
-            self._check(call, (tensor,))
+        self.check(call, tensor)
         self.waits.raise_failed()
         fp = call.fp
         with self._send_lock:  # headers and NCCL sends to one peer in the same order
@@ -161,8 +165,7 @@ class NcclP2P:
         """Post a receive into the flat ``tensor`` (``src`` -1: any); it is matched
         now if its header is here, else when it is read (the reader thread, ``finish``,
         ``done``)."""
-        if self._check is not None:
-            self._check(call, (tensor,))
+        self.check(call, tensor)
         self.waits.raise_failed()
         r = Receive(src, tag, call.fp.dtype, call.fp.count, tensor, call.describe, call)
         self.book.post(r)
