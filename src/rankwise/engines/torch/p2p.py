@@ -11,9 +11,11 @@ host sync. Here the data stays on the GPU; what NCCL lacks rankwise adds (docs/g
   to the job: the sender's data waits in NCCL), not a hang;
 - bounded waits: every NCCL work is watched by the engine's watchdog (``watchdog``),
   a receive waits for its header in slices that see the job's failures and a lost
-  source, and the first op between two ranks (which makes NCCL's communicator for the
-  pair, blocking until the peer joins) runs on a helper thread, bounded
-  (``bounded_enqueue``), like ``nccl.first_collective``;
+  source, and the first op of each direction between two ranks (which makes NCCL's
+  communicator for the pair, blocking until the peer joins) runs on a helper thread,
+  bounded (``bounded_enqueue``), like ``nccl.first_collective``;
+- progress: while receives are posted a reader thread reads their headers, so each
+  NCCL receive is enqueued as soon as its message is known;
 - no exchange deadlock: NCCL runs a pair's send and recv on one stream, so two ranks
   that both send first would wait for each other on the GPU; here each direction has
   its own torch group (``pg_for``: the engine's group from the lower rank to the
