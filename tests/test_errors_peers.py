@@ -42,7 +42,7 @@ def _check_peer_failure(info: dict[str, Any], rank: int, bound: float,
                         *needles: str) -> None:
     assert info["type"] is not None, f"no error: {info}"
     assert "PeerFailure" in info["mro"], info
-    assert info["rank"] == rank, info
+    assert info["rank"] == rank, f"rank {info['rank']} named, not {rank}: {info['message']}"
     assert f"rank {rank}" in info["message"], info["message"]
     for n in needles:
         assert n in info["message"], f"{n!r} not in {info['message']}"
