@@ -482,13 +482,24 @@ def w_stress(rank: int, size: int, path: str, iters: int) -> Any:
                 raise AssertionError(f"iteration {i}: broadcast wrong")
         else:
             g.barrier(_fp(Op.barrier), site, _deadline())
+    sleeps = g.ch.sleeps
     g.close()
+    return sleeps
 
 
+@pytest.mark.parametrize("sleeping", [False, True], ids=["default", "sleeping"])
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.procs
-def test_stress_mixed_calls(size: int, tmp_path: Any) -> None:
-    _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False, timeout=240))
+def test_stress_mixed_calls(size: int, sleeping: bool, tmp_path: Any, monkeypatch: Any) -> None:
+    """``sleeping``: no spin, no yield, so every wait that finds a peer missing sleeps on
+    the group's futex word and is woken by the rank that completes the round."""
+    if sleeping:
+        monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "0")
+        monkeypatch.setenv("RANKWISE_SHM_YIELD_US", "0")
+    sleeps = _ok(run_ranks(w_stress, size, args=(str(tmp_path / "s"), 600), init=False,
+                           timeout=240))
+    if sleeping:
+        assert sum(sleeps) > 0
 
 
 def _thread_groups(size: int, **kw: Any) -> list[Any]:
@@ -569,18 +580,22 @@ def w_spin_adapts(rank: int, size: int, path: str) -> Any:
         g.barrier(_fp(Op.barrier), site, _deadline())
         spins.append(g.ch._spin)
     policy = g.ch.policy.spin_s
+    skewed = g.ch.arrivals.skewed
     g.close()
-    return policy, spins
+    return policy, spins, skewed
 
 
 @pytest.mark.procs
 def test_spin_shrinks_when_it_does_not_pay(tmp_path: Any, monkeypatch: Any) -> None:
     """A rank whose spins never end a wait (its peer is 2 ms late every time, as when
-    the peer shares its core) stops spinning the policy's full budget."""
+    the peer shares its core) stops spinning the policy's full budget, and takes its
+    peers for skewed (its first waits then skip the yield stage: ``Arrivals``)."""
     monkeypatch.setenv("RANKWISE_SHM_SPIN_US", "50")
+    monkeypatch.setenv("RANKWISE_SHM_SKEW_US", "100")  # on even with a CPU per rank
     vals = _ok(run_ranks(w_spin_adapts, 2, args=(str(tmp_path / "s"),), init=False,
                          timeout=60))
-    policy, spins = vals[0]
+    policy, spins, skewed = vals[0]
+    assert skewed
     assert policy == pytest.approx(50e-6)
     assert all(0 < s <= policy for s in spins)
     # halved after every wait it did not end: 50 us down to the 2 us floor within 5 rounds

@@ -22,17 +22,22 @@ from typing import ClassVar
 __all__ = ["MAGIC", "VERSION", "Layout", "SegmentLayout"]
 
 MAGIC = 0x52_57_53_48_4D_31  # "RWSHM1"
-VERSION = 3  #: 2: the fingerprint has a flags word (FP_FLAGS); 3: site id last
+#: 2: the fingerprint has a flags word (FP_FLAGS); 3: site id last; 4: one futex word for
+#: the group (H_WAKE) instead of one per rank
+VERSION = 4
 PAGE = 4096
 
 # header fields (int64 index)
 H_MAGIC, H_VERSION, H_NRANKS, H_SLOT_BYTES, H_TOTAL = range(5)
+#: the group's futex word (low int32, its own cache line): the rank that completes a round
+#: changes it and wakes every sleeping rank with one FUTEX_WAKE (``engines/shm/channel.py``)
+H_WAKE = 8
 
 RECORD_BYTES = 256
 RECORD_WORDS = RECORD_BYTES // 8
 # rank record fields (int64 index within the record)
 R_SEQ = 0        #: rounds this rank has published; monotonically increasing
-R_FUTEX = 1      #: futex word (low int32): peers change it to wake this rank
+R_FUTEX = 1      #: unused since VERSION 4 (the group's H_WAKE replaced it)
 R_SLEEPING = 2   #: 1 while this rank may be inside futex_wait
 R_STATE = 3      #: STATE_* below
 R_PID = 4        #: this rank's pid, for liveness checks

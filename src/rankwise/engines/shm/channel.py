@@ -46,8 +46,8 @@ from ...shmem.layout import (
     FP_ROOT,
     FP_SEQ,
     FP_SITE,
+    H_WAKE,
     R_FP,
-    R_FUTEX,
     R_PID,
     R_SEQ,
     R_SITE_ID,
@@ -62,7 +62,7 @@ from ...shmem.layout import (
 )
 from ...shmem.liveness import PidWatch
 from ...shmem.segment import Segment
-from ...shmem.waiting import policy_for
+from ...shmem.waiting import Arrivals, policy_for
 from ...wire.buffers import dtype_name, reduce_op_by_code
 from ...wire.frames import Op
 from .errors import CallTuple, ShmCallMismatch
@@ -117,7 +117,8 @@ class Channel:
         self._seq = [lay.record_word(r, R_SEQ) for r in range(size)]
         self._state = [lay.record_word(r, R_STATE) for r in range(size)]
         self._sleep = [lay.record_word(r, R_SLEEPING) for r in range(size)]
-        self._futex = [lay.record_word(r, R_FUTEX) for r in range(size)]
+        self._wake = H_WAKE  #: the group's futex word (int64 index)
+        self._wake_at = self._base + H_WAKE * 8
         self._fp = [[lay.record_word(r, R_FP[p]) for p in (0, 1)] for r in range(size)]
         #: byte offsets of our fingerprint copy and the peers', per parity
         self._my_fp_at = [8 * self._fp[rank][p] for p in (0, 1)]
@@ -126,6 +127,7 @@ class Channel:
         self._mm = seg.mm
         self._peers = [r for r in range(size) if r != rank]
         self._peer_seq = [self._seq[r] for r in self._peers]  #: what a wait polls
+        self._peer_sleep = [self._sleep[r] for r in self._peers]
         self._peer_fp = [self._fp[r] for r in self._peers]
         self._me_seq = self._seq[rank]
         self.seq = int(self.w[self._me_seq])  # 0 for a fresh segment
@@ -135,6 +137,8 @@ class Channel:
         self.policy = policy_for(size)
         #: the current spin budget: adapts between ``_MIN_SPIN`` and ``policy.spin_s``
         self._spin = self.policy.spin_s
+        #: how far apart ranks reach their calls lately (a call's first wait)
+        self.arrivals = Arrivals(self.policy.skew_s)
         self.broken: BaseException | None = None
         self.sleeps = 0  #: futex sleeps so far (``ShmGroup.statistics``)
         #: called once when a wait passes ``slow_after`` seconds (the integrator logs a
@@ -165,7 +169,14 @@ class Channel:
 
     def publish(self, call: Call | None = None) -> int:
         """Start round ``seq + 1``: write the fingerprint (first round of a call), store
-        the sequence number, wake sleeping peers. Returns the round's number."""
+        the sequence number and, when that completed the round, wake the sleeping peers.
+        Returns the round's number.
+
+        Only the rank that completes a round wakes anyone, with one FUTEX_WAKE for all:
+        a sleeper woken earlier would only find a rank still missing and sleep again (at
+        4 ranks, up to 3 wake-ups and context switches per round for nothing). Dekker
+        again: of two ranks publishing last at once, each stores, fences, then loads the
+        other's number, so at least one sees the round complete and wakes."""
         s = self.seq + 1
         w = self.w
         if call is not None:
@@ -173,11 +184,15 @@ class Channel:
                           call[4], call[6], s, call[5])
         w[self._me_seq] = s
         self.seq = s
-        fence()  # our seq store before the sleeping-flag loads (see futex.py)
-        for r in self._peers:
-            if w[self._sleep[r]]:
-                w[self._futex[r]] = (s * self.size + self.rank) & 0x7FFFFFFF
-                futex_wake(self._base + self._futex[r] * 8)
+        fence()  # our seq store before the seq and sleeping-flag loads (see futex.py)
+        for i in self._peer_seq:
+            if w[i] < s:
+                return s  # a rank is missing: the last one to publish wakes the sleepers
+        for i in self._peer_sleep:
+            if w[i]:
+                w[self._wake] = (2 * s) & 0x7FFFFFFF  # even: rounds; odd: state changes
+                futex_wake(self._wake_at)
+                break
         return s
 
     # --- waiting ---------------------------------------------------------------------
@@ -186,7 +201,8 @@ class Channel:
         w = self.w
         return [r for r in range(self.size) if w[self._seq[r]] < s]
 
-    def wait(self, s: int, deadline: float, what: Callable[[], str]) -> None:
+    def wait(self, s: int, deadline: float, what: Callable[[], str],
+             first: bool = False) -> None:
         """Return once every rank published round ``s``; raise DistTimeout at
         ``deadline``, PeerFailure when a rank we wait for died, failed or closed.
 
@@ -194,17 +210,21 @@ class Channel:
         bounded by the policy, then futex sleeps that check liveness and the deadline.
         The spin adapts: halved after each wait it did not end, doubled (up to the
         policy's) after one it did, so ranks that end up sharing a core under outside
-        load stop burning the time slice their peer needs."""
+        load stop burning the time slice their peer needs. ``first``: the call's first
+        round, where ranks arrive from their own compute: while such waits have lately
+        been long (``Arrivals``), it sleeps after the spin instead of yielding."""
         w = self.w
         seqs = self._peer_seq
         for i in seqs:
             if w[i] < s:
                 break
         else:
+            if first:
+                self.arrivals.saw(0.0)
             return
         pol = self.policy
         monotonic = time.monotonic
-        now = monotonic()
+        start = now = monotonic()
         spin_end = now + self._spin
         while now < spin_end:
             for i in seqs:
@@ -213,12 +233,19 @@ class Channel:
             else:
                 # the peers ran while we spun: on cores of their own, spinning pays
                 self._spin = min(pol.spin_s, 2 * self._spin)
+                if first:
+                    self.arrivals.saw(now - start)
                 return
             now = monotonic()
         # the spin was wasted (a peer may share our core and cannot run while we spin):
         # spin less next time, down to a probe that notices when peers run beside us again
         self._spin = min(pol.spin_s, max(_MIN_SPIN, 0.5 * self._spin))
-        self._yield_until(s, now, pol.yield_s, deadline, what)
+        if not first:
+            self._yield_until(s, now, pol.yield_s, deadline, what)
+            return
+        arrivals = self.arrivals
+        self._yield_until(s, now, 0.0 if arrivals.skewed else pol.yield_s, deadline, what)
+        arrivals.saw(monotonic() - start)
 
     def _yield_until(self, s: int, now: float, budget: float, deadline: float,
                      what: Callable[[], str]) -> None:
@@ -241,8 +268,8 @@ class Channel:
     def _sleep_until(self, s: int, deadline: float, what: Callable[[], str]) -> None:
         w = self.w
         me = self.rank
-        fut = self._futex[me]
-        addr = self._base + fut * 8
+        fut = self._wake
+        addr = self._wake_at
         next_liveness = 0.0
         start = time.monotonic()
         slow_at = start + self.slow_after
@@ -269,7 +296,7 @@ class Channel:
                                   "those ranks are slow, stuck, or made a different call")
             w[self._sleep[me]] = 1
             fence()  # the flag store before the futex/seq loads
-            v = w[fut]
+            v = w[fut]  # before the seq loads: a wake after them changes it (TSO order)
             if self._missing(s):
                 self.sleeps += 1
                 futex_wait(addr, v, min(self.policy.sleep_s, max(deadline - now, 1e-4)))
@@ -391,9 +418,8 @@ class Channel:
         w = self.w
         w[self._state[self.rank]] = state
         fence()
-        for r in self._peers:
-            w[self._futex[r]] = (w[self._futex[r]] + 1) & 0x7FFFFFFF
-            futex_wake(self._base + self._futex[r] * 8)
+        w[self._wake] = (2 * self.seq + 1) & 0x7FFFFFFF  # odd: never a round's value
+        futex_wake(self._wake_at)
 
     def close(self) -> None:
         if self.broken is None:

@@ -137,7 +137,7 @@ class ShmGroup:
         Returns the slot parity the round's data is in."""
         ch = self.ch
         s = ch.publish(call if first else None)
-        ch.wait(s, deadline, self._describe)
+        ch.wait(s, deadline, self._describe, first)
         if first:
             ch.check_calls(s, call, vary_count)
         return s & 1
