@@ -16,8 +16,8 @@ from rankwise.errors import (
 )
 
 
-def _error(info: dict[str, object], src: int = 1) -> Exception:
-    return abort_error(AbortInfo(parse_abort(json.dumps(info).encode()), src, 0, ""))
+def _error(info: dict[str, object], src: int = 1, doing: str = "") -> Exception:
+    return abort_error(AbortInfo(parse_abort(json.dumps(info).encode()), src, 0, doing))
 
 
 @pytest.mark.parametrize("cls", [CollectiveMismatch, DeadlockError])
@@ -47,11 +47,16 @@ def test_unreadable_payloads_are_named_not_trusted() -> None:
 def test_a_peer_that_timed_out_first_is_this_ranks_timeout_too() -> None:
     # a stopped rank: whichever survivor's deadline passes first, all raise DistTimeout
     exc = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: rank 2 timed out",
-                  "report": "who is where: rank 1 did not answer"})
+                  "report": "who is where: rank 1 did not answer"}, doing="barrier()")
     assert isinstance(exc, PeerTimeout) and isinstance(exc, DistTimeout)
     assert isinstance(exc, PeerFailure) and exc.rank == 2
     assert exc.report == "who is where: rank 1 did not answer" and "rank 2 failed" in str(exc)
-    bare = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: no report sent"})
+    bare = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: no report sent"},
+                  doing="barrier()")
     assert isinstance(bare, DistTimeout) and bare.report == ""
-    other = _error({"kind": "exception", "rank": 2, "message": "ValueError: DistTimeout: x"})
+    other = _error({"kind": "exception", "rank": 2, "message": "ValueError: DistTimeout: x"},
+                   doing="barrier()")
     assert not isinstance(other, DistTimeout)
+    # a rank that was computing, not waiting, is told of a failure: not its own timeout
+    busy = _error({"kind": "exception", "rank": 2, "message": "DistTimeout: rank 2 timed out"})
+    assert type(busy) is PeerFailure

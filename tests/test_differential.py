@@ -58,11 +58,15 @@ def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, 
 
 
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])
-@pytest.mark.usefixtures("engine")
 @pytest.mark.torch_engines
 @pytest.mark.tensor_paths
 @pytest.mark.procs
-def test_rankwise_matches_gloo(ws: int) -> None:
+def test_rankwise_matches_gloo(ws: int, engine: str) -> None:
+    # CI time: the wrappers over gloo (and the staging over rankwise's own engines) have
+    # no algorithm of their own that a fourth rank would change; 2 covers powers of two,
+    # 3 and 5 the rest. RANKWISE_DIFF_ALL=1 runs it.
+    if ws == 4 and engine not in ("tcp", "shm") and os.environ.get("RANKWISE_DIFF_ALL") != "1":
+        pytest.skip("world size 4 runs on tcp and shm only (RANKWISE_DIFF_ALL=1: all)")
     seed = _seed(ws)
     results = run_ranks(differential_worker, ws, args=(seed, N_CASES, free_port()),
                         timeout=150)

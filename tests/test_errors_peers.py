@@ -42,7 +42,7 @@ def _check_peer_failure(info: dict[str, Any], rank: int, bound: float,
                         *needles: str) -> None:
     assert info["type"] is not None, f"no error: {info}"
     assert "PeerFailure" in info["mro"], info
-    assert info["rank"] == rank, info
+    assert info["rank"] == rank, f"rank {info['rank']} named, not {rank}: {info['message']}"
     assert f"rank {rank}" in info["message"], info["message"]
     for n in needles:
         assert n in info["message"], f"{n!r} not in {info['message']}"
@@ -253,19 +253,26 @@ def test_any_source_recv_never_swallows_library_traffic() -> None:
 # --- a wait nobody answers is bounded by the group timeout -----------------------------------
 
 
-def _unanswered(rank: int, world: int) -> Any:
+def _unanswered(rank: int, world: int, flag: str) -> Any:
     dist.barrier()
     if rank == 0:
         buf = np.zeros(2, np.float32)
         short = _caught(lambda: dist.irecv(buf, src=1, tag=5).wait(timeout=0.5))
         recv = _caught(lambda: dist.recv(buf, src=1, tag=9))  # RECV-HERE
+        with open(flag, "w"):
+            pass
         return short, recv
-    time.sleep(3.0)  # rank 1 is alive but never sends: rank 0 must give up on its own
+    # rank 1 is alive but never sends: rank 0 must give up on its own; rank 1 stays
+    # until rank 0 is done (its leaving would end rank 0's wait as a PeerFailure)
+    deadline = time.monotonic() + 30.0
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a condition, bounded; not a guess at timing
     return None
 
 
-def test_unanswered_waits_end_at_the_timeout_naming_the_call() -> None:
-    results = run_ranks(_unanswered, 2, timeout=60, init_kwargs={"timeout": 2.0})
+def test_unanswered_waits_end_at_the_timeout_naming_the_call(tmp_path: Any) -> None:
+    results = run_ranks(_unanswered, 2, args=(str(tmp_path / "rank0-done"),), timeout=60,
+                        init_kwargs={"timeout": 2.0})
     assert results[0].ok, f"{results[0].error_type}: {results[0].message}"
     short, recv = results[0].value
     for info, bound in ((short, 0.5), (recv, 2.0)):

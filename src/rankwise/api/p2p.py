@@ -5,15 +5,17 @@ namespace of their own: they can never be confused with collective traffic (matc
 group and sequence number) or with the library's own object messages (``Kind.OBJ``).
 A send returns once the network has the data; receivers always drain their sockets,
 so a send never waits for the matching recv to be posted and cannot deadlock on it.
-CUDA tensors travel through host memory on every backend, NCCL's included (a receive
-lands in a host copy, copied into the tensor when it completes).
+CUDA tensors of a group with an NCCL plane go over NCCL, announced and checked by a
+header on the control plane (``api.p2p_nccl``, ``engines.torch.p2p``; the same (source,
+tag) rule); elsewhere (gloo, staged, ``RANKWISE_NCCL_P2P=0``) they travel through host
+memory (a receive lands in a host copy, copied into the tensor when it completes).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.communicator import Activity
 from ..core.group import ProcessGroup
@@ -21,11 +23,15 @@ from ..core.router import Pending
 from ..core.work import Work, completed_work
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import Fingerprint
-from ..identity.callsite import capture
+from ..identity.callsite import CallSite, capture
 from ..wire.buffers import Buffer, as_buffer, commit, dtype_name, on_host
 from ..wire.frames import Kind, Op
-from . import profiling
+from . import p2p_nccl, profiling
+from .p2p_nccl import DeviceRecvWork, device_p2p, p2p_call
 from .world import resolve_group
+
+if TYPE_CHECKING:
+    from ..engines.torch.streams import OrderedWork
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
@@ -74,18 +80,12 @@ def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: 
     who = "any rank" if src == -1 else f"rank {src}"
     site = capture()
     comm = g.comm
-    # who-is-where reports show this wait, and p2p cycles are found from it
     started = time.time()
-    previous = comm.activity
-    comm.activity = Activity("recv", g.id, 0, site, started, src, kind="recv", tag=tag)
-    try:
-        frame = comm.wait(
-            pending, time.monotonic() + (g.timeout if timeout is None else timeout),
-            lambda: f"rank {comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
-                    f"(tag {tag}) at {site.short}: no matching send arrived",
-        )
-    finally:
-        comm.activity = previous if previous.op else Activity(since=time.time())
+    frame = _in_recv(g, src, tag, lambda: comm.wait(
+        pending, time.monotonic() + (g.timeout if timeout is None else timeout),
+        lambda: f"rank {comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
+                f"(tag {tag}) at {site.short}: no matching send arrived",
+    ), site)
     if comm.tracer is not None:
         comm.tracer.recv(started, time.time(), frame.src, buf.nbytes, tag, site)
     if frame.dtype != buf.dtype.code:
@@ -95,16 +95,53 @@ def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: 
     return frame.src
 
 
+_T = TypeVar("_T")
+
+
+def _in_recv(g: ProcessGroup, src: int, tag: int, wait: Callable[[], _T],
+             site: CallSite | None = None) -> _T:
+    """``wait()`` shown as this rank's activity: who-is-where reports show the wait,
+    and p2p cycles are found from it."""
+    comm = g.comm
+    previous = comm.activity
+    comm.activity = Activity("recv", g.id, 0, site or capture(), time.time(), src,
+                             kind="recv", tag=tag)
+    try:
+        return wait()
+    finally:
+        comm.activity = previous if previous.op else Activity(since=time.time())
+
+
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     g = resolve_group(group)
     if g is None:
         return
-    buf = on_host(as_buffer(tensor, "tensor"))  # CUDA tensors travel through host memory
+    _send(g, tensor, dst, tag, group_dst, wait=True)
+
+
+def _send(g: ProcessGroup, tensor: Any, dst: int | None, tag: int, group_dst: int | None,
+          wait: bool) -> OrderedWork | None:
+    """Send on NCCL (the device part of the ``Work``; ``wait``: the current stream is
+    ordered after it, as torch's ``send``) or through host memory (None)."""
+    buf = as_buffer(tensor, "tensor")
     peer, tag = _peer(g, dst, group_dst, "dst"), _check_tag(tag)
+    nccl = device_p2p(g, buf)
+    if nccl is None:
+        buf = on_host(buf)  # CUDA tensors travel through host memory
     ev = profiling.Event("send", [tensor]) if profiling.on() else None
     try:
-        _do_send(g, buf, peer, tag)
+        if nccl is None:
+            _do_send(g, buf, peer, tag)
+            return None
+        site = capture()
+        call = p2p_call(g, Op.send, buf, site)
+        p = nccl.send(call, buf.array, peer, tag, site.short, buf.shape)
+        if wait:
+            nccl.waits.order(call, p)
+        from ..engines.torch.streams import OrderedWork
+
+        return OrderedWork(nccl.waits, call, [p])
     finally:
         if ev is not None:
             ev.end()
@@ -116,12 +153,17 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return -1
-    buf = on_host(as_buffer(tensor, "tensor", writable=True), copy=False)
+    buf = as_buffer(tensor, "tensor", writable=True)
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
+    nccl = device_p2p(g, buf)
     g.comm.router.check_alive()
     ev = _recv_event(tensor, peer)
     try:
+        if nccl is not None:
+            r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
+            return p2p_nccl.finish(g, nccl, r, shown=lambda wait: _in_recv(g, peer, tag, wait))
+        buf = on_host(buf, copy=False)
         return _finish_recv(g, _post_recv(g, buf, peer, tag), buf, peer, tag)
     finally:
         if ev is not None:
@@ -176,8 +218,12 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return None
-    send(tensor, dst, group, tag, group_dst)
-    return completed_work(f"isend to {dst} tag {tag}")
+    device = _send(g, tensor, dst, tag, group_dst, wait=False)
+    if device is None:
+        return completed_work(f"isend to {dst} tag {tag}")
+    work = Work(f"isend to {dst} tag {tag}", device=device)
+    work._finish()  # enqueued: ``wait`` orders the stream, ``is_completed`` asks NCCL
+    return work
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -185,10 +231,16 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     g = resolve_group(group)
     if g is None:
         return None
-    buf = on_host(as_buffer(tensor, "tensor", writable=True), copy=False)
+    buf = as_buffer(tensor, "tensor", writable=True)
     peer = _peer(g, src, group_src, "src", allow_any=True)
     tag = _check_tag(tag)
+    nccl = device_p2p(g, buf)
     g.comm.router.check_alive()
+    if nccl is not None:
+        r = nccl.post(p2p_call(g, Op.recv, buf, capture()), buf.array, peer, tag)
+        return DeviceRecvWork(g, nccl, r, f"irecv from {'any' if peer == -1 else peer} tag {tag}",
+                              lambda wait: _in_recv(g, peer, tag, wait))
+    buf = on_host(buf, copy=False)
     ev = _recv_event(tensor, peer)
     return _RecvWork(g, _post_recv(g, buf, peer, tag), buf, peer, tag, ev)
 
@@ -217,9 +269,13 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     for p in p2p_op_list:
         g = resolve_group(p.group)
         if g is not None:
-            as_buffer(p.tensor, "P2POp.tensor", writable=p.op is irecv)
+            buf = as_buffer(p.tensor, "P2POp.tensor", writable=p.op is irecv)
             _peer(g, p.peer, p.group_peer, "src" if p.op is irecv else "dst")
             _check_tag(p.tag)
+            nccl = device_p2p(g, buf)
+            if nccl is not None:  # a tensor off the group's GPU
+                nccl.check(p2p_call(g, Op.recv if p.op is irecv else Op.send, buf,
+                                    capture()), buf.array)
     works: dict[int, Work] = {}
     for i, p in enumerate(p2p_op_list):
         if p.op is irecv:

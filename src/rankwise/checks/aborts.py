@@ -110,8 +110,9 @@ def _exception(a: AbortInfo) -> DistError:
                f"its last collective: {a.last or 'none'}\n"
                + (f"rank {a.me} was in {a.doing}\n" if a.doing else "")
                + (f"its traceback:\n{tb}" if tb else ""))
-    if a.message.startswith("DistTimeout: "):
-        # the peer's deadline passed first; ours would have: it is this rank's timeout too
+    if a.doing and a.message.startswith("DistTimeout: "):
+        # the peer's deadline passed first while this rank waited too: its timeout as well
+        # (a rank that was computing learns of a peer's failure: a plain PeerFailure)
         return PeerTimeout(message, rank=a.origin, remote_traceback=tb, last_collective=a.last,
                            report=a.report)
     return PeerFailure(message, rank=a.origin, remote_traceback=tb, last_collective=a.last)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from ..errors import CollectiveMismatch, DistTimeout
 from ..identity.callsite import CallSite
+from ..store.gather import gather
 from ..store.seen import count_seen_and_hold
 from .report import rank_list
 
@@ -58,16 +58,16 @@ class GroupEntry:
 
 def agree_on_group(store: Any, index: int, mine: GroupEntry, rank: int, world_size: int,
                    timeout: float, hosting: bool = False) -> list[GroupEntry]:
-    """Every rank's ``index``-th group (one store round over the job), in rank order;
-    ``CollectiveMismatch`` on every rank when they are not all the same group.
-    ``hosting``: this process hosts the store, and keeps it up on a mismatch until every
-    rank has read the entries that explain it."""
+    """Every rank's ``index``-th group (one store round over the job, O(N) requests: rank
+    0 gathers and publishes a verdict), in rank order; ``CollectiveMismatch`` on every
+    rank when they are not all the same group. ``hosting``: this process hosts the
+    store, and keeps it up on a mismatch until every rank has read the entries that
+    explain it."""
     prefix = f"new_group/{index}"
-    store.set(f"{prefix}/{rank}", mine.encode())
-    keys = [f"{prefix}/{r}" for r in range(world_size)]
     try:
-        store.wait(keys, timedelta(seconds=timeout))
+        blob = gather(store, prefix, mine.encode(), world_size, rank, timeout, _verdict)
     except DistTimeout:
+        keys = [f"{prefix}/{r}" for r in range(world_size)]
         late = [r for r, k in enumerate(keys) if not store.check([k])]
         who = rank_list(late) if late else "some ranks"
         raise DistTimeout(
@@ -75,7 +75,7 @@ def agree_on_group(store: Any, index: int, mine: GroupEntry, rank: int, world_si
             f"their new_group #{index} within {timeout:g}s. Every rank must "
             "call new_group for every group, members or not, in the same order (as in "
             "torch.distributed).") from None
-    entries = [GroupEntry.decode(store.get(k)) for k in keys]
+    entries = _entries(blob, world_size)
     kinds: dict[tuple[int, ...], list[int]] = {}
     for r, e in enumerate(entries):
         kinds.setdefault(e.ranks, []).append(r)
@@ -83,6 +83,31 @@ def agree_on_group(store: Any, index: int, mine: GroupEntry, rank: int, world_si
         count_seen_and_hold(store, f"{prefix}/seen", lambda: world_size, hosting)
         raise CollectiveMismatch(_mismatch_text(index, entries, kinds, rank))
     return entries
+
+
+def _verdict(raw: list[bytes]) -> str:
+    """What rank 0 publishes: when every rank created the same group, its members and
+    each rank's host (all that members need); else every entry, for the report."""
+    entries = [GroupEntry.decode(r) for r in raw]
+    if len({e.ranks for e in entries}) == 1:
+        return json.dumps({"ranks": list(entries[0].ranks), "hosts": [e.host for e in entries]})
+    return json.dumps({"entries": [r[:_MAX_ENTRY].decode("utf-8", "replace") for r in raw]})
+
+
+def _entries(blob: str, world_size: int) -> list[GroupEntry]:
+    """Every rank's entry from rank 0's verdict (sites are kept only for a mismatch)."""
+    broken = [GroupEntry((-1,), CallSite(0, ()), "")] * world_size
+    try:
+        data = json.loads(blob)
+        if "entries" in data:
+            entries = [GroupEntry.decode(str(e).encode()) for e in data["entries"]]
+        else:
+            ranks = tuple(int(r) for r in data["ranks"][:1 << 16])
+            entries = [GroupEntry(ranks, CallSite(0, ()), str(h)[:4096])
+                       for h in data["hosts"]]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return broken
+    return entries if len(entries) == world_size else broken
 
 
 def _mismatch_text(index: int, entries: list[GroupEntry],

@@ -38,6 +38,9 @@ class Departures:
         #: before our own question reached it
         self.last_reports: dict[int, dict[str, Any]] = {}
         self.last_seen: dict[int, Frame] = {}  #: last collective frame from each peer
+        #: the first peer whose goodbye a wait of this rank raised (rank, where it left):
+        #: our own goodbye names it, so a peer that reads ours first blames that rank
+        self.suffered: tuple[int, str] | None = None
 
     # --- what peers tell us ---------------------------------------------------------------
 
@@ -50,8 +53,15 @@ class Departures:
         comm.router.fail_all(abort_error(AbortInfo(info, src, comm.rank, comm.calls.doing())))
 
     def on_bye(self, src: int, payload: bytes) -> None:
-        where = payload.decode("utf-8", "replace")[:2000]
+        text, _, cause = payload.decode("utf-8", "replace").partition("\0")
+        where = text[:2000]
         self.bye[src] = where
+        after = _left_after(cause)
+        if after is not None and after[0] not in (self._comm.rank, src) \
+                and after[0] < self._comm.world_size:
+            # src left because another rank's leaving failed its wait: name that rank
+            self._comm.router.fail_peer(src, self.departed_error(after[0], after[1], via=src))
+            return
         self._comm.router.fail_peer(src, self.departed_error(src, where))
 
     def on_peer_lost(self, rank: int, reason: BaseException | None) -> None:
@@ -94,7 +104,7 @@ class Departures:
 
     # --- wording -----------------------------------------------------------------------------
 
-    def departed_error(self, rank: int, where: str) -> PeerFailure:
+    def departed_error(self, rank: int, where: str, via: int | None = None) -> PeerFailure:
         comm = self._comm
         doing = comm.calls.doing() or "a call"
         hint = ("the ranks make different numbers of calls (uneven loop counts, or a "
@@ -103,9 +113,11 @@ class Departures:
                 comm.calls.call_of(comm.activity).startswith("rank_zero_first"):
             hint = ("only some ranks entered rank_zero_first/main_process_first: every rank "
                     "of the group must enter it (do not call it from a rank-0-only branch)")
+        passed = f"\n(passed on by rank {via}, which left after it)" if via is not None else ""
         exc = PeerFailure(f"rank {rank} finished and {where} while rank {comm.rank} waits "
-                          f"in {doing}: {hint}", rank=rank)
+                          f"in {doing}: {hint}{passed}", rank=rank)
         exc.departed_where = where  # type: ignore[attr-defined]  # re-phrased in wait()
+        exc.departed_via = via  # type: ignore[attr-defined]
         return exc
 
     def as_of_now(self, failure: BaseException) -> BaseException:
@@ -115,7 +127,9 @@ class Departures:
         rank = getattr(failure, "rank", None)
         if where is None or rank is None:
             return failure
-        return self.departed_error(rank, where)
+        if self.suffered is None:
+            self.suffered = (rank, where)
+        return self.departed_error(rank, where, getattr(failure, "departed_via", None))
 
     def last_from(self, rank: int) -> str:
         """The last collective ``rank`` was seen in (its frames, or an engine's view)."""
@@ -156,6 +170,14 @@ class Departures:
                 "traceback": str(getattr(failure, "remote_traceback", ""))[:40000],
                 "last": str(getattr(failure, "last_collective", ""))}
 
+    def _bye_payload(self, where: str) -> bytes:
+        """Where this rank leaves, and which peer's leaving it raised of, if any."""
+        text = where.encode()[:2000]
+        if self.suffered is None:
+            return text
+        rank, its_where = self.suffered
+        return text + b"\0" + json.dumps({"after": rank, "where": its_where[:2000]}).encode()
+
     def goodbye(self, where: str, timeout: float = 2.0) -> None:
         """Tell peers we leave cleanly, then close the connections."""
         comm = self._comm
@@ -171,7 +193,7 @@ class Departures:
             # answers to "where are you?" first: a peer stops waiting for ours once it has
             # our goodbye, so an answer sent after it would be lost ("exited" in its report)
             comm.where.settle(min(timeout, 1.0))
-            comm.sender.tell_everyone(Kind.BYE, where.encode()[:2000],
+            comm.sender.tell_everyone(Kind.BYE, self._bye_payload(where),
                                       time.monotonic() + timeout)
         else:
             # Leaving after a failure: pass the root cause on. Without this, a peer that
@@ -184,3 +206,20 @@ class Departures:
         if comm.heartbeat is not None:
             comm.heartbeat.stop()
         comm.transport.close()
+
+
+def _left_after(cause: str) -> tuple[int, str] | None:
+    """The (rank, where) a goodbye says its sender left after; None if none or unreadable
+    (the payload is untrusted)."""
+    if not cause:
+        return None
+    try:
+        info = json.loads(cause)
+    except ValueError:
+        return None
+    if not isinstance(info, dict):
+        return None
+    rank, where = info.get("after"), info.get("where")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        return None
+    return rank, str(where)[:2000]

@@ -20,13 +20,14 @@ adds the NCCL engine for CUDA tensors beside that choice (``engines.device.pair`
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument
+from ..errors import DistError, InvalidArgument
 from ..shmem.host import host_identity
+from ..store.gather import gather
 from ..wire.device import tensor_path
 from .backends import parse_backend
 from .base import Engine, EngineUnavailable
@@ -80,12 +81,13 @@ def cuda_missing() -> str | None:
 
 
 def exchange(store: Any, key: str, value: str, size: int, rank: int,
-              timeout: float) -> list[str]:
-    """Every member's ``value`` for ``key``, in group-rank order (one store round)."""
-    store.set(f"{key}/{rank}", value)
-    keys = [f"{key}/{r}" for r in range(size)]
-    store.wait(keys, timedelta(seconds=timeout))
-    return [store.get(k).decode("utf-8", "replace") for k in keys]
+             timeout: float) -> list[str]:
+    """Every member's ``value`` for ``key``, in group-rank order (one store round of
+    O(size) requests: group rank 0 gathers and publishes)."""
+    values = json.loads(gather(store, key, value, size, rank, timeout))
+    if not isinstance(values, list) or len(values) != size:
+        raise DistError(f"store round {key!r}: a malformed answer from group rank 0")
+    return [str(v) for v in values]
 
 
 def choose_engine(group: ProcessGroup, store: Any, timeout: float,

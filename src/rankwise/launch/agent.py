@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import BinaryIO, Protocol
 
 from .env import WorkerEnvSpec, worker_environment
 from .output import StreamPump, console_stream
+from .reaper import Reaper
 from .summary import WorkerOutcome, read_error_file
 
 __all__ = ["AgentConfig", "AttemptResult", "LocalAgent", "RoundPeers", "set_parent_death_signal"]
@@ -148,6 +148,8 @@ class LocalAgent:
         self._attempt = 0
         self._events: queue.SimpleQueue[_Event | tuple[str, str, int, float]] = queue.SimpleQueue()
         self._workers: list[_Worker] = []
+        self._reaper = Reaper(lambda kind, rank, status, when:
+                              self._events.put((kind, rank, status, when)))
 
     # -- signals --------------------------------------------------------------------------
     def post_signal(self, signum: int) -> None:
@@ -205,22 +207,8 @@ class LocalAgent:
         outcome = WorkerOutcome(rank=rank, local_rank=local_rank, node_rank=cfg.node_rank,
                                 pid=proc.pid, returncode=None, observed_at=0.0,
                                 error_file=error_file, host=cfg.host)
-        threading.Thread(target=self._reap, args=(local_rank, proc.pid), daemon=True,
-                         name=f"rankwise-reap-{rank}").start()
+        self._reaper.add(local_rank, proc.pid)
         return _Worker(outcome, proc, pumps)
-
-    def _reap(self, local_rank: int, pid: int) -> None:
-        """Block in waitpid for one worker; report stops and the final exit."""
-        while True:
-            try:
-                _, status = os.waitpid(pid, os.WUNTRACED)
-            except ChildProcessError:
-                return
-            if os.WIFSTOPPED(status):
-                self._events.put(("stop", local_rank, status, time.time()))
-                continue
-            self._events.put(("exit", local_rank, status, time.time()))
-            return
 
     # -- signalling -----------------------------------------------------------------------
     def _signal_group(self, worker: _Worker, signum: int) -> None:

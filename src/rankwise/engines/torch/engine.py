@@ -156,6 +156,13 @@ class TorchEngine:
             watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
             watchdog.start()
+        #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
+        self.p2p: Any = None
+        #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
+        #: on first use by ``make_reverse`` (None: ``pg`` carries both directions)
+        self.make_reverse: Callable[[], Any] | None = None
+        self.reverse: Any = None
+        self._reverse_lock = threading.Lock()
         group.port.on_failure.append(self._abort)
 
     @classmethod
@@ -200,7 +207,30 @@ class TorchEngine:
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
         if pg is not None and self._aborting is None:
-            self._aborting = on_thread(pg.abort, "rankwise-torch-abort")
+            self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
+
+    def _abort_groups(self, pg: Any) -> None:
+        with self._reverse_lock:
+            reverse = self.reverse
+        if reverse is not None:
+            try:
+                reverse.abort()
+            except Exception as exc:  # noqa: BLE001 - the group is given up anyway
+                log.debug("rankwise: abort of the reverse p2p group: %r", exc)
+        pg.abort()
+
+    def p2p_group(self, src: int, dst: int) -> Any:
+        """The torch group that carries p2p messages from group rank ``src`` to ``dst``
+        (NCCL runs one pair's two directions on one stream; see ``p2p``)."""
+        if src < dst or self.make_reverse is None:
+            return self.pg
+        with self._reverse_lock:
+            if self.reverse is None:
+                self.reverse = self.make_reverse()
+            reverse = self.reverse
+        if self._aborting is not None:  # made after the abort began: aborted too
+            on_thread(reverse.abort, "rankwise-torch-abort")
+        return reverse
 
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
@@ -345,6 +375,8 @@ class TorchEngine:
         (see ``_keep``)."""
         with self._check_lock:
             self.check.flush()  # a group destroyed alone: its last calls are checked too
+        if self.p2p is not None:
+            self.p2p.close()
         if self.device is not None:  # destroying is a sync point: kernels end first
             watchdog = self.device.watchdog
             if not watchdog.drain(self.group.timeout):
@@ -362,9 +394,17 @@ class TorchEngine:
         pg, self.pg = self.pg, None
         if pg is None:
             return
+        reverse, self.reverse = self.reverse, None
         if self.waiter.stuck or (aborting is not None and aborting.is_alive()):
             _keep(pg)
+            if reverse is not None:
+                _keep(reverse)
             return
+        if reverse is not None:
+            ending = on_thread(reverse.shutdown, "rankwise-torch-shutdown")
+            ending.join(SHUTDOWN_LIMIT)
+            if ending.is_alive():
+                _keep(reverse)
         # bounded like every other wait: torch's shutdown joins the backend's threads,
         # which a peer's half-finished op or connection can hold for torch's own timeout
         shutting = on_thread(pg.shutdown, "rankwise-torch-shutdown")

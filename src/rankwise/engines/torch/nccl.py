@@ -158,6 +158,14 @@ def create_device_engine(group: ProcessGroup, store: Any, timeout: float,
         pg = tdist.ProcessGroupNCCL(tstore, group.group_rank, group.size(), opts)
     engine = TorchEngine(group, pg, check, tstore, name="nccl",
                          tensors=DeviceTensors(device), streams=CudaStreams(device))
+
+    views: list[Any] = []  #: the reverse group's store view (torch holds its C++ half)
+
+    def reverse() -> Any:  # p2p from higher ranks to lower ones (``engines.torch.p2p``)
+        views.append(TorchStoreView(PrefixStore(f"engine/{group.id}/nccl-p2p/", store)))
+        with _rankwise_handles_errors():
+            return tdist.ProcessGroupNCCL(views[-1], group.group_rank, group.size(), opts)
+    engine.make_reverse = reverse
     first_collective(engine, timeout)
     return engine
 

@@ -27,8 +27,8 @@ from .watchdog import Pending, Watchdog
 if TYPE_CHECKING:
     from ..base import Call
 
-__all__ = ["CudaStreams", "DeviceWaits", "DeviceWork", "HostStreams", "Streams",
-           "current_holder"]
+__all__ = ["CudaStreams", "DeviceWaits", "DeviceWork", "HostStreams", "OrderedWork",
+           "Streams", "current_holder"]
 
 #: seconds the host stand-in waits past a call's deadline for the watchdog's verdict
 _MARGIN = 30.0
@@ -217,6 +217,22 @@ class DeviceWork:
             p.on_settled(one)
 
 
+class OrderedWork(DeviceWork):
+    """The device side of a ``Work`` whose torch works were enqueued on the caller's
+    thread (an NCCL ``isend``): ``wait`` orders the waiter's stream after each of them
+    (torch's ``WorkNCCL.wait()``; the host waits only on the CPU stand-in)."""
+
+    def __init__(self, waits: DeviceWaits, call: Call, pendings: list[Pending]) -> None:
+        super().__init__(waits.streams)
+        self.pendings = pendings
+        self._waits = waits
+        self._call = call
+
+    def wait(self) -> None:
+        for p in self.pendings:
+            self._waits.order(self._call, p)
+
+
 class DeviceWaits:
     """How the device engine waits for a torch work: the watchdog watches it, the
     current stream is ordered after it (``Streams.order``), and an async call's
@@ -229,10 +245,18 @@ class DeviceWaits:
         self._op_failed = op_failed
 
     def wait(self, call: Call, work: Any) -> None:
+        self.order(call, self.watch(call, work))
+
+    def watch(self, call: Call, work: Any) -> Pending:
+        """Hand ``work`` to the watchdog (and to the async call running here, if any)."""
         p = self.watchdog.watch(call, work)
         holder = current_holder()
         if holder is not None:
             holder.add(p)
+        return p
+
+    def order(self, call: Call, p: Pending) -> None:
+        """What runs next on this thread sees ``p``'s result (``Streams.order``)."""
         try:
             self.streams.order(p)
         except DistError:
