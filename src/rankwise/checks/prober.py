@@ -6,9 +6,11 @@ finishing (docs/scale.md). Now only the lowest-numbered live rank, the job's *pr
 looks. Every other rank whose wait has lasted ``after`` s sends it a header-only
 ``BLOCKED`` note naming its call (the call's start time), again on its wait's doubling
 back-off (so a new prober hears of it too); nothing on the fast path. The prober looks
-when every live rank, itself included, has a note for a call no look has since shown it
-outside of and some note is new; and, while it waits itself, every ``MAX_BACKOFF`` s (the
-safety net for waits that never note). So a wave costs N-1 notes, a look N-1 answers.
+when every live rank, itself included, is in its book as blocked in a call no look has
+since shown it leave, and some note is new; and on its own wait's doubling back-off (1,
+2, 4 ... s, then every ``MAX_BACKOFF``), for waits that never note (a device recv waiting
+for its header) and which a look enters in the book. So a wave costs N-1 notes, and a
+look N-1 answers, a few per long wait of the prober.
 
 Nothing is lost by asking one rank: a deadlock needs every live rank blocked, the prober
 too, so a prober that computes cannot miss one. A prober that dies fails the job
@@ -54,10 +56,11 @@ def call_id(since: Any) -> int:
 
 
 class Notes:
-    """The prober's book: the call each rank last said it is blocked in (``call_id``).
+    """The prober's book: the call each rank is blocked in (``call_id``), as it said.
 
-    A look forgets the ranks it shows outside the call they noted (they moved on: their
-    next long wait notes again); a note that arrives while a look runs is kept for the
+    A look corrects the book: it forgets the ranks it shows outside a call (they moved
+    on: their next long wait notes again) and enters those it shows blocked (their wait
+    may never note), as old news; a note that arrives while a look runs is kept for the
     next, so no look can swallow the note of the last rank to block."""
 
     def __init__(self) -> None:
@@ -85,14 +88,19 @@ class Notes:
             return all(r in calls for r in live) and any(n > mark for _, n in calls.values())
 
     def seen(self, reports: dict[int, Report], mark: int) -> None:
-        """A look that began at ``mark`` saw ``reports``: forget the notes (older than the
-        look) of ranks that are no longer in the call they noted."""
+        """A look that began at ``mark`` saw ``reports``: the book says what it showed,
+        except for notes newer than the look (a look's entries are no news)."""
         with self._lock:
-            for rank, (call, n) in list(self._calls.items()):
-                rep = reports.get(rank) or {}
+            for rank, rep in reports.items():
+                old = self._calls.get(rank)
+                if old is not None and old[1] > mark:
+                    continue
                 blocked = rep.get("blocked")
-                if n <= mark and not (rep.get("op") and isinstance(blocked, dict)
-                                      and call_id(blocked.get("since")) == call):
+                if rep.get("op") and isinstance(blocked, dict) and not rep.get("gone"):
+                    call = call_id(blocked.get("since"))
+                    if old is None or old[0] != call:
+                        self._calls[rank] = (call, 0)
+                elif old is not None:
                     del self._calls[rank]
 
 
@@ -116,10 +124,12 @@ class DeadlockWatch:
         self.after = _env_after()
         self.notes = Notes()
         self._lock = threading.Lock()  #: one look at a time
-        self._looked = -math.inf  #: monotonic time of the last look
         self._seen = 0  #: the note number the last conclusive look began at
         self._retry_at = 0.0  #: after an inconclusive look: not before this
         self._retry_gap = self.after
+        #: the prober's own wait: how long it had lasted at the last probe, and when (in
+        #: seconds of that wait) it looks next whatever the notes say
+        self._own = (math.inf, 0.0)
 
     # --- who is the prober ------------------------------------------------------------
 
@@ -174,16 +184,18 @@ class DeadlockWatch:
         return POLL
 
     def _due(self, blocked_for: float) -> bool:
-        now = time.monotonic()
-        if now < self._retry_at:
+        last, next_at = self._own
+        if blocked_for < last:  # a new wait: its back-off starts over
+            next_at = 0.0
+        self._own = (blocked_for, next_at)
+        if time.monotonic() < self._retry_at:
             return False
-        if self.notes.due(self.live(), self._seen):
-            return True
-        return blocked_for >= MAX_BACKOFF and now - self._looked >= MAX_BACKOFF
+        return blocked_for >= next_at or self.notes.due(self.live(), self._seen)
 
     def _look_and_book(self) -> None:
         mark = self.notes.mark()
-        self._looked = time.monotonic()
+        waited = self._own[0]
+        self._own = (waited, waited + max(self.after, min(waited, MAX_BACKOFF)))
         reports = self._look()
         if reports is None:  # inconclusive: look again, backing off
             self._retry_at = time.monotonic() + self._retry_gap
