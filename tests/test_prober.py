@@ -144,39 +144,59 @@ def test_other_ranks_only_note_the_prober_and_never_look() -> None:
         [(0, Kind.BLOCKED, call_id(1002.0), 0)] * 3
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watch_at(comm: _Comm) -> tuple[DeadlockWatch, _Clock]:
+    watch, clock = _watch(comm), _Clock()
+    watch.clock = clock
+    return watch, clock
+
+
 def test_the_prober_looks_when_every_rank_noted_and_on_its_own_back_off() -> None:
     comm = _Comm(0)
-    watch = _watch(comm)
+    watch, clock = _watch_at(comm)
     # rank 1 computes: conclusive looks, no deadlock
     comm.looks = [{0: _rep(0, 1000.0), 1: _rep(1, None), 2: _rep(2, 1002.0)}]
     watch.on_note(2, call_id(1002.0))
     watch.probe(1.0)
-    assert comm.asked == 1  # the first probe of the prober's wait looks
-    for waited in (1.2, 1.4, 1.6):  # glances: no news, the back-off not due
-        assert watch.probe(waited) == POLL
+    assert comm.asked == 1  # the first probe of the prober's call looks
+    for clock.now in (0.2, 0.4, 0.6):  # glances: no news, the back-off (1 s) not due
+        assert watch.probe(1.0 + clock.now) == POLL
     assert comm.asked == 1
     watch.on_note(1, call_id(1001.0))  # rank 1 blocked at last: every rank noted
+    clock.now = 0.8
     watch.probe(1.8)
     assert comm.asked == 2
-    watch.probe(3.5)
+    clock.now = 2.7
+    watch.probe(3.7)
     assert comm.asked == 2
-    watch.probe(3.6)  # the back-off: 1.8 s after the last look, at 1.8 s
+    clock.now = 2.8  # the back-off: 2 s after the last look
+    watch.probe(3.8)
     assert comm.asked == 3
     assert comm.router.failure is None and not comm.sent
 
 
-def test_the_prober_s_own_wait_looks_backing_off_to_max_backoff() -> None:
+def test_the_prober_s_own_call_looks_backing_off_to_max_backoff() -> None:
     comm = _Comm(0)
-    watch = _watch(comm)
+    watch, clock = _watch_at(comm)
     comm.looks = [{0: _rep(0, 1000.0), 1: _rep(1, None), 2: _rep(2, None)}]
     looked = []
-    for waited in (1, 1.5, 2, 3, 4, 7, 8, 16, 31, 32, 60, 62, 70, 92):
+    for clock.now in (0, 0.5, 1, 2, 3, 6, 7, 14, 15, 30, 31, 60, 61, 91):
         before = comm.asked
-        watch.probe(float(waited))
+        watch.probe(1.0 + clock.now)  # two threads may wait: their durations differ
+        watch.probe(1.0)
         if comm.asked > before:
-            looked.append(waited)
-    assert looked == [1, 2, 4, 8, 16, 32, 62, 92]
-    watch.probe(1.0)  # a new wait starts over
+            looked.append(clock.now)
+    assert comm.asked == len(looked)
+    assert looked == [0, 1, 3, 7, 15, 31, 61, 91]
+    comm.activity.since = 2000.0  # a new call starts over
+    watch.probe(1.0)
     assert comm.asked == len(looked) + 1
 
 

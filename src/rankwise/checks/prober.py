@@ -26,7 +26,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlockError, DistError
@@ -41,7 +41,7 @@ __all__ = ["MAX_BACKOFF", "POLL", "DeadlockWatch", "Notes", "call_id"]
 
 log = logging.getLogger("rankwise")
 
-MAX_BACKOFF = 30.0  #: the longest pause between two notes of one wait, or two safety looks
+MAX_BACKOFF = 30.0  #: the longest pause between two notes of one wait, or two of its looks
 POLL = 0.2  #: seconds between the prober's glances at its notes while it waits (no I/O)
 
 Report = dict[str, Any]
@@ -127,9 +127,13 @@ class DeadlockWatch:
         self._seen = 0  #: the note number the last conclusive look began at
         self._retry_at = 0.0  #: after an inconclusive look: not before this
         self._retry_gap = self.after
-        #: the prober's own wait: how long it had lasted at the last probe, and when (in
-        #: seconds of that wait) it looks next whatever the notes say
-        self._own = (math.inf, 0.0)
+        #: the prober's own back-off: the call it waits in, when (``clock``) it looks
+        #: next whatever the book says, and the pause after that look (keyed on the call,
+        #: not on one wait's duration: several threads may wait at once)
+        self._own_call = -1
+        self._next_look = 0.0
+        self._gap = self.after
+        self.clock: Callable[[], float] = time.monotonic
 
     # --- who is the prober ------------------------------------------------------------
 
@@ -158,7 +162,7 @@ class DeadlockWatch:
     def probe(self, blocked_for: float) -> float:
         """Called by a thread blocked for ``blocked_for`` s. Off the prober: note it (a
         header-only frame) and come back on the doubling back-off. On the prober: look if
-        the notes say every rank is blocked (or the safety net is due) and, on a
+        the book says every rank is blocked (or its own back-off is due) and, on a
         confirmed deadlock, fail every rank; come back in ``POLL`` s (a glance, no I/O)."""
         comm = self._comm
         try:
@@ -173,7 +177,7 @@ class DeadlockWatch:
             self.notes.note(comm.rank, call)
             if self._lock.acquire(blocking=False):
                 try:
-                    if self._due(blocked_for):
+                    if self._due(call):
                         self._look_and_book()
                 finally:
                     self._lock.release()
@@ -183,22 +187,21 @@ class DeadlockWatch:
             log.debug("rankwise: deadlock probe on rank %d failed: %r", comm.rank, exc)
         return POLL
 
-    def _due(self, blocked_for: float) -> bool:
-        last, next_at = self._own
-        if blocked_for < last:  # a new wait: its back-off starts over
-            next_at = 0.0
-        self._own = (blocked_for, next_at)
-        if time.monotonic() < self._retry_at:
+    def _due(self, call: int) -> bool:
+        now = self.clock()
+        if call != self._own_call:  # a new call: the back-off starts over
+            self._own_call, self._next_look, self._gap = call, now, self.after
+        if now < self._retry_at:
             return False
-        return blocked_for >= next_at or self.notes.due(self.live(), self._seen)
+        return now >= self._next_look or self.notes.due(self.live(), self._seen)
 
     def _look_and_book(self) -> None:
         mark = self.notes.mark()
-        waited = self._own[0]
-        self._own = (waited, waited + max(self.after, min(waited, MAX_BACKOFF)))
+        self._next_look = self.clock() + self._gap
+        self._gap = min(2 * self._gap, MAX_BACKOFF)
         reports = self._look()
         if reports is None:  # inconclusive: look again, backing off
-            self._retry_at = time.monotonic() + self._retry_gap
+            self._retry_at = self.clock() + self._retry_gap
             self._retry_gap = min(2 * self._retry_gap, MAX_BACKOFF)
             return
         self.notes.seen(reports, mark)
