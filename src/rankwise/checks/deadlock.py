@@ -7,9 +7,9 @@ for goroutines ("all goroutines are asleep - deadlock!"); here the ranks are pro
 so the answer is gathered with the who-is-where machinery (``checks.where``).
 
 Cost: nothing on the fast path. Only the job's prober (its lowest-numbered live rank)
-looks, once the other ranks' waits have told it they lasted ``RANKWISE_DEADLOCK_AFTER``
-seconds (default 1): a look is N-1 answers, a wave of waits N-1 notes
-(``checks.prober``, docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
+looks: when the other ranks' waits have told it they lasted ``RANKWISE_DEADLOCK_AFTER``
+seconds (default 1), and on its own wait's back-off. A look is N-1 answers, a wave of
+waits N-1 notes (``checks.prober``, docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns it off.
 
 The verdict is conservative; "deadlock" needs all of:
 - every live rank answered and reports a rankwise call in progress, with no async work in
