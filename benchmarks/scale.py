@@ -9,6 +9,7 @@ N, and prints per-N figures and rankwise/gloo ratios::
     python benchmarks/scale.py -n 256 --impl rankwise --iters 100
     python benchmarks/scale.py -n 4,16,64 --deadlock     # detection time (rankwise only)
     python benchmarks/scale.py -n 64 --compute           # waiters' CPU while rank 0 computes
+    python benchmarks/scale.py -n 64 --compute --busy-rank 5   # ... while rank 5 does
     python benchmarks/scale.py --plot docs/scale.png --from scale.json
 
 Per rank it records: init after imports, first 4-byte all_reduce, mean barrier and
@@ -80,14 +81,15 @@ def rank_main(impl: str, outdir: str, iters: int, mode: str) -> None:
             rec["error"] = type(exc).__name__
         _write(outdir, rank, rec)
         os._exit(0)
-    if mode == "compute":  # rank 0 computes for 10 s; what do the waiters burn?
+    if mode == "compute":  # one rank computes for 10 s; what do the waiters burn?
+        busy = int(os.environ.get("SCALE_BUSY_RANK", "0")) % world
         dist.barrier()
         c0, t1 = time.process_time(), time.perf_counter()
-        if rank == 0:
+        if rank == busy:
             while time.perf_counter() - t1 < 10.0:
                 pass
         dist.barrier()
-        rec["wait_cpu_s"] = time.process_time() - c0 if rank else 0.0
+        rec["wait_cpu_s"] = time.process_time() - c0 if rank != busy else 0.0
         _write(outdir, rank, rec)
         dist.destroy_process_group()
         return
@@ -119,7 +121,8 @@ def _write(outdir: str, rank: int, rec: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ the driver
-def run_one(impl: str, n: int, iters: int, mode: str, timeout: float) -> dict[str, Any]:
+def run_one(impl: str, n: int, iters: int, mode: str, timeout: float,
+            busy: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rankwise-scale-") as outdir:
         worker = [HERE, "--worker", impl, outdir, str(iters), mode]
         if impl == "gloo":
@@ -127,7 +130,8 @@ def run_one(impl: str, n: int, iters: int, mode: str, timeout: float) -> dict[st
                    f"--nproc-per-node={n}", *worker]
         else:
             cmd = [sys.executable, "-m", "rankwise", "run", "-n", str(n), *worker]
-        env = dict(os.environ, RANKWISE_ENGINE="tcp", OMP_NUM_THREADS="1")
+        env = dict(os.environ, RANKWISE_ENGINE="tcp", OMP_NUM_THREADS="1",
+                   SCALE_BUSY_RANK=str(busy))
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, check=False, env=env, timeout=timeout,
@@ -143,6 +147,8 @@ def run_one(impl: str, n: int, iters: int, mode: str, timeout: float) -> dict[st
                 recs.append(json.load(f))
     row: dict[str, Any] = {"impl": impl, "n": n, "mode": mode, "rc": rc, "wall_s": wall,
                            "ranks_reported": len(recs)}
+    if mode == "compute":
+        row["busy_rank"] = busy
     if len(recs) < n:
         row["tail"] = tail
     if not recs:
@@ -228,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--deadlock", action="store_true")
     p.add_argument("--compute", action="store_true",
-                   help="rank 0 computes 10 s: CPU the waiting ranks burn meanwhile")
+                   help="one rank computes 10 s: CPU the waiting ranks burn meanwhile")
+    p.add_argument("--busy-rank", type=int, default=0,
+                   help="with --compute: the rank that computes (0 is rankwise's deadlock "
+                        "prober; another rank makes the prober wait and look)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", help="append rows to this JSON file")
     p.add_argument("--plot", help="write a PNG of the rows (with --from, or after the run)")
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in (int(x) for x in args.n.split(",")):
             for rep in range(args.repeat):
                 for impl in (impls if rep % 2 == 0 else impls[::-1]):
-                    row = run_one(impl, n, args.iters, mode, args.timeout)
+                    row = run_one(impl, n, args.iters, mode, args.timeout, args.busy_rank)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
         if args.json:

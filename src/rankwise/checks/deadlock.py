@@ -6,13 +6,10 @@ waits for the warning timer (30 s) and then for the timeout. Go answers the same
 for goroutines ("all goroutines are asleep - deadlock!"); here the ranks are processes,
 so the answer is gathered with the who-is-where machinery (``checks.where``).
 
-Cost: nothing on the fast path. A waiting thread calls ``DeadlockWatch.probe`` only once
-its wait has lasted ``RANKWISE_DEADLOCK_AFTER`` seconds (default 1), then with a doubling
-back-off; the last rank to block is the one that finds the deadlock, about a second after
-it blocked. A conclusive look that finds no deadlock (every rank answered: someone
-computes, or the waits can complete) backs off to ``MAX_BACKOFF`` at once: a deadlock that
-forms later has a last rank to block, whose new wait looks after ``after`` s. So waiters
-cost each rank one answer, not one per doubling (docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns the check off.
+Cost: nothing on the fast path. Only the job's prober (its lowest-numbered live rank)
+looks: when the other ranks' waits have told it they lasted ``RANKWISE_DEADLOCK_AFTER``
+seconds (default 1), and on its own wait's back-off. A look is N-1 answers, a wave of
+waits N-1 notes (``checks.prober``, docs/scale.md). ``RANKWISE_DEADLOCK=0`` turns it off.
 
 The verdict is conservative; "deadlock" needs all of:
 - every live rank answered and reports a rankwise call in progress, with no async work in
@@ -35,26 +32,14 @@ will send after computing looks blocked; set ``RANKWISE_DEADLOCK=0`` for such pr
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-import threading
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import DeadlockError
-from .report import rank_list, stalled_mismatch
+from .report import rank_list
 
-if TYPE_CHECKING:
-    from ..core.communicator import Communicator
-
-__all__ = ["CONFIRM_GAP", "DeadlockWatch", "blocked_state", "cycle_of", "find_deadlock",
+__all__ = ["CONFIRM_GAP", "blocked_state", "cycle_of", "find_deadlock", "snapshot",
            "wait_edges", "wait_lines"]
 
-log = logging.getLogger("rankwise")
-
 CONFIRM_GAP = 0.5  #: seconds between the two looks that must agree
-MAX_BACKOFF = 30.0  #: the longest pause between two probes of one wait
 
 Report = dict[str, Any]
 
@@ -226,87 +211,8 @@ def cycle_of(edges: dict[int, list[int]]) -> str:
             + f" -> rank {cycle[0]}.")
 
 
-def _snapshot(rep: Report) -> tuple[Any, ...]:
+def snapshot(rep: Report) -> tuple[Any, ...]:
+    """What two looks compare: the blocked call and every group's sequence number."""
     b = rep.get("blocked") or {}
     return (rep.get("op"), rep.get("kind"), rep.get("group"), rep.get("seq"),
             b.get("since"), tuple(sorted((b.get("seqs") or {}).items())), b.get("async"))
-
-
-def _env_after() -> float:
-    if os.environ.get("RANKWISE_DEADLOCK", "1").strip().lower() in ("0", "off", "false", "no"):
-        return math.inf
-    try:
-        value = float(os.environ.get("RANKWISE_DEADLOCK_AFTER", "") or 1.0)
-    except ValueError:
-        return 1.0
-    return value if value > 0 else 1.0
-
-
-class DeadlockWatch:
-    """One per communicator: probes on behalf of waits that have lasted ``after`` s."""
-
-    def __init__(self, comm: Communicator) -> None:
-        self._comm = comm
-        #: seconds a wait lasts before it asks (inf: detection off)
-        self.after = _env_after()
-        self._lock = threading.Lock()
-
-    def probe(self, blocked_for: float) -> float:
-        """Called by a thread blocked for ``blocked_for`` s: look (unless another thread of
-        this rank is looking) and, on a confirmed deadlock, fail every rank. Returns the
-        seconds until the wait should call again (doubling, at most ``MAX_BACKOFF``)."""
-        following = max(self.after, min(blocked_for, MAX_BACKOFF))
-        if not self._lock.acquire(blocking=False):
-            return following
-        try:
-            if self._look():
-                # no deadlock now: if one forms, some rank blocks last, in a new wait, and
-                # that wait looks ``after`` s later; looking again soon from here only
-                # costs every rank an answer (N^2 a wave); the long pause is a safety net
-                return max(self.after, MAX_BACKOFF)
-        except Exception as exc:  # noqa: BLE001 - detection must never break the wait
-            log.debug("rankwise: deadlock probe on rank %d failed: %r", self._comm.rank, exc)
-        finally:
-            self._lock.release()
-        return following
-
-    def _look(self) -> bool:
-        """One look (two if the first shows a deadlock); whether it was conclusive: every
-        rank answered and none is in a deadlock (someone computes, or the waits can
-        complete), so this wait need not look again soon."""
-        comm = self._comm
-        if comm.router.failure is not None or comm.closed:
-            return False
-        first = comm.where_is_everyone(2.0)
-        if find_deadlock(first, comm.rank) is None:
-            if stalled_mismatch(first) is None:
-                # every rank answered and this is no deadlock: someone computes, or the
-                # waits can complete (merely slow). A new wait looks again after ``after``
-                # s; only an inconclusive look (a rank that did not answer) retries soon
-                return not any(rep.get("no_answer") for rep in first.values())
-            # ranks in the same collective with different calls, waiting on data planes
-            # that never meet (CUDA tensors on NCCL, host memory on the CPU engine; or
-            # engines that exchange no headers): a mismatch, not progress.
-            # ``check_where`` looks again and fails every rank with both calls.
-            comm.mismatches.check_where(
-                f"rank {comm.rank} has waited {self.after:g}s in "
-                f"{comm.calls.doing() or 'a wait'}")
-            return False
-        time.sleep(CONFIRM_GAP)  # not synchronisation: the pause that shows movement
-        second = comm.where_is_everyone(2.0)
-        if set(first) != set(second) or any(
-                _snapshot(first[r]) != _snapshot(second[r]) for r in first):
-            return False
-        found = find_deadlock(second, comm.rank)
-        if found is None or comm.router.failure is not None:
-            return False
-        message, calls = found
-        # peers first: this rank raises and may exit right after, and the news must reach
-        # them before its closed connection does
-        comm.broadcast_abort({"kind": "deadlock", "rank": comm.rank, "message": message,
-                              "ranks": {str(r): c for r, c in calls.items()},
-                              "reports": {str(r): rep for r, rep in second.items()}})
-        exc = DeadlockError(message, calls)
-        exc.reports = second  # every rank's state at the deadlock, for RANKWISE_DUMP
-        comm.router.fail_all(exc)
-        return False

@@ -26,7 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..checks.deadlock import DeadlockWatch, blocked_state
+from ..checks.deadlock import blocked_state
+from ..checks.prober import DeadlockWatch
 from ..checks.report import build_report, format_where
 from ..checks.where import WhereService
 from ..identity.callsite import CallSite
@@ -91,6 +92,7 @@ class Communicator:
         self.where = WhereService(self)
         self.report_provider: Callable[[], dict[str, Any]] = self._report
         #: asks whether every rank is blocked for good, from a wait's first second on
+        #: (through the job's prober: ``checks.prober``)
         self.deadlock = DeadlockWatch(self)
         #: what engines see of all this (``core.port``)
         self.port = ControlPlane(self)
@@ -154,6 +156,8 @@ class Communicator:
             self.where.answer(frame)
         elif frame.kind == Kind.HERE:
             self.where.on_here(frame, payload)
+        elif frame.kind == Kind.BLOCKED:
+            self.deadlock.on_note(frame.src, frame.tag)
         elif frame.kind == Kind.BEAT:
             if self.heartbeat is not None:
                 self.heartbeat.on_beat(frame.src, payload)

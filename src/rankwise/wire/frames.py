@@ -74,6 +74,9 @@ class Kind(enum.IntEnum):
     #: each judged as the empty collective frame it stands for (``core/ring_check``)
     CHECKS = 9
     BEAT = 10  #: "still here" to the ring successor (payload: hostname; core.heartbeat)
+    #: "blocked for a while in the call that began at ``tag`` µs" to the job's deadlock
+    #: prober (header only; checks.prober)
+    BLOCKED = 11
 
 
 class Op(enum.IntEnum):
