@@ -324,14 +324,15 @@ def test_large_all_reduce_waiting_for_a_stuck_peer() -> None:
 
 
 def test_p2p_cycle_is_named() -> None:
-    # with deadlock detection off, as before it: the warning table names the cycle
-    ranks = case("p2p_cycle", timeout=3.0, warn=1.0, env={"RANKWISE_DEADLOCK": "0"})
+    # with deadlock detection off, as before it: the warning table names the cycle. The rank
+    # that reached its recv last sees the other already blocked when it warns (a loaded
+    # machine can stall either rank for seconds, so the earlier one may warn too soon)
+    ranks = case("p2p_cycle", timeout=5.0, warn=1.0, env={"RANKWISE_DEADLOCK": "0"})
     recv_line = f"{P}:{line_of('cycle-recv')}"
-    for res in ranks:
-        # named in the table logged at the warning threshold, while both still wait
-        assert (f"DEADLOCK: rank 0 waits for rank 1 (recv at {recv_line} in p2p_cycle), "
-                f"which waits for rank 0 (recv at {recv_line}") in res.err, res.err
-    check(ranks, "DistTimeout", "in recv from rank", "who is where", within=12.0)
+    cycle = (f"DEADLOCK: rank 0 waits for rank 1 (recv at {recv_line} in p2p_cycle), "
+             f"which waits for rank 0 (recv at {recv_line}")
+    assert any(cycle in res.err for res in ranks), [res.err for res in ranks]
+    check(ranks, "DistTimeout", "in recv from rank", "who is where", within=14.0)
 
 
 def test_p2p_cycle_ends_in_a_deadlock_error() -> None:

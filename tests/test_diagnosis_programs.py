@@ -134,6 +134,7 @@ def stuck_large(dist, rank, world):
 def p2p_cycle(dist, rank, world):
     other = 1 - rank
     t = np.zeros(4, np.float32)
+    dist.barrier()  # arrive together: the first capture of a call site reads source files
     dist.recv(t, src=other)  # both ranks receive first: nobody sends  @cycle-recv
     dist.send(t, dst=other)
 
