@@ -6,6 +6,7 @@ store; giving each a prefix keeps their keys from colliding without a second ser
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from ..errors import InvalidArgument
@@ -57,6 +58,9 @@ class PrefixStore(Store):
 
     def _watching(self) -> Watcher | None:
         return self._base._watching()
+
+    def _blocking(self, step: Callable[[float], bool], timeout_s: float) -> None:
+        self._base._blocking(step, timeout_s)  # the real store knows how to watch its waits
 
     def set_timeout(self, timeout: timedelta | float) -> None:
         self._store.set_timeout(to_seconds(timeout))

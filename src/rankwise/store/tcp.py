@@ -20,16 +20,18 @@ Why it is built this way:
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
 from ..transport.keepalive import heartbeat_timeout, keep_alive
 from ..wire.auth import client_handshake, resolve_token
-from .base import DEFAULT_TIMEOUT, Store
+from .base import DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
 from .protocol import (
     DEFAULT_LIMITS,
     INT64_MAX,
@@ -149,6 +151,7 @@ class TCPStore(Store):
         self._is_master = is_master
         self._token = resolve_token(token)
         self._lock = threading.Lock()
+        self._watching_here = threading.local()  # the watcher of this thread's blocking call
         self._sock: socket.socket | None = None
         self._closed = False
         self._server: TCPStoreServer | None = None
@@ -204,6 +207,23 @@ class TCPStore(Store):
                 f"with the same MASTER_ADDR/MASTER_PORT and world size."
             )
 
+    def _blocking(self, step: Callable[[float], bool], timeout_s: float) -> None:
+        """A watched blocking call is one request the server parks for the whole timeout;
+        the watcher is asked here, between looks at the socket, so a long wait costs one
+        round trip, not one per ``WATCH_SLICE`` (requests grew with N x wait time)."""
+        watch = self._watching()
+        if watch is None:
+            step(timeout_s)
+            return
+        self._watching_here.watch = watch
+        try:
+            step(timeout_s)
+        except StoreError as err:
+            watch(err)
+            raise
+        finally:
+            self._watching_here.watch = None
+
     def _call(self, op: Op, fields: list[bytes], what: str, wait_s: float = 0.0) -> Response:
         """Send one request and read its reply, translating every failure.
 
@@ -223,7 +243,13 @@ class TCPStore(Store):
             try:
                 sock.settimeout(reply_s)
                 sock.sendall(frame)
+                watch: Watcher | None = getattr(self._watching_here, "watch", None)
+                if wait_s > 0 and watch is not None:
+                    _await_reply(sock, reply_s, watch)
                 response = read_response(sock, self._limits, self._peer)
+            except _WatcherRaised as raised:
+                self._drop()  # a reply is still due on this stream: reconnect on the next call
+                raise raised.error from None
             except BaseException as exc:
                 self._drop()  # the stream is out of sync now; reconnect on the next call
                 if _dead_connection(exc):
@@ -316,6 +342,29 @@ class TCPStore(Store):
             self._drop()
         if self._server is not None:
             self._server.close()
+
+
+def _await_reply(sock: socket.socket, reply_s: float, watch: Watcher) -> None:
+    """Until the reply starts (or ``reply_s`` passes), ask ``watch`` every ``WATCH_SLICE``.
+    A watcher that raises abandons the parked request: the caller drops the connection."""
+    poller = select.poll()  # not select(): no FD_SETSIZE limit at thousands of ranks
+    poller.register(sock, select.POLLIN)
+    end = time.monotonic() + reply_s
+    while not poller.poll(int(min(WATCH_SLICE, max(0.0, end - time.monotonic())) * 1000) + 1):
+        if time.monotonic() >= end:
+            raise TimeoutError(f"no reply within {reply_s:g}s")
+        try:
+            watch(None)
+        except BaseException as exc:
+            raise _WatcherRaised(exc) from exc
+
+
+class _WatcherRaised(Exception):
+    """Carries what the watcher raised past the translation of socket failures."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _dead_connection(exc: BaseException) -> bool:
