@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
 from ..errors import DistError, DistNetworkError, PeerFailure
 from ..identity.calls import describe
+from ..transport.base import passes_on
 from ..wire.frames import Frame, Kind
 
 if TYPE_CHECKING:
@@ -50,7 +51,10 @@ class Departures:
         report = info.get("report")
         if isinstance(report, dict):
             self.last_reports[src] = report
+        first = comm.router.failure is None
         comm.router.fail_all(abort_error(AbortInfo(info, src, comm.rank, comm.calls.doing())))
+        if first and passes_on(comm.transport):  # not every rank heard it: pass it on
+            self.broadcast_abort(info, background=True)
 
     def on_bye(self, src: int, payload: bytes) -> None:
         text, _, cause = payload.decode("utf-8", "replace").partition("\0")
@@ -82,7 +86,10 @@ class Departures:
             + (f"; rank {comm.rank} was in {mine}" if mine else ""),
             rank=rank, last_collective=last,
         )
+        first = comm.router.failure is None
         comm.router.fail_all(exc)
+        if first and passes_on(comm.transport):  # ranks with no connection to it
+            self.broadcast_abort(self.relay_of(exc), background=True)
 
     def on_fatal(self, exc: DistError) -> None:
         """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and

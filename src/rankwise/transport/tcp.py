@@ -1,7 +1,14 @@
-"""Frames over a full mesh of TCP connections, read by one background I/O thread (or by
-a caller blocked in a large collective, ``drive_begin``). Sends go out from the calling
-thread, waiting in ``poll`` in slices up to the caller's deadline. Rationale and
-measurements: docs/design.md, "Progress engine".
+"""Frames over TCP connections, read by one background I/O thread (or by a caller blocked
+in a large collective, ``drive_begin``). Sends go out from the calling thread, waiting in
+``poll`` in slices up to the caller's deadline. Rationale and measurements: docs/design.md,
+"Progress engine".
+
+The connections are a full mesh made at init (``Mesh.connect``), or opened on demand
+(``links``): then a send to a peer with no connection yet dials it (one attempt shared
+by concurrent senders), or reuses the connection the peer opened to us. Each direction
+keeps the one connection it first sent on, so frames stay in order; every connection is
+read, and a peer is reported lost only once all of its connections have ended (its
+goodbye may travel on another one than the first to close).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from ..errors import DistError, DistNetworkError, DistTimeout
 from ..wire.frames import HEADER, WireError, decode_header
 from .base import FrameHandler
 from .keepalive import keep_alive
+from .links import Links
 from .tcp_reading import FrameReader, _Conn
 
 __all__ = ["TcpTransport"]
@@ -36,21 +44,17 @@ _HUNG_UP = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 class TcpTransport(FrameReader):
     """Owns the connected sockets of one rank and its I/O thread."""
 
-    def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket]) -> None:
+    def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket],
+                 links: Links | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._conns: dict[int, _Conn] = {}
-        bufsize = int(os.environ.get("RANKWISE_SOCKBUF", str(_SOCK_BUF)))
-        for peer, sock in socks.items():
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            keep_alive(sock)  # a vanished host's connection errors out in the end
-            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-                try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
-                    sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
-                except OSError:
-                    pass
-            self._conns[peer] = _Conn(peer, sock)
+        #: every connection, read by the reader; replaced (never changed) when one is added
+        self._conns: tuple[_Conn, ...] = tuple(_Conn(peer, _tuned(sock))
+                                               for peer, sock in socks.items())
+        self._send: dict[int, _Conn] = {conn.rank: conn for conn in self._conns}
+        self._links = links
+        self._adding = threading.Lock()
+        self._why: dict[int, BaseException] = {}  #: first reason one of a peer's ended
         self._handler: FrameHandler | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -67,15 +71,18 @@ class TcpTransport(FrameReader):
         #: per reader (0: the I/O thread, 1: a driver): a connection was held, resumed or
         #: ended since that reader last looked, so the hot path skips the scan otherwise
         self._attention = [False, False]
+        self._grown = [False, False]  #: per reader: a connection was added since it looked
         self._held_any = False
+        if links is not None:
+            links.start(self._adopt)
 
     # --- sending (caller threads) ------------------------------------------------------
 
     def send(self, dst: int, header: bytes, payload: memoryview | bytes | None,
              deadline: float) -> None:
-        conn = self._conns.get(dst)
+        conn = self._send.get(dst)
         if conn is None:
-            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
+            conn = self._connect(dst, deadline)
         lock = conn.send_lock
         if not lock.acquire(blocking=False):
             self._acquire_send_lock(conn, deadline)
@@ -94,6 +101,64 @@ class TcpTransport(FrameReader):
             self._send_parts(conn, [part for part in rest if len(part)], deadline)
         finally:
             lock.release()
+
+    def open_to(self, dst: int, deadline: float) -> None:
+        """Open the connection to ``dst`` now rather than at the first send to it."""
+        self._connect(dst, deadline)
+
+    def _connect(self, dst: int, deadline: float) -> _Conn:
+        """The connection to send to ``dst`` on, opened now: the one ``dst`` opened to us
+        if any, else one we dial (concurrent first sends wait for the same dial)."""
+        links = self._links
+        if links is None or not 0 <= dst < self.world_size or dst == self.rank:
+            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
+        with self._adding:
+            conn = self._send.get(dst)
+            if conn is None and not links.dialing(dst):
+                conn = next((c for c in self._conns if c.rank == dst and c.broken is None),
+                            None)
+                if conn is not None:
+                    self._send[dst] = conn
+        return conn or links.connect(dst, deadline, self._adopt_to_send)
+
+    def _adopt_to_send(self, peer: int, sock: socket.socket) -> _Conn:
+        """A dialed connection: ours to send on, unless the peer's came first and a
+        sender chose that one meanwhile (then this one is only read)."""
+        conn = self._adopt(peer, sock)
+        with self._adding:
+            return self._send.setdefault(peer, conn)
+
+    def _adopt(self, peer: int, sock: socket.socket) -> _Conn:
+        """Add a proven connection to ``peer`` (dialed, or from the accept thread); the
+        reader picks it up at its next look."""
+        conn = _Conn(peer, _tuned(sock))
+        with self._adding:
+            if self._closing:
+                sock.close()
+                raise DistNetworkError(f"rank {self.rank} is closing its connections")
+            self._conns = (*self._conns, conn)
+        self._grown[0] = self._grown[1] = True
+        self._attend()
+        self._wake()
+        return conn
+
+    def audience(self) -> list[int]:
+        """The peers a frame meant for every rank goes to: every one over a full mesh;
+        else the peers we have a connection with and our ring neighbours, who pass a
+        failure on in turn (``passes_on``), never one connection per pair of ranks."""
+        if self._links is None:
+            return [p for p in range(self.world_size) if p != self.rank]
+        near = self.connected() | {(self.rank + 1) % self.world_size,
+                                   (self.rank - 1) % self.world_size}
+        return sorted(near - {self.rank})
+
+    def connected(self) -> set[int]:
+        """The peers this rank has a live connection with."""
+        return {c.rank for c in self._conns if c.broken is None and not c.closed}
+
+    def passes_on(self) -> bool:
+        """Whether a rank that learns of a failure must tell its own ``audience``."""
+        return self._links is not None
 
     def _acquire_send_lock(self, conn: _Conn, deadline: float) -> None:
         """Another thread is sending to the same peer: wait for it, until ``deadline``.
@@ -199,12 +264,13 @@ class TcpTransport(FrameReader):
         poller, polled = self._poller, self._polled
         if poller is None:
             poller = self._poller = select.poll()
-            for conn in self._conns.values():
+            poller.register(self._wake_r, select.POLLIN)  # a connection was added
+            for conn in self._conns:
                 if conn.broken is None and not conn.closed and not conn.held:
                     poller.register(conn.sock, select.POLLIN)
                     polled[conn.sock.fileno()] = conn
         if self._resumed(1):
-            for conn in self._conns.values():
+            for conn in self._conns:
                 fd = conn.sock.fileno() if not conn.closed else -1
                 want = conn.broken is None and not conn.closed and not conn.held
                 if want and fd not in polled:
@@ -223,6 +289,9 @@ class TcpTransport(FrameReader):
             if out is not None:
                 poller.modify(out, select.POLLIN)
         for fd, ev in events:
+            if fd == self._wake_r:
+                self._drain_wake()
+                continue
             ready = polled.get(fd)
             if ready is None or not ev & _READ_EVENTS:
                 continue
@@ -234,11 +303,15 @@ class TcpTransport(FrameReader):
     def resume(self, rank: int) -> None:
         """The handler has room again (or a receive for the held frame): read ``rank``'s
         connection again, starting with the frame it held. Any thread."""
-        conn = self._conns.get(rank)
-        if conn is None:
+        conns = [c for c in self._conns if c.rank == rank]
+        if not conns:
             return
-        conn.wake = True
+        for conn in conns:
+            conn.wake = True
         self._attend()
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"r")
         except OSError:
@@ -253,8 +326,9 @@ class TcpTransport(FrameReader):
         if not self._attention[reader]:
             return False
         self._attention[reader] = False  # first: a resume racing with the scan sets it again
-        changed = False
-        for conn in self._conns.values():
+        changed = self._grown[reader]
+        self._grown[reader] = False
+        for conn in self._conns:
             if conn.wake:
                 conn.wake = False
                 if conn.held and conn.broken is None and not conn.closed:
@@ -265,7 +339,7 @@ class TcpTransport(FrameReader):
                 changed = True
                 if conn.held and conn.broken is None and not conn.closed:
                     self._check_held(conn)
-        self._held_any = any(c.held for c in self._conns.values())
+        self._held_any = any(c.held for c in self._conns)
         if self._held_any:
             self._attention[reader] = True  # keep checking that held peers are there
         return changed
@@ -302,7 +376,7 @@ class TcpTransport(FrameReader):
 
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
-        for conn in self._conns.values():
+        for conn in self._conns:
             sel.register(conn.sock, selectors.EVENT_READ, conn)
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
@@ -314,7 +388,7 @@ class TcpTransport(FrameReader):
                 try:
                     if self._resumed(0):  # (or a driver saw one end, or one is held)
                         registered = sel.get_map()
-                        for conn in self._conns.values():
+                        for conn in self._conns:
                             want = conn.broken is None and not conn.closed and not conn.held
                             if want and conn.sock not in registered:
                                 sel.register(conn.sock, selectors.EVENT_READ, conn)
@@ -354,6 +428,17 @@ class TcpTransport(FrameReader):
                 pass
         return False
 
+    def _last_of(self, conn: _Conn, reason: BaseException | None) -> bool:
+        """``conn`` ended: is it the last of its peer's (then report the peer lost)? Its
+        other connections end too when it goes, after what they still carry (a goodbye
+        on one must not lose the race with the close of another)."""
+        if isinstance(reason, DistError):
+            return True  # it broke the protocol (garbage bytes): lost now, whatever else
+        with self._adding:
+            if reason is not None:
+                self._why.setdefault(conn.rank, reason)
+            return conn.rank not in self.connected()
+
     def _drain_wake(self) -> None:
         try:
             while os.read(self._wake_r, 4096):
@@ -373,9 +458,13 @@ class TcpTransport(FrameReader):
             os.write(self._wake_w, b"x")
         except OSError:
             pass
+        if self._links is not None:
+            self._links.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        for conn in self._conns.values():
+        with self._adding:  # (a connection being adopted now is refused, not leaked)
+            conns = self._conns
+        for conn in conns:
             conn.closed = True
             try:
                 conn.sock.shutdown(socket.SHUT_RDWR)
@@ -387,3 +476,18 @@ class TcpTransport(FrameReader):
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _tuned(sock: socket.socket) -> socket.socket:
+    """Non-blocking, no Nagle delay, kernel keepalives, big buffers: set when the
+    connection is opened, so a rank pays buffers only for the peers it talks to."""
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keep_alive(sock)  # a vanished host's connection errors out in the end
+    bufsize = int(os.environ.get("RANKWISE_SOCKBUF", str(_SOCK_BUF)))
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
+            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
+        except OSError:
+            pass
+    return sock
