@@ -12,7 +12,7 @@ from typing import Protocol
 from ..errors import DistError
 from ..wire.frames import Frame
 
-__all__ = ["FrameHandler", "NoDriving", "Transport", "audience", "passes_on"]
+__all__ = ["FrameHandler", "NoDriving", "Transport", "audience", "passes_on", "watch"]
 
 
 class FrameHandler(Protocol):
@@ -86,6 +86,14 @@ def passes_on(transport: Transport) -> bool:
     when that audience is not every rank (``TcpTransport.passes_on``)."""
     check = getattr(transport, "passes_on", None)
     return bool(check()) if check is not None else False
+
+
+def watch(transport: Transport, peer: int) -> None:
+    """This rank has waited a while on ``peer``: a transport that opens connections on
+    demand makes sure it would hear of the peer's end (``OnDemand.watch``)."""
+    check = getattr(transport, "watch", None)
+    if check is not None and peer >= 0:
+        check(peer)
 
 
 class NoDriving:

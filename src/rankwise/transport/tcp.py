@@ -26,13 +26,12 @@ import time
 from ..errors import DistError, DistNetworkError, DistTimeout
 from ..wire.frames import HEADER, WireError, decode_header
 from .base import FrameHandler
-from .keepalive import keep_alive
 from .links import Links
+from .on_demand import OnDemand, tuned
 from .tcp_reading import FrameReader, _Conn
 
 __all__ = ["TcpTransport"]
 
-_SOCK_BUF = 4 << 20  #: per direction and connection; RANKWISE_SOCKBUF overrides
 _SEND_SLICE = 0.25  #: seconds between failure checks while a send waits for room
 _HANDOVER_WAIT = 1.0  #: seconds a caller waits for the I/O thread to park before giving up
 _READ_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
@@ -41,7 +40,7 @@ _HELD_CHECK = 0.5
 _HUNG_UP = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
-class TcpTransport(FrameReader):
+class TcpTransport(OnDemand, FrameReader):
     """Owns the connected sockets of one rank and its I/O thread."""
 
     def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket],
@@ -49,7 +48,7 @@ class TcpTransport(FrameReader):
         self.rank = rank
         self.world_size = world_size
         #: every connection, read by the reader; replaced (never changed) when one is added
-        self._conns: tuple[_Conn, ...] = tuple(_Conn(peer, _tuned(sock))
+        self._conns: tuple[_Conn, ...] = tuple(_Conn(peer, tuned(sock))
                                                for peer, sock in socks.items())
         self._send: dict[int, _Conn] = {conn.rank: conn for conn in self._conns}
         self._links = links
@@ -101,64 +100,6 @@ class TcpTransport(FrameReader):
             self._send_parts(conn, [part for part in rest if len(part)], deadline)
         finally:
             lock.release()
-
-    def open_to(self, dst: int, deadline: float) -> None:
-        """Open the connection to ``dst`` now rather than at the first send to it."""
-        self._connect(dst, deadline)
-
-    def _connect(self, dst: int, deadline: float) -> _Conn:
-        """The connection to send to ``dst`` on, opened now: the one ``dst`` opened to us
-        if any, else one we dial (concurrent first sends wait for the same dial)."""
-        links = self._links
-        if links is None or not 0 <= dst < self.world_size or dst == self.rank:
-            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
-        with self._adding:
-            conn = self._send.get(dst)
-            if conn is None and not links.dialing(dst):
-                conn = next((c for c in self._conns if c.rank == dst and c.broken is None),
-                            None)
-                if conn is not None:
-                    self._send[dst] = conn
-        return conn or links.connect(dst, deadline, self._adopt_to_send)
-
-    def _adopt_to_send(self, peer: int, sock: socket.socket) -> _Conn:
-        """A dialed connection: ours to send on, unless the peer's came first and a
-        sender chose that one meanwhile (then this one is only read)."""
-        conn = self._adopt(peer, sock)
-        with self._adding:
-            return self._send.setdefault(peer, conn)
-
-    def _adopt(self, peer: int, sock: socket.socket) -> _Conn:
-        """Add a proven connection to ``peer`` (dialed, or from the accept thread); the
-        reader picks it up at its next look."""
-        conn = _Conn(peer, _tuned(sock))
-        with self._adding:
-            if self._closing:
-                sock.close()
-                raise DistNetworkError(f"rank {self.rank} is closing its connections")
-            self._conns = (*self._conns, conn)
-        self._grown[0] = self._grown[1] = True
-        self._attend()
-        self._wake()
-        return conn
-
-    def audience(self) -> list[int]:
-        """The peers a frame meant for every rank goes to: every one over a full mesh;
-        else the peers we have a connection with and our ring neighbours, who pass a
-        failure on in turn (``passes_on``), never one connection per pair of ranks."""
-        if self._links is None:
-            return [p for p in range(self.world_size) if p != self.rank]
-        near = self.connected() | {(self.rank + 1) % self.world_size,
-                                   (self.rank - 1) % self.world_size}
-        return sorted(near - {self.rank})
-
-    def connected(self) -> set[int]:
-        """The peers this rank has a live connection with."""
-        return {c.rank for c in self._conns if c.broken is None and not c.closed}
-
-    def passes_on(self) -> bool:
-        """Whether a rank that learns of a failure must tell its own ``audience``."""
-        return self._links is not None
 
     def _acquire_send_lock(self, conn: _Conn, deadline: float) -> None:
         """Another thread is sending to the same peer: wait for it, until ``deadline``.
@@ -428,17 +369,6 @@ class TcpTransport(FrameReader):
                 pass
         return False
 
-    def _last_of(self, conn: _Conn, reason: BaseException | None) -> bool:
-        """``conn`` ended: is it the last of its peer's (then report the peer lost)? Its
-        other connections end too when it goes, after what they still carry (a goodbye
-        on one must not lose the race with the close of another)."""
-        if isinstance(reason, DistError):
-            return True  # it broke the protocol (garbage bytes): lost now, whatever else
-        with self._adding:
-            if reason is not None:
-                self._why.setdefault(conn.rank, reason)
-            return conn.rank not in self.connected()
-
     def _drain_wake(self) -> None:
         try:
             while os.read(self._wake_r, 4096):
@@ -477,17 +407,3 @@ class TcpTransport(FrameReader):
             except OSError:
                 pass
 
-
-def _tuned(sock: socket.socket) -> socket.socket:
-    """Non-blocking, no Nagle delay, kernel keepalives, big buffers: set when the
-    connection is opened, so a rank pays buffers only for the peers it talks to."""
-    sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    keep_alive(sock)  # a vanished host's connection errors out in the end
-    bufsize = int(os.environ.get("RANKWISE_SOCKBUF", str(_SOCK_BUF)))
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
-            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
-        except OSError:
-            pass
-    return sock
