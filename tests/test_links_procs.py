@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import _procs
 import pytest
 from launch_scripts.helpers import SCRIPTS, env, launcher_cmd
-
-import _procs
 
 pytestmark = pytest.mark.procs
 

@@ -42,6 +42,9 @@ class Departures:
         #: the first peer whose goodbye a wait of this rank raised (rank, where it left):
         #: our own goodbye names it, so a peer that reads ours first blames that rank
         self.suffered: tuple[int, str] | None = None
+        #: this rank said goodbye: a peer that closes now may have skipped its own goodbye
+        #: to us (it heard ours), so its close is no news to pass on
+        self.leaving = False
 
     # --- what peers tell us ---------------------------------------------------------------
 
@@ -88,8 +91,8 @@ class Departures:
         )
         first = comm.router.failure is None
         comm.router.fail_all(exc)
-        if first and passes_on(comm.transport):  # ranks with no connection to it
-            self.broadcast_abort(self.relay_of(exc), background=True)
+        if first and passes_on(comm.transport) and not self.leaving:
+            self.broadcast_abort(self.relay_of(exc), background=True)  # to unconnected ranks
 
     def on_fatal(self, exc: DistError) -> None:
         """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and
@@ -200,6 +203,7 @@ class Departures:
             # answers to "where are you?" first: a peer stops waiting for ours once it has
             # our goodbye, so an answer sent after it would be lost ("exited" in its report)
             comm.where.settle(min(timeout, 1.0))
+            self.leaving = True
             comm.sender.tell_everyone(Kind.BYE, self._bye_payload(where),
                                       time.monotonic() + timeout)
         else:
