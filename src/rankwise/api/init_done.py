@@ -7,8 +7,11 @@ finished and exited ...") instead of the peer reporting its first call precisely
 tag mismatch, a missing collective). So every rank counts itself in (``init/done/<rank>``)
 and waits, bounded by the init timeout, until all have; the rank hosting the store then
 holds it until every rank has read that (else it could exit between another rank's
-"all done" and that rank's reading it). Two store round trips per rank. A peer that fails
-or exits meanwhile ends the wait at once with its failure.
+"all done" and that rank's reading it). A peer that fails or exits meanwhile ends the wait
+with its failure: a failure the router hears at once (the store's watcher); a peer the
+launcher saw end, found by rank 0 every half second (the others every 10 s, in case rank 0
+is the one gone), which wakes the others through ``init/all``: O(N) store requests in all
+however long the wait, not O(N) a second.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from ..transport.mesh import exited_peers
 
 __all__ = ["wait_all_initialized"]
 
-_SLICE = 0.5  # seconds between looks at peers that failed or exited meanwhile
+_SLICE = 0.5  # seconds between rank 0's looks at peers that exited meanwhile
+_SLICE_OTHERS = 10.0  # ... the other ranks' looks, when the store's watcher hears failures
+_DONE = b"1"  # ``init/all`` when every rank got there; else why not
 
 
 def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
@@ -36,27 +41,39 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
         return
     store.set(f"init/done/{rank}", "1")
     if int(store.add("init/done", 1)) == n:
-        store.set("init/all", "1")
+        store.set("init/all", _DONE)
     deadline = time.monotonic() + timeout_s
     others = [r for r in range(n) if r != rank]
+    watched = callable(getattr(store, "watched", None)) and store.watched()
+    slice_s = _SLICE if rank == 0 or not watched else _SLICE_OTHERS
     while True:
         remaining = deadline - time.monotonic()
         try:
-            store.wait(["init/all"], timedelta(seconds=max(0.05, min(_SLICE, remaining))))
-            count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
-            return
+            store.wait(["init/all"], timedelta(seconds=max(0.05, min(slice_s, remaining))))
         except DistTimeout:
             pass
+        else:
+            verdict = store.get("init/all")
+            if verdict != _DONE:
+                peer, _, how = verdict.decode("utf-8", "replace").partition(" ")
+                raise _gone(rank, int(peer), how)
+            count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+            return
         failure = comm.router.failure
         if failure is not None:
             raise comm.as_of_now(failure)
         gone = exited_peers(store, others)
         if gone:
             peer, how = min(gone.items())
-            raise PeerFailure(f"rank {rank}: rank {peer} {how} before it finished "
-                              "init_process_group; the job cannot go on without it", rank=peer)
+            if store.compare_set("init/all", "", f"{peer} {how}") != _DONE:  # wakes the others
+                raise _gone(rank, peer, how)
         if remaining <= 0:
             missing = [r for r in others if not store.check([f"init/done/{r}"])]
             raise DistTimeout(f"rank {rank}: ranks {missing} did not finish "
                               f"init_process_group within {timeout_s:g} s of this rank "
                               "(they are connected: a slow engine setup, or stopped?)")
+
+
+def _gone(rank: int, peer: int, how: str) -> PeerFailure:
+    return PeerFailure(f"rank {rank}: rank {peer} {how} before it finished init_process_group; "
+                       "the job cannot go on without it", rank=peer)

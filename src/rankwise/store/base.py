@@ -183,6 +183,10 @@ class Store(abc.ABC):
     def _watching(self) -> Watcher | None:
         return self.watcher
 
+    def watched(self) -> bool:
+        """Whether blocking calls hear a watcher (so a caller need not poll for failures)."""
+        return self._watching() is not None
+
     def _blocking(self, step: Callable[[float], bool], timeout_s: float) -> None:
         """Run ``step(seconds)`` (True: done) for up to ``timeout_s`` seconds: at once
         when nothing watches, else in ``WATCH_SLICE`` slices with the watcher asked in
