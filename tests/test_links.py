@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from _transports import WAIT, Recorder, lazy_tcp_world
 
-from rankwise.errors import DistNetworkError, RendezvousError
+from rankwise.errors import DistNetworkError, DistTimeout, RendezvousError
 from rankwise.transport import links
 from rankwise.transport.hello import Hello
 from rankwise.transport.links import Links
@@ -165,5 +165,45 @@ def test_a_peer_with_two_connections_is_lost_once_after_all_it_sent() -> None:
         assert [rank for rank, _ in recs[0].lost] == [1] and not ts[0].connected()
         assert recs[0].frames_at_loss == [2] and recs[0].frames[-1][0].tag == 6
     finally:
+        for t in ts:
+            t.close()
+
+
+class _HeldLinks(Links):
+    """Links whose dials wait for the test's go before they start."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.go = threading.Event()
+        self.dials = 0
+
+    def dial(self, peer: int, deadline: float) -> socket.socket:
+        self.dials += 1
+        self.go.wait(WAIT)  # a bound, not a synchronisation: released by the test
+        return super().dial(peer, deadline)
+
+
+def test_a_send_whose_deadline_passes_mid_dial_times_out_and_the_dial_goes_on() -> None:
+    ts = lazy_tcp_world(2)
+    links = ts[0]._links
+    assert links is not None
+    held = _HeldLinks(links._hello, links._listener, links._addrs)
+    ts[0]._links = held
+    recs = [Recorder(), Recorder()]
+    try:
+        for t, rec in zip(ts, recs):
+            t.start(rec)
+        with pytest.raises(DistTimeout, match="could not connect to rank 1"):
+            ts[0].send(1, encode_header(Kind.P2P, tag=1, payload_len=1), b"x",
+                       time.monotonic() + 0.1)
+        assert held.dialing(1)  # still under way, in the background
+        held.go.set()
+        _send(ts[0], 1, 2)  # waits for the same dial, then sends on it
+        _got(recs[1], 0, 2)
+        assert held.dials == 1 and len(ts[0]._conns) == 1
+        assert [f.tag for f, _ in recs[1].frames] == [2]
+    finally:
+        held.go.set()
+        links.close()  # (the listener's accept thread; held shares its listener)
         for t in ts:
             t.close()
