@@ -60,6 +60,15 @@ class Recorder:
             assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
 
 
+def start_all(transports: list[Any], recorders: list[Recorder] | None = None
+              ) -> list[Recorder]:
+    """Start each transport with its own recorder (new ones unless given)."""
+    recs = recorders if recorders is not None else [Recorder() for _ in transports]
+    for t, rec in zip(transports, recs):
+        t.start(rec)
+    return recs
+
+
 def shm_world(n: int, ring_bytes: int = 1 << 20) -> list[Any]:
     """n ShmTransports of this process, sharing one segment (each rank's rendezvous runs
     on a thread of its own, as the ranks would in their processes)."""

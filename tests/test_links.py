@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _transports import WAIT, Recorder, lazy_tcp_world
+from _transports import WAIT, Recorder, lazy_tcp_world, start_all
 
 from rankwise.errors import DistNetworkError, DistTimeout, RendezvousError
 from rankwise.transport import links
@@ -32,11 +32,8 @@ def world() -> Iterator[Any]:
 
     def make(n: int) -> tuple[list[TcpTransport], list[Recorder]]:
         transports = lazy_tcp_world(n)
-        recorders = [Recorder() for _ in range(n)]
-        for t, rec in zip(transports, recorders):
-            t.start(rec)
         made.extend(transports)
-        return transports, recorders
+        return transports, start_all(transports)
 
     yield make
     for t in made:
@@ -147,10 +144,9 @@ class _Ordered(Recorder):
 
 def test_a_peer_with_two_connections_is_lost_once_after_all_it_sent() -> None:
     ts = lazy_tcp_world(2)
-    recs = [_Ordered(), _Ordered()]
+    recs: list[_Ordered] = [_Ordered(), _Ordered()]
     try:
-        for t, rec in zip(ts, recs):
-            t.start(rec)
+        start_all(ts, list(recs))
         _send(ts[0], 1, 4)  # rank 0 dials rank 1 ...
         _got(recs[1], 0, 4)
         # ... and rank 1 dials rank 0 too (as when both ends dial at once)
@@ -189,10 +185,8 @@ def test_a_send_whose_deadline_passes_mid_dial_times_out_and_the_dial_goes_on() 
     assert links is not None
     held = _HeldLinks(links._hello, links._listener, links._addrs)
     ts[0]._links = held
-    recs = [Recorder(), Recorder()]
     try:
-        for t, rec in zip(ts, recs):
-            t.start(rec)
+        recs = start_all(ts)
         with pytest.raises(DistTimeout, match="could not connect to rank 1"):
             ts[0].send(1, encode_header(Kind.P2P, tag=1, payload_len=1), b"x",
                        time.monotonic() + 0.1)

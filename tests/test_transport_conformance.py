@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from _loopback import connected_pair
-from _transports import WAIT, Recorder, lazy_tcp_world, shm_world
+from _transports import WAIT, Recorder, lazy_tcp_world, shm_world, start_all
 
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
@@ -74,11 +74,8 @@ def world(request: pytest.FixtureRequest) -> Iterator[Callable[[int], tuple[list
 
     def make(n: int) -> tuple[list[Any], list[Recorder]]:
         transports = WORLDS[request.param](n)
-        recorders = [Recorder() for _ in range(n)]
-        for t, rec in zip(transports, recorders):
-            t.start(rec)
         made.extend(transports)
-        return transports, recorders
+        return transports, start_all(transports)
 
     yield make
     for t in made:

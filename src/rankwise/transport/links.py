@@ -148,15 +148,18 @@ class Links:
     # --- accepting (one thread, plus one short-lived thread per connection) ------------------
 
     def _accept_loop(self) -> None:
+        warned = False
         while not self._closed:
             try:
                 sock, addr = self._listener.accept()
             except OSError as exc:
                 if self._closed:
                     return
-                log.warning("rankwise: rank %d could not accept a connection: %s", self.rank,
-                            exc)  # out of fds, most likely: the dialer sees it fail
-                time.sleep(0.05)
+                if not warned:  # out of fds, most likely: the dialer's handshake times out
+                    log.warning("rankwise: rank %d could not accept a connection: %s",
+                                self.rank, exc)
+                    warned = True
+                time.sleep(0.05)  # a back-off, until fds are freed
                 continue
             with self._lock:
                 if self._closed:
