@@ -3,12 +3,16 @@ shared-memory transports inside one process."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from rankwise.store import HashStore
+from rankwise.transport.hello import Hello
+from rankwise.transport.links import Links
 from rankwise.transport.shm import ShmTransport
+from rankwise.transport.tcp import TcpTransport
 from rankwise.wire.frames import Frame
 
 WAIT = 10.0  #: a bound on every wait below: a broken transport fails, never hangs
@@ -56,6 +60,15 @@ class Recorder:
             assert self.cv.wait_for(test, WAIT), "timed out waiting for the transport"
 
 
+def start_all(transports: list[Any], recorders: list[Recorder] | None = None
+              ) -> list[Recorder]:
+    """Start each transport with its own recorder (new ones unless given)."""
+    recs = recorders if recorders is not None else [Recorder() for _ in transports]
+    for t, rec in zip(transports, recs):
+        t.start(rec)
+    return recs
+
+
 def shm_world(n: int, ring_bytes: int = 1 << 20) -> list[Any]:
     """n ShmTransports of this process, sharing one segment (each rank's rendezvous runs
     on a thread of its own, as the ranks would in their processes)."""
@@ -75,3 +88,13 @@ def shm_world(n: int, ring_bytes: int = 1 << 20) -> list[Any]:
     return [made[r] for r in range(n)]
 
 
+
+
+def lazy_tcp_world(n: int, job: bytes = b"job", token: bytes | None = None
+                   ) -> list[TcpTransport]:
+    """n TcpTransports of this process that open their connections on demand (each
+    listens on loopback; the addresses are handed over as ``Mesh.publish`` would)."""
+    listeners = [socket.create_server(("127.0.0.1", 0), backlog=n + 8) for _ in range(n)]
+    addrs = {r: f"127.0.0.1:{s.getsockname()[1]}" for r, s in enumerate(listeners)}
+    return [TcpTransport(r, n, {}, links=Links(Hello(r, n, job, token), listeners[r], addrs))
+            for r in range(n)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from _loopback import connected_pair
-from _transports import WAIT, Recorder, shm_world
+from _transports import WAIT, Recorder, lazy_tcp_world, shm_world, start_all
 
 from rankwise.errors import DistNetworkError
 from rankwise.transport.memory import MemoryHub
@@ -35,6 +35,21 @@ def _tcp_world(n: int) -> list[Any]:
     return [TcpTransport(r, n, socks[r]) for r in range(n)]
 
 
+def _lazy_tcp_world(n: int) -> list[Any]:
+    """n TcpTransports that connect on demand, every pair connected at once from both
+    ends (so some pairs share one connection and some race to two)."""
+    world = lazy_tcp_world(n)
+    deadline = time.monotonic() + WAIT
+    threads = [threading.Thread(target=world[a].open_to, args=(b, deadline))
+               for a in range(n) for b in range(n) if a != b]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert all(world[a].connected() == set(range(n)) - {a} for a in range(n))
+    return world
+
+
 def _memory_world(n: int) -> list[Any]:
     return list(MemoryHub(n).transports)
 
@@ -48,8 +63,8 @@ def _per_peer_world(n: int) -> list[Any]:
             for r in range(n)]
 
 
-WORLDS = {"tcp": _tcp_world, "memory": _memory_world, "shm": shm_world,
-          "per-peer": _per_peer_world}
+WORLDS = {"tcp": _tcp_world, "tcp-lazy": _lazy_tcp_world, "memory": _memory_world,
+          "shm": shm_world, "per-peer": _per_peer_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))
@@ -59,11 +74,8 @@ def world(request: pytest.FixtureRequest) -> Iterator[Callable[[int], tuple[list
 
     def make(n: int) -> tuple[list[Any], list[Recorder]]:
         transports = WORLDS[request.param](n)
-        recorders = [Recorder() for _ in range(n)]
-        for t, rec in zip(transports, recorders):
-            t.start(rec)
         made.extend(transports)
-        return transports, recorders
+        return transports, start_all(transports)
 
     yield make
     for t in made:

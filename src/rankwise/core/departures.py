@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks.aborts import AbortInfo, abort_error, kind_of, parse_abort
 from ..errors import DistError, DistNetworkError, PeerFailure
 from ..identity.calls import describe
+from ..transport.base import passes_on
 from ..wire.frames import Frame, Kind
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ class Departures:
         #: the first peer whose goodbye a wait of this rank raised (rank, where it left):
         #: our own goodbye names it, so a peer that reads ours first blames that rank
         self.suffered: tuple[int, str] | None = None
+        #: this rank said goodbye: a peer that closes now may have skipped its own goodbye
+        #: to us (it heard ours), so its close is no news to pass on
+        self.leaving = False
 
     # --- what peers tell us ---------------------------------------------------------------
 
@@ -50,7 +54,10 @@ class Departures:
         report = info.get("report")
         if isinstance(report, dict):
             self.last_reports[src] = report
+        first = comm.router.failure is None
         comm.router.fail_all(abort_error(AbortInfo(info, src, comm.rank, comm.calls.doing())))
+        if first and passes_on(comm.transport):  # not every rank heard it: pass it on
+            self.broadcast_abort(info, background=True)
 
     def on_bye(self, src: int, payload: bytes) -> None:
         text, _, cause = payload.decode("utf-8", "replace").partition("\0")
@@ -82,7 +89,10 @@ class Departures:
             + (f"; rank {comm.rank} was in {mine}" if mine else ""),
             rank=rank, last_collective=last,
         )
+        first = comm.router.failure is None
         comm.router.fail_all(exc)
+        if first and passes_on(comm.transport) and not self.leaving:
+            self.broadcast_abort(self.relay_of(exc), background=True)  # to unconnected ranks
 
     def on_fatal(self, exc: DistError) -> None:
         """The transport's reader failed unexpectedly: fail every waiter with ``exc`` and
@@ -193,6 +203,7 @@ class Departures:
             # answers to "where are you?" first: a peer stops waiting for ours once it has
             # our goodbye, so an answer sent after it would be lost ("exited" in its report)
             comm.where.settle(min(timeout, 1.0))
+            self.leaving = True
             comm.sender.tell_everyone(Kind.BYE, self._bye_payload(where),
                                       time.monotonic() + timeout)
         else:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..errors import DistError, DistNetworkError, PeerFailure
 from ..identity.calls import Fingerprint
 from ..identity.callsite import UNKNOWN, CallSite
+from ..transport.base import audience
 from ..wire.frames import Kind, encode_header
 
 if TYPE_CHECKING:
@@ -51,12 +52,13 @@ class Sender:
         self._send_raw(dst, header, payload, deadline)
 
     def tell_everyone(self, kind: Kind, payload: bytes, deadline: float) -> None:
-        """One control frame to every live peer; a peer we cannot reach is skipped (this
-        runs while failing or leaving, when nothing better can be done about it)."""
+        """One control frame to every live peer (or, with connections opened on demand, to
+        the transport's ``audience``, who pass failures on); a peer we cannot reach is
+        skipped (this runs while failing or leaving, when nothing better can be done)."""
         comm = self._comm
         header = encode_header(kind, payload_len=len(payload))
-        for peer in range(comm.world_size):
-            if peer != comm.rank and not comm.router.peer_gone(peer):
+        for peer in audience(comm.transport):
+            if not comm.router.peer_gone(peer):
                 try:
                     comm.transport.send(peer, header, payload, deadline)
                 except DistError:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
+from ..transport.base import watch
 from ..wire.frames import Frame
 from .router import Pending
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["Waiter"]
 
 log = logging.getLogger("rankwise")
+
+_REACH_AFTER = 1.0  #: seconds of waiting on one rank before ``transport.watch`` of it
 
 
 class Waiter:
@@ -131,8 +134,11 @@ class Waiter:
         comm = self._comm
         warn_at = math.inf if patient else start + comm.warn_after
         probe_at = start + comm.deadlock.after
+        #: connections opened on demand: past this, make sure the end of the rank we wait
+        #: on would be heard here even if we never exchanged a frame (``transport.watch``)
+        reach_at = start + _REACH_AFTER
         while True:
-            until = min(warn_at, probe_at)
+            until = min(warn_at, probe_at, reach_at)
             if until >= deadline:
                 return pending.wait(deadline, what)
             try:
@@ -140,6 +146,9 @@ class Waiter:
             except DistTimeout:
                 pass
             now = time.monotonic()
+            if now >= reach_at:
+                reach_at = math.inf
+                watch(comm.transport, pending.src)
             if now >= warn_at:
                 warn_at = math.inf
                 self.warn_slow(what)

@@ -12,7 +12,7 @@ from typing import Protocol
 from ..errors import DistError
 from ..wire.frames import Frame
 
-__all__ = ["FrameHandler", "NoDriving", "Transport"]
+__all__ = ["FrameHandler", "NoDriving", "Transport", "audience", "passes_on", "watch"]
 
 
 class FrameHandler(Protocol):
@@ -70,6 +70,30 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Close every connection; pending sends fail, the I/O thread ends."""
+
+
+def audience(transport: Transport) -> list[int]:
+    """The peers a frame meant for every rank (an abort, a goodbye) goes to: all of them,
+    unless the transport opens connections on demand (``TcpTransport.audience``)."""
+    narrow = getattr(transport, "audience", None)
+    if narrow is not None:
+        return list(narrow())
+    return [p for p in range(transport.world_size) if p != transport.rank]
+
+
+def passes_on(transport: Transport) -> bool:
+    """Whether a rank that learns of a failure must pass it on to its ``audience``: only
+    when that audience is not every rank (``TcpTransport.passes_on``)."""
+    check = getattr(transport, "passes_on", None)
+    return bool(check()) if check is not None else False
+
+
+def watch(transport: Transport, peer: int) -> None:
+    """This rank has waited a while on ``peer``: a transport that opens connections on
+    demand makes sure it would hear of the peer's end (``OnDemand.watch``)."""
+    check = getattr(transport, "watch", None)
+    if check is not None and peer >= 0:
+        check(peer)
 
 
 class NoDriving:

@@ -11,6 +11,11 @@ on the outcome), so both ends of every pair always pick the same transport.
 ``RANKWISE_TRANSPORT`` = ``tcp`` (default: TCP to every peer), ``shm`` (shared memory to
 every peer, or an error saying why not), ``auto`` (shared memory on this host when it
 works, else TCP with one log line saying why; TCP between hosts).
+
+``RANKWISE_CONNECT`` = ``eager`` (a full mesh at init), ``lazy`` (each connection opened
+when first needed, ``links``) or ``auto`` (default: eager below ``LAZY_FROM`` ranks, where
+the mesh costs little and the first calls pay no handshakes; lazy from there). Only the
+``tcp`` transport connects lazily; ``shm``/``auto`` keep the mesh to their remote peers.
 """
 
 from __future__ import annotations
@@ -23,16 +28,22 @@ from ..errors import DistError, DistNetworkError, InvalidArgument
 from ..shmem.errors import ShmUnavailable
 from ..shmem.host import host_identity
 from .base import Transport
+from .links import Links
 from .mesh import Mesh
 from .per_peer import PerPeerTransport
 from .tcp import TcpTransport
 
-__all__ = ["TRANSPORTS", "TRANSPORT_ENV", "open_transport", "requested_transport"]
+__all__ = ["CONNECT_ENV", "LAZY_FROM", "TRANSPORTS", "TRANSPORT_ENV", "connects_lazily",
+           "open_transport", "requested_transport"]
 
 log = logging.getLogger("rankwise")
 
 TRANSPORT_ENV = "RANKWISE_TRANSPORT"
 TRANSPORTS = ("tcp", "shm", "auto")
+CONNECT_ENV = "RANKWISE_CONNECT"
+CONNECTS = ("auto", "eager", "lazy")
+#: from this many ranks on, connections are opened on demand (docs/scale.md, "Connections")
+LAZY_FROM = 32
 
 
 class _Store(Protocol):
@@ -48,7 +59,16 @@ def requested_transport() -> str:
     value = os.environ.get(TRANSPORT_ENV, "tcp").strip().lower() or "tcp"
     if value not in TRANSPORTS:
         raise InvalidArgument(f"{TRANSPORT_ENV}={value!r} is not one of {', '.join(TRANSPORTS)}")
+    connects_lazily(2)  # a bad RANKWISE_CONNECT is refused before any I/O too
     return value
+
+
+def connects_lazily(world_size: int) -> bool:
+    """Whether a tcp job of ``world_size`` ranks opens its connections on demand."""
+    value = os.environ.get(CONNECT_ENV, "auto").strip().lower() or "auto"
+    if value not in CONNECTS:
+        raise InvalidArgument(f"{CONNECT_ENV}={value!r} is not one of {', '.join(CONNECTS)}")
+    return value == "lazy" or (value == "auto" and world_size >= LAZY_FROM)
 
 
 def _all_have_read(store: _Store, world_size: int, timeout: float) -> None:
@@ -69,6 +89,10 @@ def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
     suits it. Collective: every rank calls it with the same ``RANKWISE_TRANSPORT``."""
     want = requested_transport()
     mesh = Mesh(rank, world_size, store, job, token, bind_host, timeout)
+    if want == "tcp" and world_size > 1 and connects_lazily(world_size):
+        listener, addrs = mesh.publish()
+        return TcpTransport(rank, world_size, {},
+                            links=Links(mesh.hello, listener, addrs, store))
     if want == "tcp" or world_size == 1:
         return TcpTransport(rank, world_size, mesh.connect())
     hosts = mesh.exchange("host", host_identity())

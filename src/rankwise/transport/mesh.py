@@ -12,25 +12,27 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
-from ..wire.auth import client_handshake, recv_exact, server_handshake
+from .hello import Hello
 
-__all__ = ["HANDSHAKE_TIMEOUT", "Mesh", "exited_peers", "local_address_for"]
-
-_HELLO = struct.Struct("<16sii")  # job digest, rank, world size
+__all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "exited_peers", "local_address_for"]
 
 
-class _KV(Protocol):
-    def set(self, key: str, value: bytes | str) -> None: ...
+class Exits(Protocol):
+    """What reading the launcher's ``exited/`` keys takes of a store."""
+
     def get(self, key: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
     def add(self, key: str, amount: int) -> int: ...
+
+
+class _KV(Exits, Protocol):
+    def set(self, key: str, value: bytes | str) -> None: ...
     def wait(self, keys: list[str], timeout: float) -> None: ...
 
 
@@ -42,7 +44,7 @@ _CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
 _KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``
 
 
-def exited_peers(store: _KV, ranks: list[int]) -> dict[int, str]:
+def exited_peers(store: Exits, ranks: list[int]) -> dict[int, str]:
     """Which of ``ranks`` the launcher reported as ended (``exited/<rank>``), and how.
 
     The launcher counts every worker that ends under ``exited/count``; only when that
@@ -77,16 +79,15 @@ def local_address_for(master_addr: str) -> str:
 
 class Mesh:
     """Connects ``rank`` to every other rank (or to ``peers``, the ones another transport
-    does not serve); ``connect()`` returns ``{peer: socket}``."""
+    does not serve); ``connect()`` returns ``{peer: socket}``. ``publish()`` only listens
+    and learns the addresses, for connections opened later, on demand."""
 
     def __init__(self, rank: int, world_size: int, store: _KV, job: bytes, token: bytes | None,
                  bind_host: str, timeout: float) -> None:
         self.rank = rank
         self.world_size = world_size
         self._store = store
-        self._job = job[:16].ljust(16, b"\0")
-        self._token = token
-        self._purpose = "mesh"
+        self.hello = Hello(rank, world_size, job, token)
         self._bind_host = bind_host
         self._timeout = timeout
         self._socks: dict[int, socket.socket] = {}
@@ -151,6 +152,20 @@ class Mesh:
             )
         return dict(self._socks)
 
+    def publish(self) -> tuple[socket.socket, dict[int, str]]:
+        """Listen and learn every rank's address, connecting to nobody: for connections
+        opened on demand (``links``). Returns the listener, kept for the job's lifetime,
+        and ``{rank: "host:port"}``."""
+        deadline = time.monotonic() + self._timeout
+        listener = self._listen()
+        try:
+            host, port = listener.getsockname()[:2]
+            self._store.set(f"mesh/addr/{self.rank}", f"{host}:{port}")
+            return listener, self._addresses(deadline)
+        except BaseException:
+            listener.close()
+            raise
+
     def _missing(self) -> list[int]:
         with self._lock:
             return sorted(self._peers - set(self._socks))
@@ -202,7 +217,7 @@ class Mesh:
             blob = "\n".join(self._store.get(f"mesh/addr/{p}").decode()
                              for p in range(self.world_size))
             self._store.set("mesh/addrs", blob)
-            return {}  # rank 0 connects to nobody: every other rank is higher
+            return dict(enumerate(blob.split("\n")))
         self._await_keys(["mesh/addrs"], deadline)
         return dict(enumerate(self._store.get("mesh/addrs").decode().split("\n")))
 
@@ -244,9 +259,7 @@ class Mesh:
                 time.sleep(min(0.05, max(remaining, 0.0)))
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
-            client_handshake(sock, self._token, self._purpose, f"rank {peer} at {addr}")
-            sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
-            self._check_hello(recv_exact(sock, _HELLO.size, f"hello from rank {peer}"), peer)
+            self.hello.as_client(sock, peer, addr)
         except BaseException:
             sock.close()
             raise
@@ -312,11 +325,7 @@ class Mesh:
     def _accept_one(self, sock: socket.socket, addr: str, limit: float,
                     expected: set[int]) -> None:
         sock.settimeout(max(limit - time.monotonic(), 0.1))
-        server_handshake(sock, self._token, self._purpose, f"connection from {addr}")
-        job, peer, world = _HELLO.unpack(recv_exact(sock, _HELLO.size, f"hello from {addr}"))
-        if job != self._job or peer not in expected or world != self.world_size:
-            sock.sendall(_HELLO.pack(b"\0" * 16, -1, -1))
-            raise AuthError(f"refused {addr}: it belongs to another job or claims rank {peer}")
+        peer = self.hello.as_server(sock, addr, expected.__contains__)
         with self._changed:
             if peer in self._socks:
                 self._errors.append(RendezvousError(
@@ -324,7 +333,7 @@ class Mesh:
                     "needs a distinct RANK"))
                 sock.close()
                 return
-        sock.sendall(_HELLO.pack(self._job, self.rank, self.world_size))
+        sock.sendall(self.hello.mine())
         sock.settimeout(None)
         with self._changed:
             if self._stop.is_set():  # connect() is done and closed what was pending
@@ -332,14 +341,3 @@ class Mesh:
             self._pending.discard(sock)  # handed over: connect()'s clean-up must not close it
             self._socks[peer] = sock
             self._changed.notify_all()
-
-    def _check_hello(self, data: bytes, peer: int) -> None:
-        job, rank, world = _HELLO.unpack(data)
-        if rank == -1:
-            raise RendezvousError(
-                f"rank {peer} refused rank {self.rank}'s data connection: the processes "
-                "disagree on the job (stale process from an earlier run, or a duplicate rank)")
-        if job != self._job or rank != peer or world != self.world_size:
-            raise RendezvousError(
-                f"rank {self.rank} reached a process claiming rank {rank} of {world} at "
-                f"rank {peer}'s address; it belongs to another job")

@@ -1,7 +1,14 @@
-"""Frames over a full mesh of TCP connections, read by one background I/O thread (or by
-a caller blocked in a large collective, ``drive_begin``). Sends go out from the calling
-thread, waiting in ``poll`` in slices up to the caller's deadline. Rationale and
-measurements: docs/design.md, "Progress engine".
+"""Frames over TCP connections, read by one background I/O thread (or by a caller blocked
+in a large collective, ``drive_begin``). Sends go out from the calling thread, waiting in
+``poll`` in slices up to the caller's deadline. Rationale and measurements: docs/design.md,
+"Progress engine".
+
+The connections are a full mesh made at init (``Mesh.connect``), or opened on demand
+(``links``): then a send to a peer with no connection yet dials it (one attempt shared
+by concurrent senders), or reuses the connection the peer opened to us. Each direction
+keeps the one connection it first sent on, so frames stay in order; every connection is
+read, and a peer is reported lost only once all of its connections have ended (its
+goodbye may travel on another one than the first to close).
 """
 
 from __future__ import annotations
@@ -19,12 +26,12 @@ import time
 from ..errors import DistError, DistNetworkError, DistTimeout
 from ..wire.frames import HEADER, WireError, decode_header
 from .base import FrameHandler
-from .keepalive import keep_alive
+from .links import Links
+from .on_demand import OnDemand, tuned
 from .tcp_reading import FrameReader, _Conn
 
 __all__ = ["TcpTransport"]
 
-_SOCK_BUF = 4 << 20  #: per direction and connection; RANKWISE_SOCKBUF overrides
 _SEND_SLICE = 0.25  #: seconds between failure checks while a send waits for room
 _HANDOVER_WAIT = 1.0  #: seconds a caller waits for the I/O thread to park before giving up
 _READ_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
@@ -33,24 +40,20 @@ _HELD_CHECK = 0.5
 _HUNG_UP = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
-class TcpTransport(FrameReader):
+class TcpTransport(OnDemand, FrameReader):
     """Owns the connected sockets of one rank and its I/O thread."""
 
-    def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket]) -> None:
+    def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket],
+                 links: Links | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._conns: dict[int, _Conn] = {}
-        bufsize = int(os.environ.get("RANKWISE_SOCKBUF", str(_SOCK_BUF)))
-        for peer, sock in socks.items():
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            keep_alive(sock)  # a vanished host's connection errors out in the end
-            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-                try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
-                    sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
-                except OSError:
-                    pass
-            self._conns[peer] = _Conn(peer, sock)
+        #: every connection, read by the reader; replaced (never changed) when one is added
+        self._conns: tuple[_Conn, ...] = tuple(_Conn(peer, tuned(sock))
+                                               for peer, sock in socks.items())
+        self._send: dict[int, _Conn] = {conn.rank: conn for conn in self._conns}
+        self._links = links
+        self._adding = threading.Lock()
+        self._why: dict[int, BaseException] = {}  #: first reason one of a peer's ended
         self._handler: FrameHandler | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -67,15 +70,18 @@ class TcpTransport(FrameReader):
         #: per reader (0: the I/O thread, 1: a driver): a connection was held, resumed or
         #: ended since that reader last looked, so the hot path skips the scan otherwise
         self._attention = [False, False]
+        self._grown = [False, False]  #: per reader: a connection was added since it looked
         self._held_any = False
+        if links is not None:
+            links.start(self._adopt)
 
     # --- sending (caller threads) ------------------------------------------------------
 
     def send(self, dst: int, header: bytes, payload: memoryview | bytes | None,
              deadline: float) -> None:
-        conn = self._conns.get(dst)
+        conn = self._send.get(dst)
         if conn is None:
-            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
+            conn = self._connect(dst, deadline)
         lock = conn.send_lock
         if not lock.acquire(blocking=False):
             self._acquire_send_lock(conn, deadline)
@@ -199,12 +205,13 @@ class TcpTransport(FrameReader):
         poller, polled = self._poller, self._polled
         if poller is None:
             poller = self._poller = select.poll()
-            for conn in self._conns.values():
+            poller.register(self._wake_r, select.POLLIN)  # a connection was added
+            for conn in self._conns:
                 if conn.broken is None and not conn.closed and not conn.held:
                     poller.register(conn.sock, select.POLLIN)
                     polled[conn.sock.fileno()] = conn
         if self._resumed(1):
-            for conn in self._conns.values():
+            for conn in self._conns:
                 fd = conn.sock.fileno() if not conn.closed else -1
                 want = conn.broken is None and not conn.closed and not conn.held
                 if want and fd not in polled:
@@ -223,6 +230,9 @@ class TcpTransport(FrameReader):
             if out is not None:
                 poller.modify(out, select.POLLIN)
         for fd, ev in events:
+            if fd == self._wake_r:
+                self._drain_wake()
+                continue
             ready = polled.get(fd)
             if ready is None or not ev & _READ_EVENTS:
                 continue
@@ -234,11 +244,15 @@ class TcpTransport(FrameReader):
     def resume(self, rank: int) -> None:
         """The handler has room again (or a receive for the held frame): read ``rank``'s
         connection again, starting with the frame it held. Any thread."""
-        conn = self._conns.get(rank)
-        if conn is None:
+        conns = [c for c in self._conns if c.rank == rank]
+        if not conns:
             return
-        conn.wake = True
+        for conn in conns:
+            conn.wake = True
         self._attend()
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"r")
         except OSError:
@@ -253,8 +267,9 @@ class TcpTransport(FrameReader):
         if not self._attention[reader]:
             return False
         self._attention[reader] = False  # first: a resume racing with the scan sets it again
-        changed = False
-        for conn in self._conns.values():
+        changed = self._grown[reader]
+        self._grown[reader] = False
+        for conn in self._conns:
             if conn.wake:
                 conn.wake = False
                 if conn.held and conn.broken is None and not conn.closed:
@@ -265,7 +280,7 @@ class TcpTransport(FrameReader):
                 changed = True
                 if conn.held and conn.broken is None and not conn.closed:
                     self._check_held(conn)
-        self._held_any = any(c.held for c in self._conns.values())
+        self._held_any = any(c.held for c in self._conns)
         if self._held_any:
             self._attention[reader] = True  # keep checking that held peers are there
         return changed
@@ -302,7 +317,7 @@ class TcpTransport(FrameReader):
 
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
-        for conn in self._conns.values():
+        for conn in self._conns:
             sel.register(conn.sock, selectors.EVENT_READ, conn)
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
@@ -314,7 +329,7 @@ class TcpTransport(FrameReader):
                 try:
                     if self._resumed(0):  # (or a driver saw one end, or one is held)
                         registered = sel.get_map()
-                        for conn in self._conns.values():
+                        for conn in self._conns:
                             want = conn.broken is None and not conn.closed and not conn.held
                             if want and conn.sock not in registered:
                                 sel.register(conn.sock, selectors.EVENT_READ, conn)
@@ -373,9 +388,13 @@ class TcpTransport(FrameReader):
             os.write(self._wake_w, b"x")
         except OSError:
             pass
+        if self._links is not None:
+            self._links.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        for conn in self._conns.values():
+        with self._adding:  # (a connection being adopted now is refused, not leaked)
+            conns = self._conns
+        for conn in conns:
             conn.closed = True
             try:
                 conn.sock.shutdown(socket.SHUT_RDWR)
@@ -387,3 +406,4 @@ class TcpTransport(FrameReader):
                 os.close(fd)
             except OSError:
                 pass
+

@@ -55,12 +55,16 @@ class FrameReader:
 
     _handler: FrameHandler | None
     _closing: bool
+    _why: dict[int, BaseException]
     _scratch: memoryview | None
 
     def _attend(self) -> None:
         raise NotImplementedError
 
     def _fatal(self, conn: _Conn | None, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    def _last_of(self, conn: _Conn, reason: BaseException | None) -> bool:
         raise NotImplementedError
 
     def _read(self, conn: _Conn, reparse: bool = False) -> bool:
@@ -210,6 +214,6 @@ class FrameReader:
     def _lost(self, conn: _Conn, reason: BaseException | None) -> bool:
         conn.broken = reason or ConnectionResetError("closed by peer")
         self._attend()
-        if not self._closing and self._handler is not None:
-            self._handler.on_peer_lost(conn.rank, reason)
+        if self._last_of(conn, reason) and not self._closing and self._handler is not None:
+            self._handler.on_peer_lost(conn.rank, reason or self._why.get(conn.rank))
         return False
