@@ -207,13 +207,18 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
-    for ax, col, title in zip(axes, ("init_last_s", "allreduce4_s", "store_requests_total"),
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3.2))
+    for ax, col, title in zip(axes, ("init_last_s", "allreduce4_s", "store_requests_total",
+                                     "fds"),
                               ("init, last rank in to all done (s)", "4 B all_reduce (s)",
-                               "store requests at init (job)")):
+                               "store requests at init (job)", "open fds per rank")):
         impls = sorted({r["impl"] for r in rows})
         for i, (impl, style) in enumerate(zip(impls, ("o-", "s--", "^:", "d-."))):
-            pts = sorted((r["n"], r[col]) for r in rows if r["impl"] == impl and r.get(col))
+            by_n: dict[int, list[float]] = {}
+            for r in rows:
+                if r["impl"] == impl and r.get(col):
+                    by_n.setdefault(r["n"], []).append(r[col])
+            pts = sorted((n, statistics.median(v)) for n, v in by_n.items())  # over repeats
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl,
                         color=f"C{i}")
