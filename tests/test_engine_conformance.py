@@ -70,6 +70,19 @@ def test_every_engine_passes_the_table(make: Any) -> None:
     check_engine(make)
 
 
+def test_the_message_engine_passes_the_table_with_its_tree_all_reduce(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what a crowded job (more ranks than CPUs) runs for small messages. At 5 ranks (leaves,
+    # inner ranks, an uneven tree) without the failure cases: thread-ranks that raise end
+    # without the goodbye a process sends, so a rank two hops from a leaver would time out
+    # there, with recursive doubling too
+    from rankwise.core import messages
+
+    monkeypatch.setattr(messages, "ALLREDUCE_ALGORITHM", "tree")
+    check_engine(_message)
+    check_engine(_message, size=5, ops=("all_reduce",), failures=False)
+
+
 def test_three_ranks_on_shared_memory() -> None:
     check_engine(_shm, size=3, dtypes=("float32", "int64"))
 

@@ -42,11 +42,21 @@ ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
 DRIVE_BYTES = int(os.environ.get("RANKWISE_DRIVE_BYTES", str(256 << 10)))
 
 
-def all_reduce_algorithm(nbytes: int, numel: int, n: int) -> Callable[[OpLink, Array], None]:
-    """Latency-bound sizes: recursive doubling (log2 n rounds). Bandwidth-bound sizes:
-    Rabenseifner on powers of two (2 log2 n hops), else the pipelined ring.
-    ``RANKWISE_ALLREDUCE`` = doubling | ring | halving forces one (benchmarking)."""
+#: from this group size a crowded job (``transport.crowding``) reduces small messages up a
+#: tree and broadcasts them back down, instead of recursive doubling
+CROWDED_TREE_FROM = 8
+
+
+def all_reduce_algorithm(nbytes: int, numel: int, n: int,
+                         crowded: bool = False) -> Callable[[OpLink, Array], None]:
+    """Latency-bound sizes: recursive doubling (log2 n rounds), or the tree when ranks
+    outnumber CPUs (fewer wake-ups per rank). Bandwidth-bound sizes: Rabenseifner on
+    powers of two (2 log2 n hops), else the pipelined ring. ``RANKWISE_ALLREDUCE`` =
+    doubling | tree | ring | halving forces one (benchmarking)."""
     forced = ALLREDUCE_ALGORITHM
+    if nbytes < RING_THRESHOLD and (
+            forced == "tree" or (forced == "auto" and crowded and n >= CROWDED_TREE_FROM)):
+        return alg.tree.all_reduce
     if forced == "doubling" or numel < n or (forced == "auto" and nbytes < RING_THRESHOLD):
         return alg.doubling.all_reduce
     if forced == "ring" or not alg.halving.usable(n):
@@ -171,7 +181,8 @@ class MessageEngine:
         self._run(call, data.nbytes, lambda link: alg.tree.broadcast(link, data, root))
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size)
+        crowded = bool(getattr(self.comm.transport, "crowded", False))
+        algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size, crowded)
         self._run(call, data.nbytes, lambda link: algorithm(link, data))
 
     def reduce(self, call: Call, data: Array, root: int) -> None:

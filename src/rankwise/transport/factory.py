@@ -91,10 +91,15 @@ def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
     mesh = Mesh(rank, world_size, store, job, token, bind_host, timeout)
     if want == "tcp" and world_size > 1 and connects_lazily(world_size):
         listener, addrs = mesh.publish()
-        return TcpTransport(rank, world_size, {},
+        lazy = TcpTransport(rank, world_size, {},
                             links=Links(mesh.hello, listener, addrs, store))
+        lazy.crowded = mesh.crowded
+        return lazy
     if want == "tcp" or world_size == 1:
-        return TcpTransport(rank, world_size, mesh.connect())
+        # only here does every rank read the whole address blob: ``crowded`` is agreed
+        eager = TcpTransport(rank, world_size, mesh.connect())
+        eager.crowded = mesh.crowded
+        return eager
     hosts = mesh.exchange("host", host_identity())
     local = [r for r, h in enumerate(hosts) if h == hosts[rank]]
     if want == "shm" and len(local) < world_size:

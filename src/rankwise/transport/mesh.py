@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
+from . import crowding
 from .hello import Hello
 
 __all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "exited_peers", "local_address_for"]
@@ -97,6 +98,8 @@ class Mesh:
         self._pending: set[socket.socket] = set()  #: accepted, still proving themselves
         self._stop = threading.Event()
         self._peers = set(range(world_size)) - {rank}
+        #: some host runs more ranks than CPUs (``crowding``); known once the blob is read
+        self.crowded = False
 
     def exchange(self, name: str, value: str) -> list[str]:
         """Every rank's ``value`` for ``name``, in rank order (one store round; each rank
@@ -122,7 +125,7 @@ class Mesh:
         listener = self._listen()
         try:
             host, port = listener.getsockname()[:2]
-            self._store.set(f"mesh/addr/{self.rank}", f"{host}:{port}")
+            self._store.set(f"mesh/addr/{self.rank}", crowding.entry(host, port))
             acceptor = threading.Thread(target=self._accept_all, args=(listener, deadline),
                                         name="rankwise-mesh-accept", daemon=True)
             acceptor.start()
@@ -160,7 +163,7 @@ class Mesh:
         listener = self._listen()
         try:
             host, port = listener.getsockname()[:2]
-            self._store.set(f"mesh/addr/{self.rank}", f"{host}:{port}")
+            self._store.set(f"mesh/addr/{self.rank}", crowding.entry(host, port))
             return listener, self._addresses(deadline)
         except BaseException:
             listener.close()
@@ -217,9 +220,12 @@ class Mesh:
             blob = "\n".join(self._store.get(f"mesh/addr/{p}").decode()
                              for p in range(self.world_size))
             self._store.set("mesh/addrs", blob)
-            return dict(enumerate(blob.split("\n")))
-        self._await_keys(["mesh/addrs"], deadline)
-        return dict(enumerate(self._store.get("mesh/addrs").decode().split("\n")))
+        else:
+            self._await_keys(["mesh/addrs"], deadline)
+            blob = self._store.get("mesh/addrs").decode()
+        lines = blob.split("\n")
+        self.crowded = crowding.crowded(lines)
+        return {r: crowding.parse(line)[0] for r, line in enumerate(lines)}
 
     def _await_keys(self, keys: list[str], deadline: float) -> None:
         """Wait (on the store, not by polling) until ``keys`` exist; ranks the launcher saw
@@ -240,7 +246,7 @@ class Mesh:
         if addr is None:
             key = f"mesh/addr/{peer}"
             self._await_key(key, peer, deadline, "its data address")
-            addr = self._store.get(key).decode()
+            addr = crowding.parse(self._store.get(key).decode())[0]
         host, _, port_s = addr.rpartition(":")
         checked = time.monotonic()
         while True:

@@ -47,6 +47,8 @@ class TcpTransport(OnDemand, FrameReader):
                  links: Links | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
+        #: the same on every rank of a tcp job: some host runs more ranks than CPUs
+        self.crowded = False
         #: every connection, read by the reader; replaced (never changed) when one is added
         self._conns: tuple[_Conn, ...] = tuple(_Conn(peer, tuned(sock))
                                                for peer, sock in socks.items())
