@@ -90,8 +90,10 @@ class _IntrudingStore:
     def set(self, key: str, value: bytes | str) -> None:
         self.inner.set(key, value)
         if key == "mesh/addr/0":
+            from rankwise.transport.crowding import parse
+
             text = value.decode() if isinstance(value, bytes) else value
-            host, _, port = text.rpartition(":")
+            host, _, port = parse(text)[0].rpartition(":")  # "host:port cpus"
             self.idle.append(socket.create_connection((host, int(port))))
 
     def get(self, key: str) -> bytes:
