@@ -63,10 +63,10 @@ def _summaries(results: list[RankResult], seed: int, ws: int) -> list[dict[str, 
 @pytest.mark.procs
 def test_rankwise_matches_gloo(ws: int, engine: str) -> None:
     # CI time: the wrappers over gloo (and the staging over rankwise's own engines) have
-    # no algorithm of their own that a fourth rank would change; 2 covers powers of two,
-    # 3 and 5 the rest. RANKWISE_DIFF_ALL=1 runs it.
-    if ws == 4 and engine not in ("tcp", "shm") and os.environ.get("RANKWISE_DIFF_ALL") != "1":
-        pytest.skip("world size 4 runs on tcp and shm only (RANKWISE_DIFF_ALL=1: all)")
+    # no algorithm of their own that a fourth or fifth rank would change; for them 2 covers
+    # powers of two and 3 the rest. RANKWISE_DIFF_ALL=1 runs them all.
+    if ws >= 4 and engine not in ("tcp", "shm") and os.environ.get("RANKWISE_DIFF_ALL") != "1":
+        pytest.skip(f"world size {ws} runs on tcp and shm only (RANKWISE_DIFF_ALL=1: all)")
     seed = _seed(ws)
     results = run_ranks(differential_worker, ws, args=(seed, N_CASES, free_port()),
                         timeout=150)
