@@ -98,3 +98,25 @@ def lazy_tcp_world(n: int, job: bytes = b"job", token: bytes | None = None
     addrs = {r: f"127.0.0.1:{s.getsockname()[1]}" for r, s in enumerate(listeners)}
     return [TcpTransport(r, n, {}, links=Links(Hello(r, n, job, token), listeners[r], addrs))
             for r in range(n)]
+
+
+def shm_thread_groups(size: int, **kw: Any) -> list[Any]:
+    """Ranks as threads of this process on a HashStore (setup only; collectives that
+    need several ranks at once run on threads too)."""
+    import threading
+
+    from rankwise.engines.shm import ShmGroup
+    from rankwise.store import HashStore
+
+    store = HashStore()
+    got: dict[int, Any] = {}
+
+    def make(r: int) -> None:
+        got[r] = ShmGroup(store, "t", r, size, timeout=10, slot_bytes=65536, **kw)
+
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    return [got[r] for r in range(size)]

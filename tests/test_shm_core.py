@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _transports import shm_thread_groups
 
 from rankwise.engines.shm.chunks import padding, plan_chunks
 from rankwise.identity import callsite as _callsite
@@ -502,32 +503,10 @@ def test_stress_mixed_calls(size: int, sleeping: bool, tmp_path: Any, monkeypatc
         assert sum(sleeps) > 0
 
 
-def _thread_groups(size: int, **kw: Any) -> list[Any]:
-    """Ranks as threads of this process on a HashStore (setup only; collectives that
-    need several ranks at once run on threads too)."""
-    import threading
-
-    from rankwise.engines.shm import ShmGroup
-    from rankwise.store import HashStore
-
-    store = HashStore()
-    got: dict[int, Any] = {}
-
-    def make(r: int) -> None:
-        got[r] = ShmGroup(store, "t", r, size, timeout=10, slot_bytes=65536, **kw)
-
-    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(20)
-    return [got[r] for r in range(size)]
-
-
 def test_untrusted_lengths_in_the_segment_are_bounded() -> None:
     from rankwise.shmem.layout import R_SITE_LEN
 
-    g0, g1 = _thread_groups(2)
+    g0, g1 = shm_thread_groups(2)
     try:
         w = g0.ch.w
         w[g0.seg.layout.record_word(1, R_SITE_LEN)] = 1 << 40  # a hostile length
@@ -558,7 +537,7 @@ def test_a_peer_two_rounds_ahead_is_an_error_not_data() -> None:
     from rankwise.errors import DistError
     from rankwise.shmem.layout import R_SEQ
 
-    g0, g1 = _thread_groups(2)
+    g0, g1 = shm_thread_groups(2)
     try:
         g0.ch.w[g0.seg.layout.record_word(1, R_SEQ)] = 3  # rank 1 "at round 3" while
         with pytest.raises(DistError, match="corrupt"):       # rank 0 waits for round 1

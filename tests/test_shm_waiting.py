@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _transports import shm_thread_groups
 
 from rankwise.engines.shm import channel as channel_mod
 from rankwise.shmem.layout import H_WAKE, R_SLEEPING
@@ -62,27 +63,6 @@ def test_policy_skew_limit_follows_the_yield_budget_and_the_environment(
     assert policy_for(2).skew_s == pytest.approx(30e-6)
 
 
-def _thread_groups(size: int) -> list[Any]:
-    """Ranks as threads on a HashStore (the setup rendezvous needs them concurrent)."""
-    import threading
-
-    from rankwise.engines.shm import ShmGroup
-    from rankwise.store import HashStore
-
-    store = HashStore()
-    got: dict[int, Any] = {}
-
-    def make(r: int) -> None:
-        got[r] = ShmGroup(store, "w", r, size, timeout=10, slot_bytes=65536)
-
-    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(20)
-    return [got[r] for r in range(size)]
-
-
 def test_only_the_rank_that_completes_a_round_wakes_and_once_for_all(
         monkeypatch: Any) -> None:
     """Rank 0 and rank 1 'sleep' in round 1 (their flags up, as inside ``futex_wait``):
@@ -90,7 +70,7 @@ def test_only_the_rank_that_completes_a_round_wakes_and_once_for_all(
     sleep; rank 3 completes the round and wakes both with one FUTEX_WAKE."""
     wakes: list[int] = []
     monkeypatch.setattr(channel_mod, "futex_wake", lambda addr, count=1 << 30: wakes.append(addr))
-    gs = _thread_groups(4)
+    gs = shm_thread_groups(4)
     try:
         chs = [g.ch for g in gs]
         w = chs[0].w
@@ -116,7 +96,7 @@ def test_only_the_rank_that_completes_a_round_wakes_and_once_for_all(
 def test_a_round_completed_with_nobody_asleep_makes_no_system_call(monkeypatch: Any) -> None:
     wakes: list[int] = []
     monkeypatch.setattr(channel_mod, "futex_wake", lambda addr, count=1 << 30: wakes.append(addr))
-    gs = _thread_groups(2)
+    gs = shm_thread_groups(2)
     try:
         for g in gs:
             g.ch.publish()
