@@ -231,6 +231,17 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=80)
 
 
+def _byte_compile() -> None:
+    """Compile rankwise's modules as a wheel install does (torch's are): from an editable
+    checkout under PYTHONDONTWRITEBYTECODE=1 every rank would compile all of them again,
+    ~0.1 CPU-s a rank, which at 64 ranks on 2 cores was most of rankwise's init time."""
+    import compileall
+
+    import rankwise
+
+    compileall.compile_dir(os.path.dirname(rankwise.__file__), quiet=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-n", default="2,4,8", help="comma-separated rank counts")
@@ -253,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = json.load(f)
     else:
         rows = []
+        _byte_compile()
         impls = ["rankwise"] if args.deadlock else args.impl.split(",")
         mode = "deadlock" if args.deadlock else "compute" if args.compute else "calls"
         for n in (int(x) for x in args.n.split(",")):

@@ -21,6 +21,12 @@ def test_torchrun_spellings_parse() -> None:
     assert opts.cmd[-3:] == ["x.py", "--lr", "1"]
 
 
+def test_start_gate_is_on_unless_turned_off() -> None:
+    assert parse_run_args(["x.py"]).start_together is True
+    assert parse_run_args(["--no-start-gate", "x.py"]).start_together is False
+    assert parse_run_args(["--no_start_gate", "x.py"]).start_together is False
+
+
 def test_several_nodes_need_a_port() -> None:
     with pytest.raises(SystemExit):
         parse_run_args(["--nnodes", "2", "x.py"])

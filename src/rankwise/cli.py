@@ -84,6 +84,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--grace", type=float, default=5.0,
          help="seconds survivors get after a failure before SIGTERM, and again before SIGKILL")
     _add(p, "--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
+    _add(p, "--no-start-gate", dest="start_together", action="store_false",
+         help="let each worker run as soon as it is spawned (default: hold each until this "
+              "node's last one is spawned, then release all together)")
     _add(p, "--token-file", default=None,
          help="file holding the job's shared secret (default: $RANKWISE_TOKEN_FILE, "
               "$RANKWISE_TOKEN, else a random one per job on one node)")
@@ -154,7 +157,7 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         node_rank=ns.node_rank, master_addr=addr, master_port=port, rdzv_id=ns.rdzv_id,
         max_restarts=ns.max_restarts, log_dir=ns.log_dir, tee=ns.tee is not None,
         prefix=sys.stdout.isatty() if ns.prefix is None else ns.prefix, grace=ns.grace,
-        timeout=ns.timeout, token=_token(parser, ns),
+        timeout=ns.timeout, token=_token(parser, ns), start_together=ns.start_together,
     )
 
 

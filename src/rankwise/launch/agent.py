@@ -10,6 +10,8 @@ Why it is built this way:
 * **One thread per worker blocked in waitpid** (WUNTRACED too, to notice a SIGSTOPped rank)
   posts events to a queue; the main thread blocks on that queue with the next teardown deadline
   as timeout.  Nothing polls.
+* **Released together**: each worker is held stopped until the node's last one is spawned
+  (``launch.gate``), so none waits in init for a spawn loop slowed by the others.
 * **Teardown after the first failure**: the other ranks were already told by the core (they
   raise ``PeerFailure``); they get ``grace`` seconds to finish their ``finally`` blocks, then
   SIGTERM (+SIGCONT so a stopped rank can act on it), then, ``grace`` seconds later, SIGKILL.
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from .env import WorkerEnvSpec, worker_environment
+from .gate import StartGate
 from .output import StreamPump, console_stream
 from .reaper import Reaper
 from .summary import WorkerOutcome, read_error_file
@@ -108,6 +111,8 @@ class AgentConfig:
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     run_dir: str = ""
     host: str = field(default_factory=socket.gethostname)
+    #: spawn every worker stopped and release them together (``launch.gate``)
+    start_together: bool = True
 
 
 @dataclass
@@ -207,7 +212,6 @@ class LocalAgent:
         outcome = WorkerOutcome(rank=rank, local_rank=local_rank, node_rank=cfg.node_rank,
                                 pid=proc.pid, returncode=None, observed_at=0.0,
                                 error_file=error_file, host=cfg.host)
-        self._reaper.add(local_rank, proc.pid)
         return _Worker(outcome, proc, pumps)
 
     # -- signalling -----------------------------------------------------------------------
@@ -234,8 +238,15 @@ class LocalAgent:
         self._attempt = attempt
         result = AttemptResult(outcomes=[])
         try:
-            for local_rank in range(cfg.nproc):
-                self._workers.append(self._spawn(local_rank, attempt))
+            gate = StartGate(cfg.start_together and cfg.nproc > 1)
+            try:
+                for local_rank in range(cfg.nproc):
+                    self._workers.append(self._spawn(local_rank, attempt))
+                    gate.hold(self._workers[-1].proc.pid)
+            finally:
+                gate.release()
+                for w in self._workers:  # watched from here: the gate's stops are not news
+                    self._reaper.add(w.outcome.local_rank, w.proc.pid)
             if self.peers is not None:
                 self.peers.watch(attempt, lambda text: self._events.put(("remote", text, 0, time.time())))
             self._monitor(result)

@@ -61,6 +61,7 @@ class JobOptions:
     grace: float = 5.0
     timeout: float = 300.0
     token: str | None = None
+    start_together: bool = True
 
 
 def _say(text: str) -> None:
@@ -230,6 +231,7 @@ def run_job(opts: JobOptions) -> int:
             run_id=opts.rdzv_id or secrets.token_hex(6), node_rank=node_rank, nnodes=nnodes,
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
+            start_together=opts.start_together,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
