@@ -70,7 +70,7 @@ def test_every_engine_passes_the_table(make: Any) -> None:
     check_engine(make)
 
 
-def test_the_message_engine_passes_the_table_with_its_tree_all_reduce(
+def test_the_message_engine_passes_the_table_with_its_tree_all_reduce_and_barrier(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # what a crowded job (more ranks than CPUs) runs for small messages. At 5 ranks (leaves,
     # inner ranks, an uneven tree) without the failure cases: thread-ranks that raise end
@@ -80,7 +80,7 @@ def test_the_message_engine_passes_the_table_with_its_tree_all_reduce(
 
     monkeypatch.setattr(messages, "ALLREDUCE_ALGORITHM", "tree")
     check_engine(_message)
-    check_engine(_message, size=5, ops=("all_reduce",), failures=False)
+    check_engine(_message, size=5, ops=("all_reduce", "barrier"), failures=False)
 
 
 def test_three_ranks_on_shared_memory() -> None:

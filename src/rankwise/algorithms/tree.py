@@ -15,7 +15,7 @@ from . import ring
 from .agree import Agreement, others
 from .link import Array, Lane, Link, recv
 
-__all__ = ["all_reduce", "broadcast", "reduce"]
+__all__ = ["all_reduce", "barrier", "broadcast", "reduce"]
 
 
 def _parent_children(v: int, n: int) -> tuple[int, list[int]]:
@@ -144,3 +144,25 @@ def all_reduce(link: Link, data: Array) -> None:
         recv(link, parent, data, 1)
     for child in children:
         link.send(child, data, 1)
+
+
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def barrier(link: Link) -> None:
+    """Arrivals up a binomial tree to rank 0, the release back down: for ranks that
+    outnumber CPUs, as ``all_reduce`` (each rank woken about twice, where the
+    dissemination barrier wakes it log2 n times)."""
+    n, v = link.size, link.rank
+    if n == 1:
+        return
+    parent, children = _parent_children(v, n)
+    arrivals = [link.post(child, np.empty(0, dtype=np.uint8), 0) for child in children]
+    for handle in reversed(arrivals):  # smallest subtree first: it is ready first
+        link.wait(handle)
+    if parent >= 0:
+        release = link.post(parent, np.empty(0, dtype=np.uint8), 1)
+        link.send(parent, _EMPTY, 0)
+        link.wait(release)
+    for child in children:
+        link.send(child, _EMPTY, 1)

@@ -64,6 +64,15 @@ def all_reduce_algorithm(nbytes: int, numel: int, n: int,
     return alg.halving.all_reduce
 
 
+def barrier_algorithm(n: int, crowded: bool = False) -> Callable[[OpLink], None]:
+    """The dissemination barrier, or the tree where small all_reduces take it (crowded,
+    or ``RANKWISE_ALLREDUCE=tree``): fewer wake-ups per rank when ranks outnumber CPUs."""
+    forced = ALLREDUCE_ALGORITHM
+    if forced == "tree" or (forced == "auto" and crowded and n >= CROWDED_TREE_FROM):
+        return alg.tree.barrier
+    return alg.doubling.barrier
+
+
 class OpLink:
     """One collective call's view of its group: the ``Link`` the algorithms use."""
 
@@ -168,9 +177,12 @@ class MessageEngine:
         return link
 
     def _run(self, call: Call, nbytes: int, schedule: Callable[[OpLink], None]) -> None:
-        """Run ``schedule``; a large blocking call reads its own frames meanwhile."""
+        """Run ``schedule``; a large blocking call reads its own frames meanwhile, and so
+        does any call of a crowded group (8+ ranks, more than CPUs): there each frame's
+        hand-off from the I/O thread is a wake-up that waits for a CPU."""
         transport = self.comm.transport
-        drive = nbytes >= DRIVE_BYTES and transport.drive_begin()
+        crowd = call.size >= CROWDED_TREE_FROM and bool(getattr(transport, "crowded", False))
+        drive = (nbytes >= DRIVE_BYTES or crowd) and transport.drive_begin()
         try:
             schedule(self.link(call))
         finally:
@@ -207,7 +219,8 @@ class MessageEngine:
         self._run(call, 0, lambda link: alg.direct.all_to_all(link, outs, ins))
 
     def barrier(self, call: Call) -> None:
-        self._run(call, 0, alg.doubling.barrier)
+        crowded = bool(getattr(self.comm.transport, "crowded", False))
+        self._run(call, 0, barrier_algorithm(call.size, crowded))
 
     def settle(self) -> None:
         """Nothing owed: every frame went out with its call."""
