@@ -65,7 +65,9 @@ def _env_us(name: str, default: float) -> float:
 def policy_for(nranks: int) -> Policy:
     oversubscribed = nranks > usable_cpus()
     spin = _env_us("RANKWISE_SHM_SPIN_US", 0.0 if oversubscribed else 50e-6)
-    yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 500e-6)
+    # a CPU per rank: yielding costs no peer anything, and ends a wait ~40 us sooner than
+    # a futex wake-up (docs/waiting.md, "The yield budget")
+    yld = _env_us(YIELD_ENV, 1e-3 if oversubscribed else 2e-3)
     skew = _env_us("RANKWISE_SHM_SKEW_US", 0.25 * yld if oversubscribed else math.inf)
     return Policy(spin, yld, 0.02, skew)
 
