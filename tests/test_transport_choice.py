@@ -92,3 +92,47 @@ def test_a_bad_transport_name_fails_before_any_connection(monkeypatch: Any) -> N
         # nothing listens on this port: reaching it would be a different error
         dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=1, world_size=2, timeout=5)
+
+
+def w_blob(rank: int, size: int, port: int) -> Any:
+    """Init over tcp; what the rendezvous left in the store for the transport."""
+    import rankwise as dist
+    from rankwise.api.world import current
+
+    dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size, timeout=60)
+    store = current().rendezvous
+    verdict = store.get("joined/all").decode().split("\n")
+    gathered_again = store.check(["mesh/addrs"])  # rank 0's own gather, without the blob
+    x = np.full(4, rank + 1, np.int64)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return verdict, gathered_again, int(x[0])
+
+
+@pytest.mark.procs
+@pytest.mark.parametrize("connect", ["eager", "lazy"])
+def test_tcp_ranks_learn_every_address_in_the_rendezvous(connect: str) -> None:
+    """Each rank publishes its data address before counting itself in; the last to join
+    hands all of them out with the verdict, so no rank gathers them again."""
+    out = run_ranks(w_blob, 3, args=(free_port(),), init=False, timeout=TIMEOUT,
+                    env={"RANKWISE_TRANSPORT": "tcp", "RANKWISE_ENGINE": "tcp",
+                         "RANKWISE_CONNECT": connect})
+    assert all(r.ok for r in out), [r.traceback or r.message for r in out]
+    for verdict, gathered_again, total in (r.value for r in out):
+        assert verdict[0] == "ok" and len(verdict) == 4, verdict
+        assert all(":" in line for line in verdict[1:]), verdict
+        assert not gathered_again
+        assert total == 6
+
+
+def test_the_blob_is_gathered_only_when_every_rank_published_its_address() -> None:
+    from rankwise.store import HashStore
+    from rankwise.transport.mesh import gather_addresses
+
+    store = HashStore()
+    store.set("mesh/addr/0", "10.0.0.1:5 2")
+    store.set("mesh/addr/2", "10.0.0.3:7 2")
+    assert gather_addresses(store, 3) is None  # rank 1 asked for another transport
+    store.set("mesh/addr/1", "10.0.0.2:6 2")
+    assert gather_addresses(store, 3) == "10.0.0.1:5 2\n10.0.0.2:6 2\n10.0.0.3:7 2"

@@ -35,7 +35,13 @@ from ..store.base import Watcher
 from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
 from ..transport.keepalive import heartbeat_timeout
-from ..transport.mesh import exited_peers, local_address_for
+from ..transport.mesh import (
+    address_of,
+    exited_peers,
+    gather_addresses,
+    local_address_for,
+    open_listener,
+)
 from ..wire.auth import resolve_token
 from ..wire.device import tensor_path
 from ..wire.frames import VERSION as WIRE_VERSION
@@ -137,10 +143,21 @@ def init_process_group(
             store = _open_store(spec, timeout_s, secret)
         stage = "rendezvous"
         scoped = PrefixStore(f"rankwise/{restart}", store)
-        job = _rendezvous(scoped, rank, world_size, timeout_s,
-                          hosting=getattr(store, "server", None) is not None)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-        transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s)
+        # tcp: listen now and publish the address in the rendezvous, whose last rank to
+        # join hands every rank the whole address blob (one round of the job, not two)
+        listener = open_listener(rank, world_size, bind) \
+            if world_size > 1 and requested_transport() == "tcp" else None
+        try:
+            job, blob = _rendezvous(scoped, rank, world_size, timeout_s,
+                                    hosting=getattr(store, "server", None) is not None,
+                                    address=None if listener is None else address_of(listener))
+            transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s,
+                                       listener, blob)
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            raise
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from ..doctor import explain_init_failure
@@ -188,8 +205,9 @@ def _store_watcher(comm: Communicator) -> Watcher:
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
-                hosting: bool = False) -> bytes:
-    """Agree on world size and identities; return the job's id (shared by all ranks)."""
+                hosting: bool = False, address: str | None = None) -> tuple[bytes, str | None]:
+    """Agree on world size and identities; return the job's id (shared by all ranks) and,
+    when every rank gave its data ``address``, the address blob (else None)."""
     def failed(exc: RendezvousError, late_ones: bool = True) -> RendezvousError:
         # Count this process as having seen the failure. The process hosting the store
         # keeps it up (bounded) until every process has seen it too, or they would meet a
@@ -239,24 +257,28 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                    "its own RANK (0..world_size-1)")
     store.set(f"joined/{rank}", me)
     job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
+    if address is not None:  # before counting in: the last to join finds every one
+        store.set(f"mesh/addr/{rank}", address)
     # one key, set by the last rank to join: waiting costs the store O(1) per rank, and
     # only rank 0 looks for ended ranks often (it wakes the others through this key; the
     # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
-    # costs O(1) requests per second for the job, not O(N)
+    # costs O(1) requests per second for the job, not O(N). Its value is the verdict:
+    # "error" (see ``fail``), or "ok" followed by the address blob when there is one
     if int(store.add("joined/count", 1)) == world_size:
-        store.compare_set("joined/all", "", "ok")
+        blob = gather_addresses(store, world_size) if address is not None else None
+        store.compare_set("joined/all", "", _OK if blob is None else f"{_OK}\n{blob}")
     keys = ["joined/all"]
     poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
     while True:
-        if store.check(["error"]):
-            raise failed_elsewhere()
         remaining = deadline - time.monotonic()
         try:
             store.wait(keys, timedelta(seconds=max(0.05, min(poll, remaining))))
             break
         except DistTimeout:
+            if store.check(["error"]):
+                raise failed_elsewhere() from None
             gone = exited_peers(store, [r for r in range(world_size) if r != rank])
             if gone:
                 peer, how = min(gone.items())
@@ -278,9 +300,13 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                     f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
                     f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
                     f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
-    if store.check(["error"]):
+    verdict, _, blob = store.get("joined/all").decode().partition("\n")
+    if verdict != _OK:  # "error": ``fail`` set the reason first
         raise failed_elsewhere()
-    return bytes.fromhex(job_hex)
+    return bytes.fromhex(job_hex), blob or None
+
+
+_OK = "ok"  #: ``joined/all`` when every rank joined without a conflict
 
 
 def _build() -> str:

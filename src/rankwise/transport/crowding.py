@@ -5,8 +5,8 @@ fastest small all_reduce; with ranks waiting for a CPU, what costs is how often 
 is woken, and a tree reduce + broadcast wakes each rank about twice a call instead of
 log2 n times (64 ranks on 2 cores, docs/scale.md). An algorithm must be the same on every
 rank, so the figure rides in the address blob every rank of a tcp job reads
-(``mesh/addrs``): each rank's entry is ``host:port cpus``, and every rank computes the
-same verdict from the same blob.
+(handed out by the rendezvous, else ``mesh/addrs``): each rank's entry is ``host:port
+cpus``, and every rank computes the same verdict from the same blob.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Protocol
 
 from ..errors import DistError, DistNetworkError, InvalidArgument
@@ -84,11 +85,13 @@ def _all_have_read(store: _Store, world_size: int, timeout: float) -> None:
 
 
 def open_transport(rank: int, world_size: int, store: _Store, job: bytes,
-                   token: bytes | None, bind_host: str, timeout: float) -> Transport:
+                   token: bytes | None, bind_host: str, timeout: float,
+                   listener: socket.socket | None = None, blob: str | None = None) -> Transport:
     """Connect ``rank`` to every other rank of the job, each by the transport that
-    suits it. Collective: every rank calls it with the same ``RANKWISE_TRANSPORT``."""
+    suits it. Collective: every rank calls it with the same ``RANKWISE_TRANSPORT``.
+    ``listener``/``blob``: published and gathered in the rendezvous (``Mesh``)."""
     want = requested_transport()
-    mesh = Mesh(rank, world_size, store, job, token, bind_host, timeout)
+    mesh = Mesh(rank, world_size, store, job, token, bind_host, timeout, listener, blob)
     if want == "tcp" and world_size > 1 and connects_lazily(world_size):
         listener, addrs = mesh.publish()
         lazy = TcpTransport(rank, world_size, {},

@@ -21,7 +21,8 @@ from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, Rendez
 from . import crowding
 from .hello import Hello
 
-__all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "exited_peers", "local_address_for"]
+__all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "address_of", "exited_peers", "gather_addresses",
+           "local_address_for", "open_listener"]
 
 
 class Exits(Protocol):
@@ -78,13 +79,52 @@ def local_address_for(master_addr: str) -> str:
         probe.close()
 
 
+def open_listener(rank: int, world_size: int, bind_host: str) -> socket.socket:
+    """The socket ``rank`` takes its data connections on (an ephemeral port)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((bind_host, 0))
+    except OSError as exc:
+        listener.close()
+        raise DistNetworkError(
+            f"rank {rank} could not listen on {bind_host}: {exc}; set "
+            "RANKWISE_BIND_ADDR to an address of this host that the other ranks reach"
+        ) from exc
+    listener.listen(max(world_size, 8))
+    return listener
+
+
+def address_of(listener: socket.socket) -> str:
+    """``listener``'s entry in the address blob: ``host:port cpus`` (``crowding``)."""
+    host, port = listener.getsockname()[:2]
+    return crowding.entry(host, port)
+
+
+def gather_addresses(store: _KV, world_size: int) -> str | None:
+    """The address blob (every rank's entry, in rank order), read by the last rank to
+    join a rendezvous in which each rank published its entry before counting itself in;
+    None when some rank published none (it asked for another transport: its own mesh
+    then gathers them, as without a rendezvous)."""
+    keys = [f"mesh/addr/{r}" for r in range(world_size)]
+    if not all(store.check(keys[i:i + _KEYS_PER_WAIT])
+               for i in range(0, world_size, _KEYS_PER_WAIT)):
+        return None
+    return "\n".join(store.get(key).decode() for key in keys)
+
+
 class Mesh:
     """Connects ``rank`` to every other rank (or to ``peers``, the ones another transport
     does not serve); ``connect()`` returns ``{peer: socket}``. ``publish()`` only listens
     and learns the addresses, for connections opened later, on demand."""
 
     def __init__(self, rank: int, world_size: int, store: _KV, job: bytes, token: bytes | None,
-                 bind_host: str, timeout: float) -> None:
+                 bind_host: str, timeout: float, listener: socket.socket | None = None,
+                 blob: str | None = None) -> None:
+        """``listener`` and ``blob``: a listener whose address this rank published during
+        the rendezvous, and every rank's address as the last to join gathered them
+        (``api.init``); the mesh then publishes and gathers nothing itself."""
+        self._prebound = listener
+        self._blob = blob
         self.rank = rank
         self.world_size = world_size
         self._store = store
@@ -124,8 +164,7 @@ class Mesh:
         deadline = time.monotonic() + self._timeout
         listener = self._listen()
         try:
-            host, port = listener.getsockname()[:2]
-            self._store.set(f"mesh/addr/{self.rank}", crowding.entry(host, port))
+            self._announce(listener)
             acceptor = threading.Thread(target=self._accept_all, args=(listener, deadline),
                                         name="rankwise-mesh-accept", daemon=True)
             acceptor.start()
@@ -162,8 +201,7 @@ class Mesh:
         deadline = time.monotonic() + self._timeout
         listener = self._listen()
         try:
-            host, port = listener.getsockname()[:2]
-            self._store.set(f"mesh/addr/{self.rank}", crowding.entry(host, port))
+            self._announce(listener)
             return listener, self._addresses(deadline)
         except BaseException:
             listener.close()
@@ -197,22 +235,20 @@ class Mesh:
                     self._raise_if_exited(self._missing())
 
     def _listen(self) -> socket.socket:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.bind((self._bind_host, 0))
-        except OSError as exc:
-            listener.close()
-            raise DistNetworkError(
-                f"rank {self.rank} could not listen on {self._bind_host}: {exc}; set "
-                "RANKWISE_BIND_ADDR to an address of this host that the other ranks reach"
-            ) from exc
-        listener.listen(max(self.world_size, 8))
-        return listener
+        if self._prebound is not None:
+            return self._prebound
+        return open_listener(self.rank, self.world_size, self._bind_host)
+
+    def _announce(self, listener: socket.socket) -> None:
+        if listener is not self._prebound:  # (else the rendezvous published it)
+            self._store.set(f"mesh/addr/{self.rank}", address_of(listener))
 
     def _addresses(self, deadline: float) -> dict[int, str]:
         """Every rank's data address, from one blob rank 0 gathers and publishes: O(N)
         store requests for the whole job instead of one wait and read per pair."""
-        if self.rank == 0:
+        if self._blob is not None:
+            blob = self._blob
+        elif self.rank == 0:
             for start in range(0, self.world_size, _KEYS_PER_WAIT):
                 keys = [f"mesh/addr/{p}" for p in range(start, min(start + _KEYS_PER_WAIT,
                                                                    self.world_size))]
