@@ -7,9 +7,9 @@ Why it is built this way:
   launcher only -- which forwards it, once, to every rank.
 * **PR_SET_PDEATHSIG** in the child (Linux): if the launcher itself is SIGKILLed, the kernel
   kills its workers, so no rank is ever orphaned holding a port.
-* **One thread per worker blocked in waitpid** (WUNTRACED too, to notice a SIGSTOPped rank)
-  posts events to a queue; the main thread blocks on that queue with the next teardown deadline
-  as timeout.  Nothing polls.
+* **One reaper thread** (``launch.reaper``: every worker's pidfd in one selector, WUNTRACED
+  looks to notice a SIGSTOPped rank) posts events to a queue; the main thread blocks on that
+  queue with the next teardown deadline as timeout.
 * **Released together**: each worker is held stopped until the node's last one is spawned
   (``launch.gate``), so none waits in init for a spawn loop slowed by the others.
 * **Teardown after the first failure**: the other ranks were already told by the core (they
