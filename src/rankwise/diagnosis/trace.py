@@ -14,7 +14,6 @@ chrome://tracing)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import threading
@@ -120,6 +119,8 @@ def merge(directory: str, out: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse  # here: every rank imports this module at init, few run its command
+
     parser = argparse.ArgumentParser(prog="python -m rankwise.diagnosis.trace",
                                      description="rankwise timelines (RANKWISE_TRACE=dir)")
     sub = parser.add_subparsers(dest="command", required=True)
