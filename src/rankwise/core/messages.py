@@ -167,6 +167,9 @@ class MessageEngine:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
+        #: some host runs more ranks than CPUs (``transport.crowding``): fixed before any
+        #: engine exists, so read once here rather than on every call
+        self._crowded = bool(getattr(comm.transport, "crowded", False))
 
     def link(self, call: Call) -> OpLink:
         """The call's ``Link``: what algorithms (and monitored_barrier) send over."""
@@ -181,7 +184,7 @@ class MessageEngine:
         does any call of a crowded group (8+ ranks, more than CPUs): there each frame's
         hand-off from the I/O thread is a wake-up that waits for a CPU."""
         transport = self.comm.transport
-        crowd = call.size >= CROWDED_TREE_FROM and bool(getattr(transport, "crowded", False))
+        crowd = self._crowded and call.size >= CROWDED_TREE_FROM
         drive = (nbytes >= DRIVE_BYTES or crowd) and transport.drive_begin()
         try:
             schedule(self.link(call))
@@ -193,8 +196,7 @@ class MessageEngine:
         self._run(call, data.nbytes, lambda link: alg.tree.broadcast(link, data, root))
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        crowded = bool(getattr(self.comm.transport, "crowded", False))
-        algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size, crowded)
+        algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size, self._crowded)
         self._run(call, data.nbytes, lambda link: algorithm(link, data))
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
@@ -219,8 +221,7 @@ class MessageEngine:
         self._run(call, 0, lambda link: alg.direct.all_to_all(link, outs, ins))
 
     def barrier(self, call: Call) -> None:
-        crowded = bool(getattr(self.comm.transport, "crowded", False))
-        self._run(call, 0, barrier_algorithm(call.size, crowded))
+        self._run(call, 0, barrier_algorithm(call.size, self._crowded))
 
     def settle(self) -> None:
         """Nothing owed: every frame went out with its call."""
