@@ -42,6 +42,8 @@ def main() -> None:
             dist.send(t + rank, dst=1 - rank)
             dist.recv(t, src=1 - rank)
         record({"connected": connected(), "got": float(t[0])})
+        # no rank leaves (closing its connections) before every rank has recorded its own
+        dist.barrier()
     elif rank == 2:
         os._exit(3)
     else:
