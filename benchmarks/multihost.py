@@ -32,6 +32,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--round-time", type=float, default=0.1)
     p.add_argument("--pattern", default="lockstep")
+    p.add_argument("--engines", default="tcp,tiers",
+                   help="rankwise engines, a pass each (default tcp,tiers: flat over tcp, and "
+                        "shared memory within each host with tcp between them)")
     p.add_argument("--json", help="write the raw numbers here")
     p.add_argument("--ns-prefix", default="bench-",
                    help="namespace name prefix (not the tests' own: their sweep stays theirs)")
@@ -49,7 +52,7 @@ def main() -> int:
                 sys.executable, "-m", "rankwise", "run", "--nnodes", "2",
                 "--nproc-per-node", str(ns.nproc), "--node-rank", str(node),
                 "--master-addr", hosts.addr(0), "--master-port", "29611",
-                "-m", "rankwise.bench.run", "--worker", "--raw-out", raw, "--engines", "tcp",
+                "-m", "rankwise.bench.run", "--worker", "--raw-out", raw, "--engines", ns.engines,
                 "--no-mpi", "--sizes", ns.sizes, "--rounds", str(ns.rounds),
                 "--round-time", str(ns.round_time), "--pattern", ns.pattern],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in range(2)]
@@ -68,14 +71,16 @@ def main() -> int:
             run = json.load(f)
     print(f"2 hosts x {ns.nproc} ranks, tcp between hosts, pattern {ns.pattern}: "
           "median us per call, rankwise/gloo (lowest-highest round)")
-    for cell in run["passes"][0]["cells"]:
-        s = cell["seconds"]
-        mine, gloo = s["rankwise-tcp"], s["gloo"]
-        pairs = [a / b for a, b in zip(mine, gloo)]
-        print(f"{cell['op']:12s} {cell['bytes']:>10d} B  rankwise {statistics.median(mine) * 1e6:9.0f}"
-              f"  gloo {statistics.median(gloo) * 1e6:9.0f}  ratio "
-              f"{statistics.median(mine) / statistics.median(gloo):.2f} "
-              f"({min(pairs):.2f}-{max(pairs):.2f})")
+    for p in run["passes"]:
+        engine = p["engine"]
+        for cell in p["cells"]:
+            s = cell["seconds"]
+            mine, gloo = s[f"rankwise-{engine}"], s["gloo"]
+            pairs = [a / b for a, b in zip(mine, gloo)]
+            print(f"{engine:6s} {cell['op']:12s} {cell['bytes']:>10d} B  rankwise "
+                  f"{statistics.median(mine) * 1e6:9.0f}  gloo {statistics.median(gloo) * 1e6:9.0f}"
+                  f"  ratio {statistics.median(mine) / statistics.median(gloo):.2f} "
+                  f"({min(pairs):.2f}-{max(pairs):.2f})")
     return 0
 
 

@@ -61,8 +61,11 @@ def test_partition_for_good_fails_both_sides_and_ends_both_launchers(hosts: SimH
 
 
 def test_partition_that_heals_loses_nothing(hosts: SimHosts) -> None:
-    job = Job(hosts, ["loop", "8"], {"RANKWISE_HEARTBEAT_TIMEOUT": "10"})
+    # with large calls too: those run on shared memory within each host, tcp between them
+    job = Job(hosts, ["large", "8"], {"RANKWISE_HEARTBEAT_TIMEOUT": "10"})
     _ready(job)
+    engines = {line.split()[4] for _, _, line in job.lines if line.startswith("ready ")}
+    assert engines == {"tiers"}, job.text()
     hosts.cut(1)
     time.sleep(2.0)  # the fault's duration, not a synchronization
     hosts.heal(1)
@@ -72,7 +75,7 @@ def test_partition_that_heals_loses_nothing(hosts: SimHosts) -> None:
 
 
 def test_node_sigkill_ends_the_other_node(hosts: SimHosts) -> None:
-    job = Job(hosts, ["loop", "120"], FAST)
+    job = Job(hosts, ["large", "120"], FAST)
     _ready(job)
     for pid in hosts.pids(1):
         os.kill(pid, signal.SIGKILL)

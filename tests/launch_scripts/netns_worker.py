@@ -1,8 +1,9 @@
 """A rank for the simulated-host tests: all_reduce in a loop, telling the test where it is.
 
 Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS (of the fastest rank),
-each result checked; ``busy``: rank 3 computes in pure Python for SECONDS while the others wait in a
-barrier. Prints ``ready <rank> <pid>`` once the group works, ``done <rank> <calls>`` at the end,
+each result checked; ``large``: the same, each call followed by a 512 KiB one (the tiered
+engine's: shared memory within a host, tcp between hosts); ``busy``: rank 3 computes in pure Python for SECONDS while the others wait in a
+barrier. Prints ``ready <rank> <pid> <host> <engine>`` once the group works, ``done <rank> <calls>`` at the end,
 and on an error ``raised <rank> <monotonic> <type>: <message>``.
 """
 
@@ -26,7 +27,8 @@ def main() -> int:
     try:
         buf = np.array([rank + 1.0])
         dist.all_reduce(buf)
-        print(f"ready {rank} {os.getpid()} {socket.gethostname()}", flush=True)
+        engine = dist.group.WORLD.engine_name()
+        print(f"ready {rank} {os.getpid()} {socket.gethostname()} {engine}", flush=True)
         end = time.monotonic() + seconds
         n = 0
         if mode == "busy":
@@ -36,12 +38,17 @@ def main() -> int:
                 while time.monotonic() < end:
                     x += 1
             dist.barrier()
-        while mode == "loop":
+        while mode in ("loop", "large"):
             # the second element: ranks whose time is up; all stop on the same call
             buf = np.array([rank + 1.0, float(time.monotonic() >= end)])
             dist.all_reduce(buf)
             if buf[0] != expect:
                 raise AssertionError(f"rank {rank}: all_reduce gave {buf[0]}, not {expect}")
+            if mode == "large":
+                big = np.full(1 << 16, rank + 1.0)
+                dist.all_reduce(big)
+                if not (big == expect).all():
+                    raise AssertionError(f"rank {rank}: a large all_reduce gave {big[:4]}...")
             n += 1
             if buf[1]:
                 break

@@ -72,7 +72,7 @@ BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp", "torch-gloo", "cpu:t
 def _check_backend(backend: str | None) -> str:
     """The backend name ``get_backend`` reports: what was asked, lower-cased, as torch does
     (``"gloo"``, ``"cpu:gloo"``). Which engine moves the data is the group's own business
-    (``ProcessGroup.engine_name()``: ``"shm"`` or ``"tcp"``)."""
+    (``ProcessGroup.engine_name()``: ``"shm"``, ``"tcp"`` or ``"tiers"``)."""
     if backend is None:
         return "tcp"
     if not isinstance(backend, str):

@@ -95,14 +95,20 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def available_engines() -> tuple[str, ...]:
+#: engines a pass may name but none runs by default: ``tiers`` needs ranks on several hosts
+MULTIHOST_ENGINES = ("tiers",)
+
+
+def available_engines(every: bool = False) -> tuple[str, ...]:
     """The rankwise engines ``RANKWISE_ENGINE`` can name, ``auto`` left out: a pass measures
-    one engine by name (each pass also checks that its group really runs on that engine)."""
+    one engine by name (each pass also checks that its group really runs on that engine).
+    The multi-host ones only with ``every`` (what ``--engines`` accepts)."""
     try:
         from ..engines.select import ENGINES
     except ImportError:  # a rankwise from before the engine seam: TCP only
         return ("tcp",)
-    return tuple(e for e in ENGINES if e != "auto")
+    return tuple(e for e in ENGINES
+                 if e != "auto" and (every or e not in MULTIHOST_ENGINES))
 
 
 def add_bench_options(p: argparse.ArgumentParser) -> None:
@@ -176,7 +182,7 @@ def _check(p: argparse.ArgumentParser, ns: argparse.Namespace, worker: bool) -> 
         p.error(f"--ops: unknown {', '.join(unknown) or '(none)'}; choose from "
                 f"{', '.join(OPS)} or all")
     engines = ns.engines or available_engines()
-    have = available_engines()
+    have = available_engines(every=True)
     missing = [e for e in engines if e not in have]
     if missing:
         p.error(f"--engines: {', '.join(missing)} not available here; this rankwise offers "

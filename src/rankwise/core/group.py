@@ -35,7 +35,7 @@ class ProcessGroup:
     """A set of ranks that make collective calls together (torch's ``ProcessGroup``)."""
 
     def __init__(self, comm: Communicator, group_id: int, ranks: list[int], timeout: float,
-                 backend: str, name: str) -> None:
+                 backend: str, name: str, register: bool = True) -> None:
         self.comm = comm
         #: all an engine may reach of the rest of the job (``core.port``)
         self.port = comm.port
@@ -55,7 +55,15 @@ class ProcessGroup:
         self.engine: Engine = self.messages
         #: the last async call queued on a serial engine (see ``Engine.serial``)
         self.queued: Work | None = None
-        comm.groups[group_id] = self  # who-is-where reports read every group's history
+        if register:  # who-is-where reports read every group's history
+            comm.groups[group_id] = self
+
+    def part(self, ranks: list[int], name: str) -> ProcessGroup:
+        """Some of this group's members (global ``ranks``) as a group of their own, for an
+        engine built of smaller ones (``engines.tiers``): same id, connections and
+        timeout, but unregistered, so no frame, report or user call ever reaches it."""
+        return ProcessGroup(self.comm, self.id, ranks, self.timeout, self.backend, name,
+                            register=False)
 
     def engine_name(self) -> str:
         """The engine that moves this group's collective data (``"shm"`` or ``"tcp"``);

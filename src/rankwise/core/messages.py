@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import algorithms as alg
-from ..algorithms.link import Lane
+from ..algorithms.link import Lane, Link
 from ..engines.base import Array, Call
 from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ..wire.frames import HEADER, MAGIC, VERSION, Flag, Kind
@@ -48,7 +48,7 @@ CROWDED_TREE_FROM = 8
 
 
 def all_reduce_algorithm(nbytes: int, numel: int, n: int,
-                         crowded: bool = False) -> Callable[[OpLink, Array], None]:
+                         crowded: bool = False) -> Callable[[Link, Array], None]:
     """Latency-bound sizes: recursive doubling (log2 n rounds), or the tree when ranks
     outnumber CPUs (fewer wake-ups per rank). Bandwidth-bound sizes: Rabenseifner on
     powers of two (2 log2 n hops), else the pipelined ring. ``RANKWISE_ALLREDUCE`` =
@@ -157,6 +157,34 @@ class OpLink:
             divide_in_place(acc, self.dtype, self.size)
 
 
+class _Members:
+    """``link`` narrowed to some of its group's ranks, renumbered 0..len(members)-1: the
+    algorithms run unchanged over a subset of a call's group."""
+
+    __slots__ = ("_link", "_members", "rank", "size")
+
+    def __init__(self, link: OpLink, members: Sequence[int], rank: int) -> None:
+        self._link = link
+        self._members = members
+        self.rank = rank
+        self.size = len(members)
+
+    def send(self, peer: int, data: Array, step: int, lane: Lane = Lane.DATA) -> None:
+        self._link.send(self._members[peer], data, step, lane)
+
+    def post(self, peer: int, out: Array, step: int, lane: Lane = Lane.DATA) -> Pending:
+        return self._link.post(self._members[peer], out, step, lane)
+
+    def wait(self, handle: Any) -> None:
+        self._link.wait(handle)
+
+    def reduce(self, acc: Array, incoming: Array) -> None:
+        self._link.reduce(acc, incoming)
+
+    def finish_avg(self, acc: Array) -> None:
+        """Left to the caller: an average over the subset is not the call's average."""
+
+
 class MessageEngine:
     """Runs each call as a message schedule over the communicator's transport."""
 
@@ -179,7 +207,7 @@ class MessageEngine:
         link.quiet = call.quiet
         return link
 
-    def _run(self, call: Call, nbytes: int, schedule: Callable[[OpLink], None]) -> None:
+    def run(self, call: Call, nbytes: int, schedule: Callable[[OpLink], None]) -> None:
         """Run ``schedule``; a large blocking call reads its own frames meanwhile, and so
         does any call of a crowded group (8+ ranks, more than CPUs): there each frame's
         hand-off from the I/O thread is a wake-up that waits for a CPU."""
@@ -193,35 +221,43 @@ class MessageEngine:
                 transport.drive_end()
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
-        self._run(call, data.nbytes, lambda link: alg.tree.broadcast(link, data, root))
+        self.run(call, data.nbytes, lambda link: alg.tree.broadcast(link, data, root))
 
     def all_reduce(self, call: Call, data: Array) -> None:
         algorithm = all_reduce_algorithm(data.nbytes, data.size, call.size, self._crowded)
-        self._run(call, data.nbytes, lambda link: algorithm(link, data))
+        self.run(call, data.nbytes, lambda link: algorithm(link, data))
+
+    def all_reduce_among(self, call: Call, data: Array, members: Sequence[int]) -> None:
+        """Reduce ``data`` over the group ranks ``members`` only (this rank among them), in
+        this call's frames. An AVG stays a sum: the caller divides, as it knows by how many
+        ranks (the tiered engine's step between hosts, ``engines.tiers``)."""
+        me = members.index(call.rank)
+        algorithm = all_reduce_algorithm(data.nbytes, data.size, len(members), self._crowded)
+        self.run(call, data.nbytes, lambda link: algorithm(_Members(link, members, me), data))
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
-        self._run(call, data.nbytes, lambda link: alg.tree.reduce(link, data, root))
+        self.run(call, data.nbytes, lambda link: alg.tree.reduce(link, data, root))
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
-        self._run(call, slots[0].nbytes if slots else 0,
+        self.run(call, slots[0].nbytes if slots else 0,
                   lambda link: alg.ring.all_gather(link, slots))
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
-        self._run(call, mine.nbytes, lambda link: alg.direct.gather(link, mine, slots, root))
+        self.run(call, mine.nbytes, lambda link: alg.direct.gather(link, mine, slots, root))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
-        self._run(call, out.nbytes, lambda link: alg.direct.scatter(link, out, slots, root))
+        self.run(call, out.nbytes, lambda link: alg.direct.scatter(link, out, slots, root))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
-        self._run(call, chunks[0].nbytes if chunks else 0,
+        self.run(call, chunks[0].nbytes if chunks else 0,
                   lambda link: alg.ring.reduce_scatter(link, chunks))
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         # sizes vary by pair: no single size says "large", so the I/O thread reads
-        self._run(call, 0, lambda link: alg.direct.all_to_all(link, outs, ins))
+        self.run(call, 0, lambda link: alg.direct.all_to_all(link, outs, ins))
 
     def barrier(self, call: Call) -> None:
-        self._run(call, 0, barrier_algorithm(call.size, self._crowded))
+        self.run(call, 0, barrier_algorithm(call.size, self._crowded))
 
     def settle(self) -> None:
         """Nothing owed: every frame went out with its call."""

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DistError, InvalidArgument
@@ -36,12 +37,12 @@ if TYPE_CHECKING:
     from ..core.group import ProcessGroup
 
 __all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_missing",
-           "exchange", "host_identity", "requested_engine"]
+           "exchange", "host_identity", "host_layout", "requested_engine"]
 
 log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
-ENGINES = ("auto", "tcp", "shm", "torch-gloo")
+ENGINES = ("auto", "tcp", "shm", "tiers", "torch-gloo")
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the
@@ -128,21 +129,54 @@ def _host_engine(group: ProcessGroup, store: Any, timeout: float,
     prefix = f"engine/{group.id}"
     if hosts is None:
         hosts = exchange(store, f"{prefix}/host", host_identity(), n, me, timeout)
-    if len(set(hosts)) != 1:
-        if want == "shm":
-            apart = sorted({h.split("|", 1)[0] for h in hosts})
+    apart = sorted({h.split("|", 1)[0] for h in hosts})
+    if len(set(hosts)) == 1:
+        if want == "tiers":
+            raise EngineUnavailable(f"{ENGINE_ENV}=tiers, but every rank of {group.name} is "
+                                    f"on one host (hosts {apart}); unset it to use shared memory")
+        return _agreed(group, store, timeout, want, lambda: _shm_engine(group, store, timeout))
+    if want == "shm":
+        raise EngineUnavailable(
+            f"{ENGINE_ENV}=shm, but the ranks of {group.name} do not share one host "
+            f"(hosts {apart}, or different containers/boots); unset it to use tcp "
+            "between hosts")
+    layout = host_layout(hosts)
+    if layout is None:
+        if want == "tiers":
             raise EngineUnavailable(
-                f"{ENGINE_ENV}=shm, but the ranks of {group.name} do not share one host "
-                f"(hosts {apart}, or different containers/boots); unset it to use tcp "
-                "between hosts")
+                f"{ENGINE_ENV}=tiers, but {group.name} does not have the same number of "
+                f"ranks, two or more, on each of its hosts {apart}; unset it to use tcp")
         return group.messages
+    return _agreed(group, store, timeout, want,
+                   lambda: _tiered_engine(group, store, timeout, layout))
+
+
+def host_layout(hosts: Sequence[str]) -> list[list[int]] | None:
+    """The group ranks on each host (hosts in order of their lowest member; ``hosts``: every
+    member's host identity in group-rank order), when the tiered engine fits them: two hosts or
+    more, each with the same number of members, two or more. None otherwise."""
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    layout = list(by_host.values())
+    sizes = {len(members) for members in layout}
+    if len(layout) < 2 or len(sizes) != 1 or sizes.pop() < 2:
+        return None
+    return layout
+
+
+def _agreed(group: ProcessGroup, store: Any, timeout: float, want: str,
+            build: Callable[[], Engine]) -> Engine:
+    """``build()``'s engine if it could be built on every member, else the message engine
+    everywhere (or an error, when ``want`` named the engine): one round of outcomes."""
+    n, me = group.size(), group.group_rank
     engine: Engine | None = None
     try:
-        engine = _shm_engine(group, store, timeout)
+        engine = build()
         outcome = "ok"
     except EngineUnavailable as exc:
         outcome = str(exc) or "unavailable"
-    outcomes = exchange(store, f"{prefix}/ok", outcome, n, me, timeout)
+    outcomes = exchange(store, f"engine/{group.id}/ok", outcome, n, me, timeout)
     failed = [(r, o) for r, o in enumerate(outcomes) if o != "ok"]
     if not failed:
         assert engine is not None
@@ -150,8 +184,8 @@ def _host_engine(group: ProcessGroup, store: Any, timeout: float,
     if engine is not None:
         engine.close()
     rank, why = failed[0]
-    if want == "shm":
-        raise EngineUnavailable(f"{ENGINE_ENV}=shm, but {group.name} cannot use shared "
+    if want != "auto":
+        raise EngineUnavailable(f"{ENGINE_ENV}={want}, but {group.name} cannot use shared "
                                 f"memory: on group rank {rank}, {why}")
     if me == 0:
         log.warning("rankwise: %s uses tcp, not shared memory: on group rank %d, %s",
@@ -166,4 +200,15 @@ def _shm_engine(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     except ImportError as exc:
         raise EngineUnavailable(f"the shared-memory engine cannot load ({exc})") from exc
     engine: Engine = ShmEngine.create(group, store, timeout)
+    return engine
+
+
+def _tiered_engine(group: ProcessGroup, store: Any, timeout: float,
+                   layout: list[list[int]]) -> Engine:
+    """Build the tiered engine (imported here: only groups spread over hosts need it)."""
+    try:
+        from .tiers import TieredEngine
+    except ImportError as exc:
+        raise EngineUnavailable(f"the shared-memory engine cannot load ({exc})") from exc
+    engine: Engine = TieredEngine.create(group, store, timeout, layout)
     return engine

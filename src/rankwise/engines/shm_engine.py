@@ -71,8 +71,10 @@ class ShmEngine:
                 f"in {self.group.name})")
 
     @classmethod
-    def create(cls, group: ProcessGroup, store: Any, timeout: float) -> ShmEngine:
-        """Set up the group's segment (collective over the group's members)."""
+    def create(cls, group: ProcessGroup, store: Any, timeout: float,
+               prefix: str | None = None) -> ShmEngine:
+        """Set up the group's segment (collective over the group's members); ``prefix``:
+        its store keys, when the group's id does not set it apart (a part of a group)."""
         port = group.port
 
         def control_plane_failure() -> None:
@@ -81,7 +83,8 @@ class ShmEngine:
                 raise failure
 
         try:
-            core = ShmGroup(store, f"engine/{group.id}/shm", group.group_rank, group.size(),
+            core = ShmGroup(store, prefix or f"engine/{group.id}/shm", group.group_rank,
+                            group.size(),
                             timeout=timeout, check=control_plane_failure,
                             global_ranks=group.ranks)
         except ShmUnavailable as exc:
