@@ -9,8 +9,9 @@ used only when all of these are equal. Setting it up can still fail on one rank 
 /dev/shm), so a second round makes every member learn every outcome: the group uses
 shared memory only if it worked everywhere, and never splits across engines.
 
-``RANKWISE_ENGINE`` = ``auto`` (default: shm when possible, else tcp), ``tcp`` (always
-the message engine), ``shm`` (shared memory or an error saying why not) or ``torch-gloo``
+``RANKWISE_ENGINE`` = ``auto`` (default: shm for a group on one host, the tiered engine
+for one with as many ranks on each of several hosts, else tcp), ``tcp`` (always the
+message engine), ``shm`` or ``tiers`` (that engine or an error saying why not) or ``torch-gloo``
 (torch's gloo moves the data, rankwise checks it: ``engines.torch.engine``). The backend name
 ``"torch-gloo"`` asks for that engine whatever the environment says; ``"gloo"`` is
 rankwise's own engine. A backend that names NCCL (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)
