@@ -29,6 +29,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks per host (default 2)")
     p.add_argument("--sizes", default="4,1K,1M,16M")
+    p.add_argument("--ops", default="all_reduce", help="comma list, as rankwise bench's")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--round-time", type=float, default=0.1)
     p.add_argument("--pattern", default="lockstep")
@@ -53,7 +54,7 @@ def main() -> int:
                 "--nproc-per-node", str(ns.nproc), "--node-rank", str(node),
                 "--master-addr", hosts.addr(0), "--master-port", "29611",
                 "-m", "rankwise.bench.run", "--worker", "--raw-out", raw, "--engines", ns.engines,
-                "--no-mpi", "--sizes", ns.sizes, "--rounds", str(ns.rounds),
+                "--no-mpi", "--ops", ns.ops, "--sizes", ns.sizes, "--rounds", str(ns.rounds),
                 "--round-time", str(ns.round_time), "--pattern", ns.pattern],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in range(2)]
             for proc in procs:
