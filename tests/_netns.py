@@ -8,6 +8,10 @@ when a switch port dies between two machines. Each host namespace ``<prefix>-h<i
 the root namespace and no address outside 10.213.0.0/24 is ever used (netem and iptables are
 not assumed: this machine's kernel has neither).
 
+Each host also has its own temp folder (``TMPDIR``), as a machine has its own ``/tmp``: a
+test that kills a whole host (its launcher's watchdog included) leaves that host's scratch
+files in that folder only, and :meth:`SimHosts.close` removes it.
+
 Everything is torn down by :meth:`SimHosts.close` (processes inside the namespaces first),
 and namespaces that a dead test process left behind are removed by :func:`remove_stale`
 (their names carry the creating pid).
@@ -20,6 +24,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -78,7 +83,8 @@ def _kill_inside(ns: str) -> None:
 
 
 def remove_stale() -> list[str]:
-    """Delete ``net-<pid>-*`` namespaces whose creating process is gone; return their names."""
+    """Delete ``net-<pid>-*`` namespaces (and their hosts' temp folders) whose creating
+    process is gone; return the namespaces' names."""
     removed = []
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -89,6 +95,11 @@ def remove_stale() -> list[str]:
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
             removed.append(name)
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):  # the hosts' temp folders (``SimHosts.tmpdirs``)
+        owner = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if "-tmp-" in name and owner.isdigit() and not _pid_alive(int(owner)):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
     return removed
 
 
@@ -102,6 +113,7 @@ class SimHosts:
         self.hosts = [f"{self.prefix}-h{i}" for i in range(n)]
         self.hostnames = [f"h{i}" for i in range(n)]
         self._procs: list[subprocess.Popen[Any]] = []
+        self.tmpdirs = [tempfile.mkdtemp(prefix=f"{ns}-tmp-") for ns in self.hosts]
         try:
             self._build()
         except BaseException:
@@ -127,7 +139,8 @@ class SimHosts:
     def command(self, i: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside host ``i`` under its own hostname ``h<i>``."""
         return ["ip", "netns", "exec", self.hosts[i], "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', self.hostnames[i], *argv]
+                'hostname "$0" && exec "$@"', self.hostnames[i],
+                "env", f"TMPDIR={self.tmpdirs[i]}", *argv]
 
     def popen(self, i: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
         proc = subprocess.Popen(self.command(i, argv), start_new_session=True, **kw)
@@ -164,6 +177,8 @@ class SimHosts:
                 proc.wait(5.0)
             except subprocess.TimeoutExpired:
                 pass
+        for tmp in self.tmpdirs:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __enter__(self) -> SimHosts:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
