@@ -66,8 +66,9 @@ class ProcessGroup:
                             register=False)
 
     def engine_name(self) -> str:
-        """The engine that moves this group's collective data (``"shm"`` or ``"tcp"``);
-        ``get_backend`` reports the backend name the user asked for instead, as torch."""
+        """The engine that moves this group's collective data (``"shm"``, ``"tcp"``,
+        ``"tiers"``, ...); ``get_backend`` reports the backend name the user asked for
+        instead, as torch."""
         return self.engine.name
 
     # torch-compatible accessors

@@ -240,7 +240,7 @@ class MessageEngine:
 
     def all_gather(self, call: Call, slots: list[Array]) -> None:
         self.run(call, slots[0].nbytes if slots else 0,
-                  lambda link: alg.ring.all_gather(link, slots))
+                 lambda link: alg.ring.all_gather(link, slots))
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         self.run(call, mine.nbytes, lambda link: alg.direct.gather(link, mine, slots, root))
@@ -250,7 +250,7 @@ class MessageEngine:
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
         self.run(call, chunks[0].nbytes if chunks else 0,
-                  lambda link: alg.ring.reduce_scatter(link, chunks))
+                 lambda link: alg.ring.reduce_scatter(link, chunks))
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         # sizes vary by pair: no single size says "large", so the I/O thread reads
