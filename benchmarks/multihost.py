@@ -1,9 +1,10 @@
-"""``rankwise bench`` across two simulated hosts: rankwise (tcp engine) vs torch gloo.
+"""``rankwise bench`` across two simulated hosts: rankwise (tcp and tiers engines) vs torch gloo.
 
 Two network namespaces joined by a bridge (tests/_netns.py; needs root), one
 ``rankwise run`` launcher per host with ``--nproc`` ranks each; every rank runs the bench
 worker, so both libraries cross the veth link in the same processes, in alternating
-rounds, as on one host. Prints each size's median per-call time and the rankwise/gloo
+rounds, as on one host, one pass per rankwise engine (``--engines``, default ``tcp,tiers``).
+Prints each engine's and size's median per-call time and the rankwise/gloo
 ratio with the lowest and highest single-round ratio; ``--json`` keeps the raw numbers.
 The namespaces are named ``<--ns-prefix><pid>-...`` and removed on exit.
 

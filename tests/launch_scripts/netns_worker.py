@@ -1,10 +1,11 @@
 """A rank for the simulated-host tests: all_reduce in a loop, telling the test where it is.
 
-Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS (of the fastest rank),
-each result checked; ``large``: the same, each call followed by a 512 KiB one (the tiered
-engine's: shared memory within a host, tcp between hosts); ``busy``: rank 3 computes in pure Python for SECONDS while the others wait in a
-barrier. Prints ``ready <rank> <pid> <host> <engine>`` once the group works, ``done <rank> <calls>`` at the end,
-and on an error ``raised <rank> <monotonic> <type>: <message>``.
+Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS (of the fastest
+rank), each result checked; ``large``: the same, each call followed by a checked 512 KiB one
+(the tiered engine's path: shared memory within a host, tcp between hosts); ``busy``: rank 3
+computes in pure Python for SECONDS while the others wait in a barrier. Prints
+``ready <rank> <pid> <host> <engine>`` once the group works, ``done <rank> <calls>`` at the
+end, and on an error ``raised <rank> <monotonic> <type>: <message>``.
 """
 
 from __future__ import annotations
