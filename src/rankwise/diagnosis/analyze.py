@@ -8,6 +8,9 @@ part, and who was waiting for whom. This answers it in plain text, from the file
 
 Each rank's own report is the truth about that rank; a rank without a file (SIGKILLed, its
 machine gone) is described from the other ranks' views of it, marked as such.
+
+A directory of torch flight-recorder dumps (a plain "gloo" or "nccl" job) gets the same
+report from ``flight_report``, read by ``flight`` without unpickling any class.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 from ..checks.deadlock import cycle_of, wait_edges, wait_lines
 from ..checks.report import _histories, _partition, _reached, rank_list
+from .flight import load_flight_dumps
+from .flight_report import flight_report
 
 __all__ = ["analyze", "load", "main"]
 
@@ -122,7 +127,11 @@ def analyze(directory: str) -> str:
     """The merged post-mortem of the dump files in ``directory``, as text."""
     dumps = load(directory)
     if not dumps:
-        return f"no rank<N>.json dump files in {directory} (was RANKWISE_DUMP set?)"
+        flight = load_flight_dumps(directory)
+        if flight:
+            return flight_report(directory, flight)
+        return (f"no rank<N>.json dump files in {directory} (was RANKWISE_DUMP set?) and no "
+                "torch flight-recorder dumps (<TORCH_FR_DUMP_TEMP_FILE><rank>) either")
     world = max(int(d.get("world_size", 0)) for d in dumps.values())
     histories, states, second_hand = _reports(dumps)
     missing = [r for r in range(world) if r not in dumps]
@@ -153,8 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="rankwise analyze",
         description="Merge the per-rank post-mortem files that RANKWISE_DUMP=dir left into "
                     "one report: who failed first, where the ranks diverged, who waited for "
-                    "whom.")
-    parser.add_argument("directory", help="the RANKWISE_DUMP directory")
+                    "whom. A directory of torch flight-recorder dumps (TORCH_FR_BUFFER_SIZE, "
+                    "pickle or JSON, one per rank, named <prefix><rank>) gets the same "
+                    "report; pickles are read without loading any class.")
+    parser.add_argument("directory", help="the RANKWISE_DUMP directory, or the directory "
+                                          "of a job's flight-recorder dumps")
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not os.path.isdir(ns.directory):
         parser.error(f"{ns.directory} is not a directory")
