@@ -93,6 +93,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--token", default=None,
          help="shared secret on the command line: visible to every user in `ps`; prefer "
               "--token-file or $RANKWISE_TOKEN")
+    live = p.add_mutually_exclusive_group()
+    live.add_argument("--live", metavar="HOST:PORT", default="127.0.0.1:0",
+                      help="serve the live job page here (default 127.0.0.1 on a free port; "
+                           "its address, with its token, is printed at start; see "
+                           "docs/live.md)")
+    live.add_argument("--no-live", dest="live", action="store_const", const=None,
+                      help="no live job page")
     _add(p, "--no-python", action="store_true", help="run the script as an executable")
     _add(p, "-m", "--module", action="store_true", help="run the script as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
@@ -158,7 +165,22 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         max_restarts=ns.max_restarts, log_dir=ns.log_dir, tee=ns.tee is not None,
         prefix=sys.stdout.isatty() if ns.prefix is None else ns.prefix, grace=ns.grace,
         timeout=ns.timeout, token=_token(parser, ns), start_together=ns.start_together,
+        live=_live(parser, ns.live),
     )
+
+
+def _live(parser: argparse.ArgumentParser, address: str | None) -> str | None:
+    """``--live`` checked before anything starts (a bad address is an error, not a page
+    that silently never comes)."""
+    if address is None:
+        return None
+    from .live.server import parse_live_address
+
+    try:
+        parse_live_address(address)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return address
 
 
 def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | None:

@@ -179,6 +179,10 @@ def init_process_group(
     _set_watcher(store, _store_watcher(comm))
     set_world(world)
     _install_hooks()
+    if os.environ.get("RANKWISE_LIVE") == "1":  # `rankwise run` serves the live page
+        from ..live.publisher import start_publisher
+
+        start_publisher(comm)
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
     default.engine = choose_engine(default, scoped, timeout_s, device=device)

@@ -62,6 +62,7 @@ class JobOptions:
     timeout: float = 300.0
     token: str | None = None
     start_together: bool = True
+    live: str | None = "127.0.0.1:0"  #: the live page's HOST:PORT (None: no page)
 
 
 def _say(text: str) -> None:
@@ -192,6 +193,7 @@ def run_job(opts: JobOptions) -> int:
     rounds: list[Round] = []  # this node's rendezvous rounds, the current one last
     runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
+    live: Any | None = None
     watchdog: subprocess.Popen[bytes] | None = None
     token, origin = resolve_job_token(opts)
     if origin == "none":
@@ -219,6 +221,9 @@ def run_job(opts: JobOptions) -> int:
         base_env = dict(os.environ)
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        live = _start_live(opts, port, nnodes) if server is not None else None
+        if live is not None:
+            base_env["RANKWISE_LIVE"] = "1"
         alarm.marker = marker
         watchdog = _start_watchdog(marker, run_dir)
         base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
@@ -253,9 +258,37 @@ def run_job(opts: JobOptions) -> int:
         _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
+        if live is not None:
+            live.close(_live_linger())
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _start_live(opts: JobOptions, port: int, nnodes: int) -> Any | None:
+    """The live page (``rankwise.live``) on the node that hosts the store, its address
+    printed; None when turned off (``--no-live``) or when it cannot start."""
+    if not opts.live:
+        return None
+    from ..live.serve import start_page
+
+    try:
+        page = start_page(opts.live, opts.master_addr, port, opts.token,
+                          opts.nproc * nnodes if opts.max_nodes == 1 else 0)
+    except (OSError, ValueError, DistError) as exc:
+        _say(f"rankwise run: the live page could not start on {opts.live} ({exc}); "
+             "running without it")
+        return None
+    _say(f"rankwise run: live page at {page.url}")
+    return page
+
+
+def _live_linger() -> float:
+    """``RANKWISE_LIVE_LINGER``: seconds the live page stays up after the job ended."""
+    try:
+        return max(0.0, float(os.environ.get("RANKWISE_LIVE_LINGER", "0")))
+    except ValueError:
+        return 0.0
 
 
 def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, hosting: bool,
