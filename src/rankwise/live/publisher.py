@@ -64,11 +64,17 @@ class LivePublisher:
         self._calls = 0
         self._bytes = 0.0
         self._asked = 0
+        self._began = time.time()
         self._thread = threading.Thread(target=self._loop, name="rankwise-live", daemon=True)
 
-    def start(self) -> None:
+    def start(self, at_exit: bool = True) -> None:
+        """Start the snapshot thread (and, for a process, a last snapshot at exit)."""
         self._thread.start()
-        atexit.register(self.final)
+        if at_exit:
+            atexit.register(self.final)
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def snapshot(self) -> dict[str, Any]:
         """This rank now: state, totals, the last finished collectives (no stack read
@@ -88,7 +94,7 @@ class LivePublisher:
         failure = comm.router.failure
         return {
             "rank": comm.rank, "world_size": comm.world_size, "host": socket.gethostname(),
-            "pid": os.getpid(), "n": self._n, "mono": time.monotonic(), "time": now,
+            "pid": os.getpid(), "n": self._n, "began": self._began, "mono": time.monotonic(), "time": now,
             "state": _state(comm, now), "op": a.op, "kind": a.kind if a.op else "",
             "group": group.name if group is not None else "", "seq": a.seq if a.op else 0,
             "since": a.since, "site": a.site.chain if a.op else "",
