@@ -96,6 +96,10 @@ class Collector:
             if old is not None and snap.get("n") == old.get("n"):
                 return
             self._moved[rank] = now
+            if old is not None and snap.get("failed") and not snap.get("op"):
+                was = old.get("was") or (old["state"] if old.get("op") else "")
+                if was:  # where it was stuck when the failure ended its call
+                    snap = {**snap, "was": was}
             if old is not None:
                 dt = float(snap["mono"]) - float(old["mono"])
                 if dt > 0:

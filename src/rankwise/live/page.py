@@ -5,9 +5,19 @@
 
 from __future__ import annotations
 
-__all__ = ["PAGE"]
+import json
+from typing import Any
 
-PAGE = """<!doctype html>
+__all__ = ["PAGE", "render_page"]
+
+
+def render_page(data: dict[str, Any]) -> str:
+    """The page with ``data`` (``/api/job``'s answer) inside, so it shows the job at once,
+    before its first poll; ``<`` is escaped so no text can close the script element."""
+    inline = json.dumps(data, default=str).replace("<", "\\u003c").replace("&", "\\u0026")
+    return PAGE.replace("__INITIAL__", inline, 1)
+
+PAGE = r"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>rankwise job</title>
 <style>
@@ -40,6 +50,7 @@ button{font-size:12px}
 </tr></thead><tbody id="rows"></tbody></table>
 <div id="stacks-box" style="display:none"><h2 id="stacks-title">stacks</h2>
 <pre id="stacks"></pre></div>
+<script id="initial" type="application/json">__INITIAL__</script>
 <script>
 "use strict";
 const token = new URLSearchParams(location.search).get("token") || "";
@@ -79,7 +90,9 @@ function render(d) {
     tr.className = !r.seen ? "unseen" : r.failed ? "failed" : r.stuck ? "stuck" :
                    r.silent ? "silent" : "";
     tr.append(el("td", r.rank, "num"), el("td", r.host || ""), el("td", r.pid || "", "num"));
-    tr.append(el("td", r.state, "state"));
+    const failed = r.failed ? "raised " + r.failed.split("\n")[0].slice(0, 110) : "";
+    tr.append(el("td", failed ? failed + (r.was ? " \u2014 was " + r.was : "") : r.state,
+                 "state"));
     tr.append(el("td", r.seen ? r.heartbeat_age.toFixed(1) + " s" : "", "num"));
     tr.append(el("td", r.seen ? r.calls_per_s : "", "num"));
     tr.append(el("td", r.seen ? human(r.bytes_per_s) : "", "num"));
@@ -117,7 +130,8 @@ async function poll() {
   }
   setTimeout(poll, 500);
 }
-poll();
+render(JSON.parse(document.getElementById("initial").textContent));
+setTimeout(poll, 500);
 </script>
 </body></html>
 """

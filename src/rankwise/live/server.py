@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .collector import Collector
-from .page import PAGE
+from .page import render_page
 
 __all__ = ["LiveServer", "parse_live_address"]
 
@@ -99,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(denied[0], {"error": denied[1]})
             return
         if url.path == "/":
-            self._send(200, PAGE, "text/html; charset=utf-8")
+            self._send(200, render_page(self.collector.data()), "text/html; charset=utf-8")
         elif url.path == "/api/job":
             self._send(200, self.collector.data())
         elif url.path == "/api/stacks":
