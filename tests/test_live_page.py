@@ -21,7 +21,7 @@ import rankwise
 from rankwise.api.world import current
 from rankwise.live.collector import Collector, pick_report
 from rankwise.live.page import PAGE, render_page
-from rankwise.live.publisher import LivePublisher
+from rankwise.live.publisher import LivePublisher, started_key
 from rankwise.live.server import LiveServer, parse_live_address
 from rankwise.store.hash import HashStore
 from rankwise.testing.threads import run_threads
@@ -161,3 +161,31 @@ def test_live_address_parsing() -> None:
         parse_live_address("host:http")
     with pytest.raises(ValueError, match="0..65535"):
         parse_live_address("host:70000")
+
+
+def test_a_restarted_attempt_replaces_the_rows(job: Any) -> None:
+    store, collector, _, publishers = job
+    collector.poll()
+    assert collector.attempt == 0 and collector.data()["ranks"][0]["seen"]
+    again = LivePublisher(publishers[0]._comm, store, 1)
+    again.publish()
+    store.add(started_key(1), 1)  # as start_publisher does for a restarted rank
+    collector.poll()
+    data = collector.data()
+    assert data["attempt"] == 1
+    seen = [r["rank"] for r in data["ranks"] if r["seen"]]
+    assert seen == [publishers[0]._comm.rank]  # the other rank has not come back yet
+
+
+def test_rates_from_two_snapshots() -> None:
+    collector = Collector(HashStore(), world_size=1)
+    snap = {"rank": 0, "world_size": 1, "n": 1, "mono": 10.0, "calls": 100, "bytes": 4000,
+            "state": "running user code", "op": "", "since": 0.0}
+    collector._take(0, snap)
+    collector._take(0, {**snap, "n": 2, "mono": 10.5, "calls": 150, "bytes": 6000})
+    row = collector.data()["ranks"][0]
+    assert row["calls_per_s"] == 100.0 and row["bytes_per_s"] == 4000
+    assert row["heartbeat_age"] < 1 and not row["silent"] and not row["stuck"]
+    collector._take(0, {**snap, "n": 3, "mono": 11.0, "failed": "DeadlockError: x",
+                        "calls": 150, "bytes": 6000})
+    assert collector.data()["report"] == {"rank": 0, "text": "DeadlockError: x", "also": []}

@@ -130,3 +130,41 @@ def test_deadlocking_job_on_the_page() -> None:
     assert rep["text"].startswith("DeadlockError: deadlock: all 4 live ranks"), rep
     assert "Wait-for cycle" in rep["text"]
     proc.kill()  # the launcher lingers to keep the page up: no need to wait for it
+
+
+def test_two_nodes_one_page() -> None:
+    """Two launchers form a 2x2 job: node 0 serves one page with all 4 ranks (node 1's
+    ranks publish to node 0's store); node 1 serves none."""
+    from _procs import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "STEPS": "400", "RANKWISE_TOKEN": "two-node-secret"}
+    common = ["-n", "2", "--nnodes", "2", "--master-port", port, "--rdzv-id", "live",
+              "--no-prefix", "--grace", "0.5"]
+    nodes = [start([sys.executable, "-m", "rankwise", "run", *common, *extra, EXAMPLE],
+                   env=env, merge_stderr=True)
+             for extra in ([], ["--node-rank", "1"])]
+    lines = _lines(nodes[0])
+    deadline = time.monotonic() + 90
+
+    def url_line() -> str | None:
+        while not lines.empty():
+            m = re.search(r"live page at (http://\S+)", lines.get()[1])
+            if m:
+                return m.group(1)
+        return None
+
+    base = _until("node 0's live page line", deadline, url_line).split("/?token=")[0]
+    api = f"{base}/api/job?token=two-node-secret"  # the job's token works too
+
+    def all_four() -> list[dict[str, Any]] | None:
+        code, data = _get(api)
+        rows = data["ranks"] if code == 200 else []
+        return rows if len(rows) == 4 and all(r["seen"] and r["calls"] for r in rows) else None
+
+    rows = _until("4 rows, 2 per node", deadline, all_four)
+    assert len({r["pid"] for r in rows}) == 4
+    for proc in nodes:
+        proc.kill()
+    out, _ = nodes[1].communicate(timeout=30)
+    assert "live page at" not in out

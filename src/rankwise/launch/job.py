@@ -222,7 +222,7 @@ def run_job(opts: JobOptions) -> int:
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
         live = _start_live(opts, port, nnodes) if server is not None else None
-        if live is not None:
+        if opts.live:  # ranks publish for the page if node 0 serves one (a store key says)
             base_env["RANKWISE_LIVE"] = "1"
         alarm.marker = marker
         watchdog = _start_watchdog(marker, run_dir)

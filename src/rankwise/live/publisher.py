@@ -23,7 +23,8 @@ from typing import Any
 
 from ..checks.report import _state
 
-__all__ = ["PERIOD", "LivePublisher", "ask_key", "rank_key", "stacks_key", "start_publisher", "started_key"]
+__all__ = ["PAGE_KEY", "PERIOD", "LivePublisher", "ask_key", "current_publisher", "rank_key",
+           "stacks_key", "start_publisher", "started_key"]
 
 PERIOD = 0.5  #: seconds between snapshots
 RECENT = 8  #: finished collectives per snapshot
@@ -32,6 +33,9 @@ REPORT_CHARS = 20000  #: of a failure's text
 
 def rank_key(attempt: int, rank: int) -> str:
     return f"rankwise/live/{attempt}/rank/{rank}"
+
+
+PAGE_KEY = "rankwise/live/page"  #: set by the launcher that serves the page
 
 
 def started_key(attempt: int) -> str:
@@ -65,6 +69,7 @@ class LivePublisher:
         self._bytes = 0.0
         self._asked = 0
         self._began = time.time()
+        self.cpu_s = 0.0  #: CPU time this rank's snapshot thread used (its whole cost)
         self._thread = threading.Thread(target=self._loop, name="rankwise-live", daemon=True)
 
     def start(self, at_exit: bool = True) -> None:
@@ -94,7 +99,8 @@ class LivePublisher:
         failure = comm.router.failure
         return {
             "rank": comm.rank, "world_size": comm.world_size, "host": socket.gethostname(),
-            "pid": os.getpid(), "n": self._n, "began": self._began, "mono": time.monotonic(), "time": now,
+            "pid": os.getpid(), "n": self._n, "began": self._began,
+            "mono": time.monotonic(), "time": now,
             "state": _state(comm, now), "op": a.op, "kind": a.kind if a.op else "",
             "group": group.name if group is not None else "", "seq": a.seq if a.op else 0,
             "since": a.since, "site": a.site.chain if a.op else "",
@@ -104,7 +110,7 @@ class LivePublisher:
                         "site": c.site.short} for c in reversed(recent)],
             "failed": (f"{type(failure).__name__}: {failure}"[:REPORT_CHARS]
                        if failure is not None else ""),
-            "closed": bool(comm.closed),
+            "closed": bool(comm.closed), "publisher_cpu_s": round(self.cpu_s, 4),
         }
 
     def publish(self) -> None:
@@ -132,10 +138,12 @@ class LivePublisher:
         must reach the page before the process exits)."""
         last, failed = time.monotonic(), False
         while not self._stop.wait(0.1):
+            cpu = time.thread_time()
             now_failed = self._comm.router.failure is not None
             if time.monotonic() - last >= PERIOD or (now_failed and not failed):
                 self.publish()
                 last, failed = time.monotonic(), now_failed
+            self.cpu_s += time.thread_time() - cpu
 
 
 def all_stacks() -> str:
@@ -148,9 +156,20 @@ def all_stacks() -> str:
     return "\n".join(out)
 
 
+_current: LivePublisher | None = None
+
+
+def current_publisher() -> LivePublisher | None:
+    """This process's publisher, if ``rankwise run`` started one (benchmarks read its
+    ``cpu_s``)."""
+    return _current
+
+
 def start_publisher(comm: Any) -> LivePublisher | None:
     """A publisher for ``comm`` when ``rankwise run`` serves the page (``RANKWISE_LIVE=1``
-    in the worker's environment), connected to the job's store; else None."""
+    in the worker's environment, and the page's key in the job's store: every node's
+    launcher sets the variable, only node 0's serves the page), connected to the job's
+    store; else None."""
     if os.environ.get("RANKWISE_LIVE") != "1":
         return None
     from ..store import TCPStore
@@ -161,8 +180,16 @@ def start_publisher(comm: Any) -> LivePublisher | None:
                          token=os.environ.get("RANKWISE_TOKEN") or None)
     except Exception:  # noqa: BLE001 - no page is better than a failed job
         return None
+    try:
+        served = store.check([PAGE_KEY])  # node 0 may run with --no-live
+    except Exception:  # noqa: BLE001
+        served = False
+    if not served:
+        store.close()
+        return None
     attempt = int(os.environ.get("RANKWISE_RESTART_COUNT", "0") or 0)
-    publisher = LivePublisher(comm, store, attempt)
+    global _current
+    publisher = _current = LivePublisher(comm, store, attempt)
     publisher.publish()
     try:
         store.add(started_key(attempt), 1)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from .collector import Collector
+from .publisher import PAGE_KEY
 from .server import LiveServer, parse_live_address
 
 __all__ = ["LivePage", "start_page"]
@@ -53,6 +54,7 @@ def start_page(address: str, store_host: str, store_port: int, token: str | None
     store = TCPStore(store_host, store_port, is_master=False, timeout=timedelta(seconds=5),
                      token=token)
     try:
+        store.set(PAGE_KEY, "1")  # the ranks of every node publish once they see it
         collector = Collector(store, world_size)
         server = LiveServer(collector, host, port, tokens=(token,) if token else ())
     except BaseException:
