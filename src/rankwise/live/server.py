@@ -84,6 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
     tokens: tuple[str, ...]
     server_version = "rankwise-live"
     sys_version = ""
+    timeout = 10  #: seconds a connection may sit idle: a silent client cannot hold a thread
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # the job's console is the user's: no access log there
