@@ -74,8 +74,10 @@ def test_page_in_chromium(tmp_path: Path) -> None:
     deadline = time.monotonic() + 150
     assert proc.stdout is not None
     url = ""
-    while not url:
-        m = re.search(r"live page at (http://\S+)", proc.stdout.readline())
+    while not url:  # the launcher prints it first thing; EOF means it never will
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "no live page line from the launcher"
+        m = re.search(r"live page at (http://\S+)", line)
         url = m.group(1) if m else ""
     base, token = url.split("/?token=")
     api = f"{base}/api/job?token={token}"
