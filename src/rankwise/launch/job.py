@@ -35,6 +35,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
+from .torch_store import torch_store_for
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
@@ -62,6 +63,8 @@ class JobOptions:
     timeout: float = 300.0
     token: str | None = None
     start_together: bool = True
+    role: str = "default"
+    console_ranks: frozenset[int] | None = None
 
 
 def _say(text: str) -> None:
@@ -193,6 +196,7 @@ def run_job(opts: JobOptions) -> int:
     runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
     watchdog: subprocess.Popen[bytes] | None = None
+    torch_store: Any | None = None
     token, origin = resolve_job_token(opts)
     if origin == "none":
         _say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
@@ -226,12 +230,17 @@ def run_job(opts: JobOptions) -> int:
             # the environment, never the command line: /proc/<pid>/environ is readable by
             # this user (and root) only, while `ps` shows every process's arguments
             base_env["RANKWISE_TOKEN"] = opts.token
+        torch_store = torch_store_for(
+            opts.master_addr, hosting=server is not None, several_nodes=opts.max_nodes > 1,
+            timeout=opts.timeout, client=lambda t: _client(replace(opts, timeout=t), port),
+            say=_say)
         config = AgentConfig(
             cmd=opts.cmd, nproc=opts.nproc, master_addr=opts.master_addr, master_port=port,
             run_id=opts.rdzv_id or secrets.token_hex(6), node_rank=node_rank, nnodes=nnodes,
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
-            start_together=opts.start_together,
+            start_together=opts.start_together, role=opts.role,
+            console_ranks=opts.console_ranks, torch_store=torch_store,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
@@ -253,6 +262,8 @@ def run_job(opts: JobOptions) -> int:
         _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
+        if torch_store is not None:
+            torch_store.close()
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -364,18 +375,27 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                         return 1
                 continue
             return _report(result, attempt, opts, rnd.peers if rnd else None,
-                           rnd.watch if rnd else None)
+                           rnd.watch if rnd else None, plain_torch=_plain_torch(agent))
     return 1  # unreachable: the loop returns on its last attempt
 
 
+def _plain_torch(agent: LocalAgent) -> bool:
+    """Did plain torch ranks run (they reached torch's store: ``launch.torch_store``)?"""
+    used = getattr(agent.config.torch_store, "used", None)
+    return used is not None and bool(used.is_set())
+
+
 def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,
-            watch: NodeWatch | None = None) -> int:
+            watch: NodeWatch | None = None, plain_torch: bool = False) -> int:
     lost = (watch.lost or watch.suspect()) if watch is not None else ""
     reachable = peers is not None and (watch is None or watch.store_answers())
     remote = peers.remote_outcome(attempt) if not lost and reachable and peers is not None \
         else None
     local = root_cause(result.outcomes)
-    if watch is not None and not lost and remote is None and (local is None or local.secondary):
+    # a plain torch rank that left no record cannot say whether it died of a peer
+    unexplained = plain_torch and local is not None and local.error is None
+    if watch is not None and not lost and remote is None and (
+            local is None or local.secondary or unexplained):
         # our ranks died of a peer, and no node said why: one that vanished (its launcher
         # killed, its host gone) shows as silent within three beats -- name it, not a victim
         lost = watch.await_suspect()
