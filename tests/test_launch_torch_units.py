@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from rankwise.launch.env import WorkerEnvSpec, detect_env, rankwise_store_vars, worker_environment
-from rankwise.launch.summary import format_summary, read_error_file, root_cause
-from rankwise.launch.summary import WorkerOutcome
+from rankwise.launch.summary import WorkerOutcome, format_summary, read_error_file, root_cause
 
 
 def _spec(torch_port: int | None) -> WorkerEnvSpec:

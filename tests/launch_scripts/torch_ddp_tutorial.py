@@ -1,3 +1,4 @@
+# ruff: noqa: PLR0402, UP008 -- the tutorial's own spelling, kept verbatim
 """PyTorch's DDP tutorial script, unchanged but for the device: CPU and backend "gloo".
 
 From "Getting Started with Distributed Data Parallel" (pytorch.org/tutorials/intermediate/

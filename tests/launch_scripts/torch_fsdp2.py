@@ -4,7 +4,7 @@ rank (all of them started from one seed), so a wrong collective fails the run.""
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
