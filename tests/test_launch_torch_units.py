@@ -1,5 +1,5 @@
 """Plain torch scripts under `rankwise run` (issue 36), in-process: the workers' variables,
-torch's @record error files in the summary, and the two stores kept apart."""
+torch's @record error files in the summary, and torch's store kept apart from rankwise's."""
 
 from __future__ import annotations
 
@@ -10,39 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from rankwise.launch.env import WorkerEnvSpec, detect_env, rankwise_store_vars, worker_environment
+from rankwise.launch.env import WorkerEnvSpec, worker_environment
 from rankwise.launch.summary import WorkerOutcome, format_summary, read_error_file, root_cause
 
 
-def _spec(torch_port: int | None) -> WorkerEnvSpec:
-    return WorkerEnvSpec(rank=1, local_rank=1, world_size=4, local_world_size=2, node_rank=0,
+def test_workers_get_torchruns_variables() -> None:
+    spec = WorkerEnvSpec(rank=1, local_rank=1, world_size=4, local_world_size=2, node_rank=0,
                          nnodes=2, master_addr="10.0.0.1", master_port=29500, restart_count=1,
                          max_restarts=3, run_id="job7", error_file="/e/error.json",
-                         torch_store_port=torch_port, role="trainer")
-
-
-def test_master_port_is_torchs_store_and_rankwise_finds_its_own() -> None:
-    env = worker_environment(_spec(41000), {})
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "41000")
-    assert (env["RANKWISE_STORE_ADDR"], env["RANKWISE_STORE_PORT"]) == ("10.0.0.1", "29500")
-    found = detect_env(env)
-    assert found is not None and (found.master_addr, found.master_port) == ("10.0.0.1", 29500)
-    assert rankwise_store_vars(env) == ("RANKWISE_STORE_ADDR", "RANKWISE_STORE_PORT")
-    # torchrun's variables, spelled as torchrun's agent spells them
+                         role="trainer")
+    env = worker_environment(spec, {})
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("1", "3")
     assert (env["TORCHELASTIC_RUN_ID"], env["TORCHELASTIC_ERROR_FILE"]) == ("job7", "/e/error.json")
     assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("0", "2", "2")
     assert (env["ROLE_NAME"], env["ROLE_RANK"], env["ROLE_WORLD_SIZE"]) == ("trainer", "1", "4")
     assert env["OMP_NUM_THREADS"] == "1" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-
-
-def test_without_torchs_store_master_port_stays_rankwises() -> None:
-    env = worker_environment(_spec(None), {"OMP_NUM_THREADS": "4"})
-    assert env["MASTER_PORT"] == env["RANKWISE_STORE_PORT"] == "29500"
-    assert env["OMP_NUM_THREADS"] == "4"  # the user's value wins, as under torchrun
-    # another launcher's job (no RANKWISE_LAUNCHED): MASTER_PORT, as always
-    assert rankwise_store_vars({"RANKWISE_STORE_PORT": "1"}) == ("MASTER_ADDR", "MASTER_PORT")
+    mine = worker_environment(spec, {"OMP_NUM_THREADS": "4"})
+    assert mine["OMP_NUM_THREADS"] == "4"  # the user's value wins, as under torchrun
 
 
 def _torch_record(path: Path, text: str, stack: str) -> str:
@@ -71,9 +57,9 @@ def test_torch_record_files_name_the_rank_that_raised_first(tmp_path: Path) -> N
 
 
 @pytest.mark.torch
-def test_a_stranger_on_torchs_store_cannot_reach_rankwises_keys() -> None:
-    """Torch's store is a separate server on a separate port: a client without the token
-    reaches torch's keys only, and rankwise's store still refuses it."""
+def test_a_stranger_speaking_torchs_protocol_cannot_reach_rankwises_keys() -> None:
+    """torch's client on the store port is served by torch's own store, a separate
+    server: it sees and changes torch's keys only, never the keys behind the token."""
     import torch.distributed as tdist
 
     from rankwise.errors import AuthError, DistError
@@ -81,23 +67,27 @@ def test_a_stranger_on_torchs_store_cannot_reach_rankwises_keys() -> None:
     from rankwise.store import TCPStore, TCPStoreServer
 
     said: list[str] = []
-    host = TorchStoreHost("127.0.0.1", said.append)
-    with TCPStoreServer("127.0.0.1", 0, token="job-secret") as server:
+    host = TorchStoreHost(said.append)
+    with TCPStoreServer("127.0.0.1", 0, token="job-secret", on_torch_client=host.take) as server:
         owner = TCPStore("127.0.0.1", server.port, is_master=False, token="job-secret",
                          timeout=timedelta(seconds=5))
         owner.set("rankwise/0/secret", "42")
         try:
-            port = host.port_for(0)
-            assert port is not None and port != server.port
-            stranger = tdist.TCPStore("127.0.0.1", port, is_master=False,  # type: ignore[attr-defined]
-                                      wait_for_workers=False, timeout=timedelta(seconds=20))
+            stranger = tdist.TCPStore(  # type: ignore[attr-defined]
+                "127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                timeout=timedelta(seconds=20))
             assert not stranger.check(["rankwise/0/secret"])
             stranger.set("rankwise/0/secret", "forged")
-            assert stranger.num_keys() == 1  # torch's store holds the stranger's key only
+            assert stranger.get("rankwise/0/secret") == b"forged"
             assert owner.get("rankwise/0/secret") == b"42"
             with pytest.raises((AuthError, DistError)):
                 TCPStore("127.0.0.1", server.port, is_master=False, token=None,
                          timeout=timedelta(seconds=3)).get("rankwise/0/secret")
+            host.begin_attempt(1)  # a restart: a fresh torch store, the old keys gone
+            fresh = tdist.TCPStore(  # type: ignore[attr-defined]
+                "127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                timeout=timedelta(seconds=20))
+            assert not fresh.check(["rankwise/0/secret"])
         finally:
             owner.close()
             host.close()

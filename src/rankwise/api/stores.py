@@ -14,7 +14,7 @@ from ..errors import (
     RendezvousError,
     StoreError,
 )
-from ..launch.env import detect_env, rankwise_store_vars, uses_agent_store
+from ..launch.env import detect_env, uses_agent_store
 from ..store import FileStore, TCPStore
 
 
@@ -83,9 +83,8 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
         world_size = _query_int(query, "world_size", init_method)
     if url.scheme == "env":
         scheme = "torchrun" if _under_torchrun_agent() else "env"
-        addr_var, port_var = rankwise_store_vars(os.environ)
         rank, world_size, addr, port = _from_cluster_env(
-            rank, world_size, os.environ.get(addr_var) or None, _env_int(port_var))
+            rank, world_size, os.environ.get("MASTER_ADDR") or None, _env_int("MASTER_PORT"))
         _validate_rank_world(rank, world_size)
         if not addr:
             raise InvalidArgument("init_method='env://' needs MASTER_ADDR (the host of rank 0 "

@@ -311,14 +311,10 @@ def _start_mpi() -> tuple[_Mpi, Any, str]:
 
 
 def _master(rank: int, comm: Any) -> tuple[str, int]:
-    """Where rank 0 is.  MASTER_ADDR/MASTER_PORT when set (under ``rankwise run``: its
-    RANKWISE_STORE_ADDR/_PORT, rankwise's store); under mpirun without them, ask MPI:
-    loopback when every rank is on rank 0's host."""
-    from rankwise.launch.env import rankwise_store_vars
-
-    addr_var, port_var = rankwise_store_vars(os.environ)
-    addr = os.environ.get(addr_var) or None
-    raw_port = os.environ.get(port_var) or None
+    """Where rank 0 is.  MASTER_ADDR/MASTER_PORT when set (the launcher sets them); under
+    mpirun without them, ask MPI: loopback when every rank is on rank 0's host."""
+    addr = os.environ.get("MASTER_ADDR") or None
+    raw_port = os.environ.get("MASTER_PORT") or None
     port = int(raw_port) if raw_port else None
     if comm is not None and (addr is None or port is None):
         hosts = comm.allgather(socket.gethostname())

@@ -81,11 +81,10 @@ def _child_setup(launcher_pid: int) -> Callable[[], None]:
 
 
 class TorchStoreSource(Protocol):
-    """Where plain torch ranks find torch's store (``launch.torch_store``)."""
+    """torch's own store behind rankwise's, for plain torch ranks (``launch.torch_store``)."""
 
-    def port_for(self, attempt: int) -> int | None:
-        """The port of ``attempt``'s torch store, given to the workers as ``MASTER_PORT``
-        (None: there is none, ``MASTER_PORT`` is rankwise's store)."""
+    def begin_attempt(self, attempt: int) -> None:
+        """A fresh torch store for ``attempt``."""
 
 
 class RoundPeers(Protocol):
@@ -189,7 +188,7 @@ class LocalAgent:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, "wb")
 
-    def _spawn(self, local_rank: int, attempt: int, torch_port: int | None = None) -> _Worker:
+    def _spawn(self, local_rank: int, attempt: int) -> _Worker:
         cfg = self.config
         rank = cfg.node_rank * cfg.nproc + local_rank
         error_file = os.path.join(cfg.run_dir, f"attempt_{attempt}", f"rank_{rank}", "error.json")
@@ -199,7 +198,7 @@ class LocalAgent:
             local_world_size=cfg.nproc, node_rank=cfg.node_rank, nnodes=cfg.nnodes,
             master_addr=cfg.master_addr, master_port=cfg.master_port, restart_count=attempt,
             max_restarts=cfg.max_restarts, run_id=cfg.run_id, error_file=error_file,
-            torch_store_port=torch_port, role=cfg.role,
+            role=cfg.role,
         )
         logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
         # several workers sharing one console interleave mid-line (print() writes the
@@ -254,11 +253,12 @@ class LocalAgent:
         self._attempt = attempt
         result = AttemptResult(outcomes=[])
         try:
-            torch_port = cfg.torch_store.port_for(attempt) if cfg.torch_store else None
+            if cfg.torch_store is not None:
+                cfg.torch_store.begin_attempt(attempt)
             gate = StartGate(cfg.start_together and cfg.nproc > 1)
             try:
                 for local_rank in range(cfg.nproc):
-                    self._workers.append(self._spawn(local_rank, attempt, torch_port))
+                    self._workers.append(self._spawn(local_rank, attempt))
                     gate.hold(self._workers[-1].proc.pid)
             finally:
                 gate.release()

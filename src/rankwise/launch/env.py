@@ -10,9 +10,7 @@ missing companion variable is an error, never a guess):
 
 1. **torchrun / rankwise run**: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (default 0),
    ``MASTER_ADDR``, ``MASTER_PORT``.  ``source`` is ``"rankwise"`` when ``RANKWISE_LAUNCHED=1``
-   else ``"torchrun"``.  Under ``rankwise run`` the master is rankwise's store at
-   ``RANKWISE_STORE_ADDR``/``RANKWISE_STORE_PORT`` when set: ``MASTER_PORT`` is then torch's
-   own store, for plain torch ranks (``launch.torch_store``).
+   else ``"torchrun"``.
 2. **SLURM** (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` (default 0).
    Master address: ``MASTER_ADDR`` if set, else the first host of ``SLURM_JOB_NODELIST``
    (``SLURM_NODELIST`` as fallback), e.g. ``node[07-09],gpu1`` -> ``node07``.  Master port:
@@ -41,7 +39,6 @@ __all__ = [
     "WorkerEnvSpec",
     "detect_env",
     "first_slurm_host",
-    "rankwise_store_vars",
     "require_env",
     "uses_agent_store",
     "worker_environment",
@@ -94,17 +91,7 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
-    addr, port = rankwise_store_vars(environ)
-    return environ.get(addr) or None, _opt_int(environ, port, None)
-
-
-def rankwise_store_vars(environ: Mapping[str, str]) -> tuple[str, str]:
-    """The variables naming rankwise's store: ``RANKWISE_STORE_ADDR``/``RANKWISE_STORE_PORT``
-    in a job of ``rankwise run`` (whose ``MASTER_PORT`` may be torch's store), else
-    ``MASTER_ADDR``/``MASTER_PORT``."""
-    if environ.get("RANKWISE_LAUNCHED") == "1" and environ.get("RANKWISE_STORE_PORT"):
-        return "RANKWISE_STORE_ADDR", "RANKWISE_STORE_PORT"
-    return "MASTER_ADDR", "MASTER_PORT"
+    return environ.get("MASTER_ADDR") or None, _opt_int(environ, "MASTER_PORT", None)
 
 
 def _torchrun(environ: Mapping[str, str]) -> ClusterEnv:
@@ -219,10 +206,7 @@ class WorkerEnvSpec:
     max_restarts: int
     run_id: str
     error_file: str
-    #: torch's own store for plain torch ranks (``launch.torch_store``), given to them as
-    #: ``MASTER_PORT``; None: ``MASTER_PORT`` is rankwise's store, as before
-    torch_store_port: int | None = None
-    role: str = "default"
+    role: str = "default"  #: ``ROLE_NAME`` (torchrun's ``--role``)
 
 
 def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -231,8 +215,8 @@ def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str
     ``TORCHELASTIC_USE_AGENT_STORE=True`` / ``RANKWISE_AGENT_STORE=1`` tell the core that the
     launcher already serves the store, so every rank (rank 0 included) connects as a client and
     a crash of rank 0 does not take the rendezvous down.  ``RANKWISE_TOKEN`` passes through
-    from ``base`` untouched.  ``MASTER_PORT`` is torch's store when the launcher hosts one
-    (``spec.torch_store_port``); rankwise's is always at ``RANKWISE_STORE_ADDR``/``_PORT``.
+    from ``base`` untouched.  ``MASTER_PORT`` is rankwise's store, which also serves torch's
+    own store protocol to plain torch ranks (``launch.torch_store``).
     ``OMP_NUM_THREADS=1`` and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` are defaults, as torchrun's.
     """
     env = dict(base)
@@ -247,9 +231,7 @@ def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str
         ROLE_NAME=spec.role,
         ROLE_WORLD_SIZE=str(spec.world_size),
         MASTER_ADDR=spec.master_addr,
-        MASTER_PORT=str(spec.torch_store_port or spec.master_port),
-        RANKWISE_STORE_ADDR=spec.master_addr,
-        RANKWISE_STORE_PORT=str(spec.master_port),
+        MASTER_PORT=str(spec.master_port),
         TORCHELASTIC_RESTART_COUNT=str(spec.restart_count),
         RANKWISE_RESTART_COUNT=str(spec.restart_count),
         TORCHELASTIC_MAX_RESTARTS=str(spec.max_restarts),

@@ -35,7 +35,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
-from .torch_store import torch_store_for
+from .torch_store import TorchStoreHost
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
@@ -93,12 +93,14 @@ def _client(opts: JobOptions, port: int) -> Any:
                     timeout=timedelta(seconds=opts.timeout), token=opts.token)
 
 
-def _host_store(opts: JobOptions, alarm: ForeignAlarm) -> Any | None:
-    """Start the store if this node hosts it; None if another node already does."""
+def _host_store(opts: JobOptions, alarm: ForeignAlarm,
+                torch_store: TorchStoreHost) -> Any | None:
+    """Start the store if this node hosts it; None if another node already does. Its
+    torch clients (plain torch ranks) are served by torch's own store (``torch_store``)."""
     from ..store import TCPStoreServer
 
     server = TCPStoreServer(opts.master_addr, opts.master_port, token=opts.token,
-                            on_foreign=alarm)
+                            on_foreign=alarm, on_torch_client=torch_store.take)
     try:
         server.start()
     except DistError:
@@ -196,7 +198,6 @@ def run_job(opts: JobOptions) -> int:
     runner = Detached("rankwise-store-notices")
     notices: _ExitNotices | None = None
     watchdog: subprocess.Popen[bytes] | None = None
-    torch_store: Any | None = None
     token, origin = resolve_job_token(opts)
     if origin == "none":
         _say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
@@ -204,9 +205,11 @@ def run_job(opts: JobOptions) -> int:
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
     alarm = ForeignAlarm(token, _say)
+    torch_store = TorchStoreHost(_say)
     try:
         try:
-            server = _host_store(opts, alarm) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
+            hosts = opts.max_nodes == 1 or opts.node_rank in (None, 0)
+            server = _host_store(opts, alarm, torch_store) if hosts else None
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
@@ -230,17 +233,14 @@ def run_job(opts: JobOptions) -> int:
             # the environment, never the command line: /proc/<pid>/environ is readable by
             # this user (and root) only, while `ps` shows every process's arguments
             base_env["RANKWISE_TOKEN"] = opts.token
-        torch_store = torch_store_for(
-            opts.master_addr, hosting=server is not None, several_nodes=opts.max_nodes > 1,
-            timeout=opts.timeout, client=lambda t: _client(replace(opts, timeout=t), port),
-            say=_say)
         config = AgentConfig(
             cmd=opts.cmd, nproc=opts.nproc, master_addr=opts.master_addr, master_port=port,
             run_id=opts.rdzv_id or secrets.token_hex(6), node_rank=node_rank, nnodes=nnodes,
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
             start_together=opts.start_together, role=opts.role,
-            console_ranks=opts.console_ranks, torch_store=torch_store,
+            console_ranks=opts.console_ranks,
+            torch_store=torch_store if server is not None else None,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
@@ -262,8 +262,7 @@ def run_job(opts: JobOptions) -> int:
         _stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
-        if torch_store is not None:
-            torch_store.close()
+        torch_store.close()
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)

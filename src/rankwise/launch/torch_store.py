@@ -1,49 +1,45 @@
-"""torch's own ``TCPStore``, hosted by node 0's launcher for scripts that use only torch.
+"""torch's own ``TCPStore`` behind rankwise's store port, for scripts that use only torch.
 
 Why: a script that never imports rankwise calls ``init_process_group("gloo")`` with
-``env://``, and torch's client speaks only torch's store protocol. So ``MASTER_PORT`` is a
-port served by torch's own ``TCPStore`` server (as under torchrun, which hosts it in its
-agent), and rankwise's token-protected store stays on ``--master-port``, found by rankwise
-ranks through ``RANKWISE_STORE_ADDR``/``RANKWISE_STORE_PORT`` (``launch.env``). The two
-stores are separate servers on separate ports: a connection to torch's cannot reach a key
-of rankwise's (docs/design.md, "Plain torch scripts under rankwise run").
+``env://``; torch's client connects to ``MASTER_PORT`` and speaks only torch's store
+protocol. ``MASTER_PORT`` stays rankwise's token-protected store (rankwise ranks and every
+script that opens it there are unchanged). The store recognises torch's client by its first
+bytes (``store.foreign``) and hands the connection to :class:`TorchStoreHost`, which relays
+it, bytes unchanged, to torch's own ``TCPStore`` server, hosted in this launcher on a
+loopback-only port that nothing else is told about. A torch client so reaches torch's keys
+only: rankwise's keys are behind rankwise's handshake, on another server
+(docs/design.md, "Plain torch scripts under rankwise run").
 
-How, cheaply: the launcher binds the listening socket itself (no torch import) and hands
-it to torch only when a first client knocks (``TCPStore(master_listen_fd=...)``); a job of
-rankwise ranks never imports torch in the launcher. A knock is also how the launcher
-learns that plain torch ranks run: it says once what they do not get. Each attempt gets a
-fresh store on a fresh port (torch's keys of a failed attempt must not meet the next one's
-ranks); node 0 publishes its port under ``rankwise/torch-store/<attempt>`` in rankwise's
-store, where the other nodes' launchers read it.
+Cheap when unused: torch is imported (seconds) only when a first torch client knocks, so a
+job of rankwise ranks never imports it in the launcher; that knock is also how the launcher
+learns that plain torch ranks run, and it says once what they do not get. Each attempt
+gets a fresh torch store (``begin_attempt``): torch's keys of a failed attempt must not
+meet the next attempt's ranks. One thread relays every connection (a selector), so the
+launcher holds no thread per rank.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import select
+import queue
+import selectors
 import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..errors import DistError, DistTimeout
-from ..store.base import Store
-from ..store.tcp_server import resolve_bind_address
+__all__ = ["PLAIN_TORCH_LINE", "TorchStoreHost", "torch_installed"]
 
-__all__ = ["PLAIN_TORCH_LINE", "TorchStoreHost", "TorchStorePort", "torch_installed",
-           "torch_store_for"]
-
-#: what the launcher says once when plain torch ranks reach torch's store
+#: what the launcher says once when plain torch ranks reach the store
 PLAIN_TORCH_LINE = (
-    "rankwise run: ranks use torch.distributed without rankwise (torch's store at "
-    "MASTER_PORT): they get this launcher's failure summary, watchdog, restarts and node "
-    "heartbeats, not rankwise's per-call checks. To add those, change one line: `import "
-    "rankwise.torch` and backend \"rankwise\", or `import rankwise as dist`."
+    "rankwise run: ranks use torch.distributed without rankwise (served by torch's own "
+    "store behind MASTER_PORT): they get this launcher's failure summary, watchdog, restarts "
+    "and node heartbeats, not rankwise's per-call checks. To add those, change one line: "
+    "`import rankwise.torch` and backend \"rankwise\", or `import rankwise as dist`."
 )
 
-_KEY = "rankwise/torch-store/"
+_READ = 64 * 1024
 
 
 def torch_installed() -> bool:
@@ -51,159 +47,178 @@ def torch_installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-class _OneStore:
-    """One attempt's torch store: a listening socket, handed to torch at the first knock."""
+class _Pair:
+    """One relayed connection: the torch client's socket and ours to torch's server."""
 
-    def __init__(self, host: str, on_first: Callable[[], None],
-                 say: Callable[[str], None]) -> None:
-        family, addr = resolve_bind_address(host, 0)
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(addr)
-        self._sock.listen(1024)
-        self.host = host
-        self.port: int = self._sock.getsockname()[1]
-        self._on_first = on_first
+    def __init__(self, client: socket.socket, upstream: socket.socket, first: bytes) -> None:
+        self.ends = (client, upstream)
+        self.pending: dict[socket.socket, bytearray] = {client: bytearray(),
+                                                        upstream: bytearray(first)}
+
+    def other(self, sock: socket.socket) -> socket.socket:
+        return self.ends[1] if sock is self.ends[0] else self.ends[0]
+
+
+class TorchStoreHost:
+    """Serves torch clients that knock on rankwise's store with torch's own store."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
         self._say = say
-        self._wake_r, self._wake_w = os.pipe()
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._pairs: dict[socket.socket, _Pair] = {}
         self._server: Any = None
-        self._closed = False
+        self._server_port = 0
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._serve_on_knock, daemon=True,
-                                        name=f"rankwise-torch-store-{self.port}")
-        self._thread.start()
+        self._closed = False
+        #: set once a torch client reached the store: plain torch ranks run
+        self.used = threading.Event()
 
-    def _serve_on_knock(self) -> None:
-        ready, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
-        if self._sock.fileno() not in ready:
-            return
-        self._on_first()
-        try:
-            import torch.distributed as tdist  # the import costs seconds: only when used
+    # --- any thread ---------------------------------------------------------------------
+    def take(self, client: socket.socket, first: bytes) -> bool:
+        """The store's ``on_torch_client``: relay this connection (False: no torch here, or
+        closed; the store then tells its ``on_foreign`` listener). Never blocks."""
+        if self._closed or not torch_installed():
+            return False
+        if not self.used.is_set():
+            self.used.set()
+            self._say(PLAIN_TORCH_LINE)
+        self._post("client", (client, first))
+        return True
 
-            server = tdist.TCPStore(  # type: ignore[attr-defined]
-                self.host, self.port, is_master=True, wait_for_workers=False,
-                timeout=timedelta(seconds=60), master_listen_fd=os.dup(self._sock.fileno()))
-        except (ImportError, RuntimeError, OSError) as exc:
-            self._say(f"rankwise run: warning: could not start torch's store on port "
-                      f"{self.port} ({exc}); plain torch ranks cannot rendezvous")
-            return
-        with self._lock:
-            if self._closed:
-                del server
-                return
-            self._server = server
+    def begin_attempt(self, attempt: int) -> None:
+        """A new attempt: the last one's torch store and connections go (next knock: a
+        fresh store)."""
+        if attempt > 0:
+            self._post("reset", None)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            server, self._server = self._server, None
-        os.write(self._wake_w, b"x")
-        self._thread.join(timeout=30.0)
-        del server  # torch's server stops (and closes its copy of the socket) when freed
-        self._sock.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+            thread = self._thread
+        if thread is None:
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            return
+        self._post("stop", None)
+        thread.join(timeout=30.0)
 
+    def _post(self, what: str, item: Any) -> None:
+        with self._lock:
+            if self._thread is None and what == "client":
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="rankwise-torch-store")
+                self._thread.start()
+        self._inbox.put((what, item))
+        self._wake_w.send(b"x")
 
-class TorchStoreHost:
-    """Node 0's torch stores, one per attempt (``port_for`` opens the attempt's store)."""
+    # --- the relay thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                for key, mask in self._sel.select():
+                    sock = key.fileobj
+                    if sock is self._wake_r:
+                        if not self._commands():
+                            return
+                    else:
+                        assert isinstance(sock, socket.socket)
+                        self._relay(sock, mask)
+        finally:
+            self._reset()
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
-    def __init__(self, host: str, say: Callable[[str], None],
-                 publish: Callable[[str, str], None] | None = None,
-                 enabled: bool = True) -> None:
-        """``enabled`` False (no torch here): nothing is hosted, and the other nodes are
-        told so (port 0), so their ranks get rankwise's store as ``MASTER_PORT``."""
-        self._host = host
-        self._enabled = enabled
-        self._say = say
-        self._publish = publish
-        self._current: _OneStore | None = None
-        self._told = threading.Event()
-        #: set once a client reached a torch store of this job: plain torch ranks run
-        self.used = threading.Event()
-
-    def _knocked(self) -> None:
-        self.used.set()
-        if not self._told.is_set():
-            self._told.set()
-            self._say(PLAIN_TORCH_LINE)
-
-    def port_for(self, attempt: int) -> int | None:
-        """A fresh store for ``attempt`` (the last attempt's is closed); its port."""
-        self.close()
-        if self._enabled:
-            self._current = _OneStore(self._host, self._knocked, self._say)
-        port = self._current.port if self._current is not None else None
-        if self._publish is not None:
+    def _commands(self) -> bool:
+        self._wake_r.recv(4096)
+        while True:
             try:
-                self._publish(f"{_KEY}{attempt}", str(port or 0))
-            except DistError as exc:
-                self._say(f"rankwise run: warning: could not tell the other nodes where "
-                          f"torch's store is ({exc})")
-        return port
+                what, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            if what == "stop":
+                return False
+            if what == "reset":
+                self._reset()
+            else:
+                self._connect(*item)
 
-    def close(self) -> None:
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+    def _ensure_server(self) -> int:
+        """torch's server on a loopback port of its own (started at the first knock)."""
+        if self._server is None:
+            import torch.distributed as tdist  # seconds: only when a torch client came
 
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))  # loopback only: reached through the relay
+            listener.listen(1024)
+            port = listener.getsockname()[1]
+            try:
+                self._server = tdist.TCPStore(  # type: ignore[attr-defined]
+                    "127.0.0.1", port, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60), master_listen_fd=listener.detach())
+            except BaseException:
+                listener.close()
+                raise
+            self._server_port = port
+        return self._server_port
 
-class TorchStorePort:
-    """Another node's view: the port node 0 published for an attempt (None if it did not
-    say within ``timeout``: the workers then get rankwise's store as ``MASTER_PORT``)."""
-
-    def __init__(self, read: Callable[[str, float], str | None], timeout: float,
-                 say: Callable[[str], None]) -> None:
-        self._read = read
-        self._timeout = timeout
-        self._say = say
-        self.used = threading.Event()  #: never set here: node 0's launcher sees the knocks
-
-    def port_for(self, attempt: int) -> int | None:
-        text = self._read(f"{_KEY}{attempt}", self._timeout)
-        if text is None:
-            self._say("rankwise run: warning: node 0 did not say where torch's store is; "
-                      "this node's ranks get rankwise's store as MASTER_PORT")
-            return None
-        return int(text) or None
-
-    def close(self) -> None:
-        pass
-
-
-def _close(store: Store) -> None:
-    close = getattr(store, "close", None)
-    if callable(close):
-        close()
-
-
-def torch_store_for(host: str, *, hosting: bool, several_nodes: bool, timeout: float,
-                    client: Callable[[float], Store], say: Callable[[str], None]
-                    ) -> TorchStoreHost | TorchStorePort:
-    """This node's source of torch's store: hosted here on the node that hosts rankwise's
-    store (published to the others when the job has several nodes), else read from it.
-    ``client(t)``: a client of rankwise's store whose calls time out after ``t`` s."""
-    def publish(key: str, value: str) -> None:
-        store = client(min(timeout, 5.0))
+    def _connect(self, client: socket.socket, first: bytes) -> None:
         try:
-            store.set(key, value)
-        finally:
-            _close(store)
+            port = self._ensure_server()
+            upstream = socket.create_connection(("127.0.0.1", port), timeout=10.0)
+        except (ImportError, RuntimeError, OSError) as exc:
+            self._say(f"rankwise run: warning: torch's store could not serve a torch "
+                      f"client ({exc})")
+            client.close()
+            return
+        for sock in (client, upstream):
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pair = _Pair(client, upstream, first)
+        self._pairs[client] = self._pairs[upstream] = pair
+        self._sel.register(client, selectors.EVENT_READ)
+        self._sel.register(upstream, selectors.EVENT_READ | selectors.EVENT_WRITE)
 
-    def read(key: str, wait: float) -> str | None:
+    def _relay(self, sock: socket.socket, mask: int) -> None:
+        pair = self._pairs.get(sock)
+        if pair is None:
+            return
         try:
-            store = client(wait)
-        except DistError:
-            return None
-        try:
-            return store.get(key).decode()
-        except DistTimeout:
-            return None
-        finally:
-            _close(store)
+            if mask & selectors.EVENT_READ:
+                data = sock.recv(_READ)
+                if not data:
+                    raise ConnectionError("closed")
+                peer = pair.other(sock)
+                pair.pending[peer] += data
+                self._flush(pair, peer)
+            if mask & selectors.EVENT_WRITE:
+                self._flush(pair, sock)
+        except OSError:  # either side hung up: so does the other
+            self._drop(pair)
 
-    if hosting:
-        return TorchStoreHost(host, say, publish if several_nodes else None,
-                              enabled=torch_installed())
-    return TorchStorePort(read, timeout, say)
+    def _flush(self, pair: _Pair, sock: socket.socket) -> None:
+        out = pair.pending[sock]
+        if out:
+            try:
+                sent = sock.send(out)
+            except BlockingIOError:
+                sent = 0
+            del out[:sent]
+        self._sel.modify(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0))
+
+    def _drop(self, pair: _Pair) -> None:
+        for sock in pair.ends:
+            if self._pairs.pop(sock, None) is not None:
+                self._sel.unregister(sock)
+            sock.close()
+
+    def _reset(self) -> None:
+        for pair in list({id(p): p for p in self._pairs.values()}.values()):
+            self._drop(pair)
+        server, self._server = self._server, None
+        del server  # torch's server stops (closing its listening socket) when freed
