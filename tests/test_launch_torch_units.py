@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rankwise.cli import parse_run_args  # at collection: it finds libc's prctl (ldconfig)
 from rankwise.launch.env import WorkerEnvSpec, worker_environment
 from rankwise.launch.summary import WorkerOutcome, format_summary, read_error_file, root_cause
 
@@ -92,3 +93,14 @@ def test_a_stranger_speaking_torchs_protocol_cannot_reach_rankwises_keys() -> No
             owner.close()
             host.close()
     assert len(said) == 1 and "not rankwise's per-call checks" in said[0]
+
+
+def test_torchruns_options_are_accepted_or_refused_before_any_io() -> None:
+    opts = parse_run_args(["--standalone", "--rdzv-backend", "static", "--role", "trainer",
+                           "--local_ranks_filter", "0,2", "--monitor-interval", "5",
+                           "--start-method", "fork", "-r", "3", "--log-dir", "d", "x.py"])
+    assert (opts.role, opts.console_ranks, opts.tee) == ("trainer", frozenset({0, 2}), False)
+    for bad in (["--rdzv-backend", "etcd"], ["--local-ranks-filter", "a,b"],
+                ["--standalone", "--nnodes", "2", "--master-port", "29500"]):
+        with pytest.raises(SystemExit):
+            parse_run_args([*bad, "x.py"])
