@@ -19,7 +19,7 @@ SAID_ONCE = "rankwise run: ranks use torch.distributed without rankwise"
     ("torch_fsdp2.py", "fsdp2 rank {} of 4: 676 parameters agree"),
 ])
 def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
-    res = run_launcher("-n", "4", str(SCRIPTS / script), timeout=150)
+    res = run_launcher("-n", "4", str(SCRIPTS / script), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert all(done.format(rank) in res.stdout for rank in range(4)), res.stdout
     said = [line for line in res.stderr.splitlines() if line.startswith(SAID_ONCE)]
@@ -27,7 +27,7 @@ def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
 
 
 def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
-    res = run_launcher("-n", "2", PLAIN, "fail", "1", "1", timeout=90)
+    res = run_launcher("-n", "2", PLAIN, "fail", "1", "1", timeout=200)
     assert res.returncode == 1, res.stdout + res.stderr
     summary = res.stderr[res.stderr.index("rankwise run: job failed"):]
     assert "rank       : 1 (local_rank 1" in summary, summary
@@ -36,7 +36,7 @@ def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
 
 
 def test_max_restarts_restarts_a_plain_torch_job_once() -> None:
-    res = run_launcher("-n", "2", "--max-restarts", "1", PLAIN, "fail", "1", "1", timeout=90)
+    res = run_launcher("-n", "2", "--max-restarts", "1", PLAIN, "fail", "1", "1", timeout=200)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "attempt 0 failed (rank 1 (node 0) exit code 1: ValueError: bad batch on rank 1" \
         in res.stderr and "restart 1 of 1" in res.stderr, res.stderr
