@@ -40,6 +40,9 @@ PLAIN_TORCH_LINE = (
 )
 
 _READ = 64 * 1024
+#: bytes a relayed connection may have waiting for its other side: torch's store traffic is
+#: small, and an unauthenticated client must not grow the launcher without bound
+_MAX_PENDING = 64 << 20
 
 
 def torch_installed() -> bool:
@@ -195,6 +198,8 @@ class TorchStoreHost:
                     raise ConnectionError("closed")
                 peer = pair.other(sock)
                 pair.pending[peer] += data
+                if len(pair.pending[peer]) > _MAX_PENDING:
+                    raise ConnectionError("its other side does not read")
                 self._flush(pair, peer)
             if mask & selectors.EVENT_WRITE:
                 self._flush(pair, sock)
