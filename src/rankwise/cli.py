@@ -52,6 +52,26 @@ def _endpoint(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"--rdzv-endpoint must be HOST[:PORT], got {text!r}") from None
 
 
+def _rdzv_backend(text: str) -> str:
+    if text not in ("c10d", "static"):
+        raise argparse.ArgumentTypeError(
+            f"--rdzv-backend {text} is not supported: rankwise's rendezvous runs on its own "
+            "store on node 0 (--rdzv-endpoint HOST:PORT); use c10d or static")
+    return text
+
+
+def _local_ranks(text: str) -> frozenset[int]:
+    try:
+        ranks = frozenset(int(r) for r in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1; "
+            f"got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"--local-ranks-filter: no negative ranks, got {text!r}")
+    return ranks
+
+
 def _add(p: argparse.ArgumentParser, *names: str, **kw: object) -> None:
     """Add an option under its dashed name plus torchrun's underscored spelling."""
     spellings = list(names)
@@ -71,12 +91,25 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--rdzv-endpoint", type=_endpoint, default=None,
          help="HOST:PORT of the store; overrides --master-addr/--master-port")
     _add(p, "--rdzv-id", default=None, help="job id; every node must give the same one")
-    _add(p, "--rdzv-backend", default="c10d", help="accepted for torchrun compatibility")
-    _add(p, "--standalone", action="store_true", help="accepted for torchrun compatibility")
+    _add(p, "--rdzv-backend", type=_rdzv_backend, default="c10d",
+         help="c10d or static (torchrun's; both mean rankwise's own store on node 0)")
+    _add(p, "--rdzv-conf", default="", help="accepted for torchrun compatibility (ignored)")
+    _add(p, "--standalone", action="store_true", help="one node on a free port (the default)")
     _add(p, "--max-restarts", type=int, default=0, help="restart the group up to N times")
+    _add(p, "--monitor-interval", type=float, default=None,
+         help="accepted for torchrun compatibility: exits are noticed at once, not polled")
+    _add(p, "--start-method", choices=["spawn", "fork", "forkserver"], default=None,
+         help="accepted for torchrun compatibility: workers are always fresh processes")
+    _add(p, "--role", default="default", help="ROLE_NAME of the workers (torchrun's --role)")
     _add(p, "--log-dir", default=None, help="write each rank's stdout/stderr under this directory")
-    _add(p, "--tee", nargs="?", const="3", default=None,
+    _add(p, "-r", "--redirects", default=None,
+         help="torchrun's: with --log-dir, output goes to the log files only (the default "
+              "unless --tee)")
+    _add(p, "-t", "--tee", nargs="?", const="3", default=None,
          help="with --log-dir, also copy output to the console")
+    _add(p, "--local-ranks-filter", type=_local_ranks, default=None,
+         help="comma-separated local ranks whose output reaches the console (log files "
+              "keep every rank's)")
     prefix = p.add_mutually_exclusive_group()
     prefix.add_argument("--prefix", dest="prefix", action="store_true", default=None,
                         help="prefix each output line with [rank N] (default when a terminal)")
@@ -154,6 +187,9 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
     else:
         cmd = [sys.executable, "-u", ns.script, *ns.script_args]
     addr, port = ns.rdzv_endpoint or (ns.master_addr, ns.master_port)
+    if ns.standalone and ns.nnodes[1] > 1:
+        parser.error("--standalone is for one node; several nodes need --rdzv-endpoint or "
+                     "--master-addr/--master-port")
     if ns.nnodes[1] > 1 and port == 0:
         parser.error("several nodes need a known store port: give --master-port or "
                      "--rdzv-endpoint HOST:PORT (the same on every node)")
@@ -166,6 +202,7 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         prefix=sys.stdout.isatty() if ns.prefix is None else ns.prefix, grace=ns.grace,
         timeout=ns.timeout, token=_token(parser, ns), start_together=ns.start_together,
         live=_live(parser, ns.live),
+        role=ns.role, console_ranks=ns.local_ranks_filter,
     )
 
 

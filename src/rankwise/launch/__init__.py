@@ -7,6 +7,8 @@ Modules, one job each::
     env         read (detect_env) and write worker env     worker      hooks inside a launched worker (error file, SIGTERM)
     summary     root cause + the one failure summary       output      [rank N] prefixing and log files
     spawn       torch.multiprocessing.spawn semantics
+    torch_store torch's own store behind rankwise's port, for plain torch ranks
+    error_files torch's @record error files, read into the summary
 """
 
 from .env import ClusterEnv, detect_env, require_env

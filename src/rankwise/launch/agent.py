@@ -38,7 +38,8 @@ from .output import StreamPump, console_stream
 from .reaper import Reaper
 from .summary import WorkerOutcome, read_error_file
 
-__all__ = ["AgentConfig", "AttemptResult", "LocalAgent", "RoundPeers", "set_parent_death_signal"]
+__all__ = ["AgentConfig", "AttemptResult", "LocalAgent", "RoundPeers", "TorchStoreSource",
+           "set_parent_death_signal"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -79,6 +80,13 @@ def _child_setup(launcher_pid: int) -> Callable[[], None]:
     return setup
 
 
+class TorchStoreSource(Protocol):
+    """torch's own store behind rankwise's, for plain torch ranks (``launch.torch_store``)."""
+
+    def begin_attempt(self, attempt: int) -> None:
+        """A fresh torch store for ``attempt``."""
+
+
 class RoundPeers(Protocol):
     """The other nodes of a multi-node job, as seen during one round (attempt)."""
 
@@ -113,6 +121,10 @@ class AgentConfig:
     host: str = field(default_factory=socket.gethostname)
     #: spawn every worker stopped and release them together (``launch.gate``)
     start_together: bool = True
+    torch_store: TorchStoreSource | None = None
+    role: str = "default"  #: ``ROLE_NAME`` (torchrun's ``--role``)
+    #: local ranks whose output reaches the console (torchrun's ``--local-ranks-filter``)
+    console_ranks: frozenset[int] | None = None
 
 
 @dataclass
@@ -186,11 +198,13 @@ class LocalAgent:
             local_world_size=cfg.nproc, node_rank=cfg.node_rank, nnodes=cfg.nnodes,
             master_addr=cfg.master_addr, master_port=cfg.master_port, restart_count=attempt,
             max_restarts=cfg.max_restarts, run_id=cfg.run_id, error_file=error_file,
+            role=cfg.role,
         )
         logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
         # several workers sharing one console interleave mid-line (print() writes the
         # text and the newline separately): pipe them and pass on whole lines
-        piped = cfg.prefix or cfg.log_dir is not None or cfg.nnodes * cfg.nproc > 1
+        piped = cfg.prefix or cfg.log_dir is not None or cfg.nnodes * cfg.nproc > 1 \
+            or cfg.console_ranks is not None
         proc = subprocess.Popen(
             list(cfg.cmd),
             env=worker_environment(spec, cfg.base_env),
@@ -203,7 +217,8 @@ class LocalAgent:
         )
         pumps: list[StreamPump] = []
         if piped:
-            to_console = cfg.log_dir is None or cfg.tee
+            to_console = (cfg.log_dir is None or cfg.tee) and (
+                cfg.console_ranks is None or local_rank in cfg.console_ranks)
             prefix = f"[rank {rank}] ".encode() if cfg.prefix else b""
             for stream, log, is_err in ((proc.stdout, logs[0], False), (proc.stderr, logs[1], True)):
                 assert stream is not None
@@ -238,6 +253,8 @@ class LocalAgent:
         self._attempt = attempt
         result = AttemptResult(outcomes=[])
         try:
+            if cfg.torch_store is not None:
+                cfg.torch_store.begin_attempt(attempt)
             gate = StartGate(cfg.start_together and cfg.nproc > 1)
             try:
                 for local_rank in range(cfg.nproc):

@@ -206,6 +206,7 @@ class WorkerEnvSpec:
     max_restarts: int
     run_id: str
     error_file: str
+    role: str = "default"  #: ``ROLE_NAME`` (torchrun's ``--role``)
 
 
 def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -214,7 +215,9 @@ def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str
     ``TORCHELASTIC_USE_AGENT_STORE=True`` / ``RANKWISE_AGENT_STORE=1`` tell the core that the
     launcher already serves the store, so every rank (rank 0 included) connects as a client and
     a crash of rank 0 does not take the rendezvous down.  ``RANKWISE_TOKEN`` passes through
-    from ``base`` untouched.
+    from ``base`` untouched.  ``MASTER_PORT`` is rankwise's store, which also serves torch's
+    own store protocol to plain torch ranks (``launch.torch_store``).
+    ``OMP_NUM_THREADS=1`` and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` are defaults, as torchrun's.
     """
     env = dict(base)
     env.update(
@@ -225,7 +228,7 @@ def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str
         GROUP_RANK=str(spec.node_rank),
         GROUP_WORLD_SIZE=str(spec.nnodes),
         ROLE_RANK=str(spec.rank),
-        ROLE_NAME="default",
+        ROLE_NAME=spec.role,
         ROLE_WORLD_SIZE=str(spec.world_size),
         MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
@@ -240,6 +243,7 @@ def worker_environment(spec: WorkerEnvSpec, base: Mapping[str, str]) -> dict[str
         TORCHELASTIC_ERROR_FILE=spec.error_file,
         PYTHONUNBUFFERED=base.get("PYTHONUNBUFFERED", "1"),
     )
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if spec.local_world_size > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     return env

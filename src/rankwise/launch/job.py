@@ -35,6 +35,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
+from .torch_store import TorchStoreHost
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
@@ -63,6 +64,8 @@ class JobOptions:
     token: str | None = None
     start_together: bool = True
     live: str | None = "127.0.0.1:0"  #: the live page's HOST:PORT (None: no page)
+    role: str = "default"
+    console_ranks: frozenset[int] | None = None
 
 
 def _say(text: str) -> None:
@@ -91,12 +94,14 @@ def _client(opts: JobOptions, port: int) -> Any:
                     timeout=timedelta(seconds=opts.timeout), token=opts.token)
 
 
-def _host_store(opts: JobOptions, alarm: ForeignAlarm) -> Any | None:
-    """Start the store if this node hosts it; None if another node already does."""
+def _host_store(opts: JobOptions, alarm: ForeignAlarm,
+                torch_store: TorchStoreHost) -> Any | None:
+    """Start the store if this node hosts it; None if another node already does. Its
+    torch clients (plain torch ranks) are served by torch's own store (``torch_store``)."""
     from ..store import TCPStoreServer
 
     server = TCPStoreServer(opts.master_addr, opts.master_port, token=opts.token,
-                            on_foreign=alarm)
+                            on_foreign=alarm, on_torch_client=torch_store.take)
     try:
         server.start()
     except DistError:
@@ -202,9 +207,11 @@ def run_job(opts: JobOptions) -> int:
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
     alarm = ForeignAlarm(token, _say)
+    torch_store = TorchStoreHost(_say)
     try:
         try:
-            server = _host_store(opts, alarm) if opts.max_nodes == 1 or opts.node_rank in (None, 0) else None
+            hosts = opts.max_nodes == 1 or opts.node_rank in (None, 0)
+            server = _host_store(opts, alarm, torch_store) if hosts else None
             port = server.port if server is not None else opts.master_port
             node_rank, nnodes = 0, 1
             if opts.max_nodes > 1:
@@ -236,7 +243,9 @@ def run_job(opts: JobOptions) -> int:
             run_id=opts.rdzv_id or secrets.token_hex(6), node_rank=node_rank, nnodes=nnodes,
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
-            start_together=opts.start_together,
+            start_together=opts.start_together, role=opts.role,
+            console_ranks=opts.console_ranks,
+            torch_store=torch_store if server is not None else None,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
@@ -260,6 +269,7 @@ def run_job(opts: JobOptions) -> int:
             notices.close()
         if live is not None:
             live.close(_live_linger())
+        torch_store.close()
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -397,18 +407,27 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                         return 1
                 continue
             return _report(result, attempt, opts, rnd.peers if rnd else None,
-                           rnd.watch if rnd else None)
+                           rnd.watch if rnd else None, plain_torch=_plain_torch(agent))
     return 1  # unreachable: the loop returns on its last attempt
 
 
+def _plain_torch(agent: LocalAgent) -> bool:
+    """Did plain torch ranks run (they reached torch's store: ``launch.torch_store``)?"""
+    used = getattr(agent.config.torch_store, "used", None)
+    return used is not None and bool(used.is_set())
+
+
 def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,
-            watch: NodeWatch | None = None) -> int:
+            watch: NodeWatch | None = None, plain_torch: bool = False) -> int:
     lost = (watch.lost or watch.suspect()) if watch is not None else ""
     reachable = peers is not None and (watch is None or watch.store_answers())
     remote = peers.remote_outcome(attempt) if not lost and reachable and peers is not None \
         else None
     local = root_cause(result.outcomes)
-    if watch is not None and not lost and remote is None and (local is None or local.secondary):
+    # a plain torch rank that left no record cannot say whether it died of a peer
+    unexplained = plain_torch and local is not None and local.error is None
+    if watch is not None and not lost and remote is None and (
+            local is None or local.secondary or unexplained):
         # our ranks died of a peer, and no node said why: one that vanished (its launcher
         # killed, its host gone) shows as silent within three beats -- name it, not a victim
         lost = watch.await_suspect()

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .error_files import PEER_LOST, from_torch_record
 from .worker import one_line
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 #: Exception class names that are consequences of another rank's failure.
-SECONDARY_EXCEPTIONS = frozenset({"PeerFailure", "Terminated", "KeyboardInterrupt"})
+SECONDARY_EXCEPTIONS = frozenset({"PeerFailure", "Terminated", "KeyboardInterrupt", PEER_LOST})
 
 
 @dataclass
@@ -86,13 +87,16 @@ class WorkerOutcome:
 
 
 def read_error_file(path: str) -> dict[str, Any] | None:
-    """The record a worker wrote (see ``worker.py``), or None if absent or unreadable."""
+    """The record a worker wrote (``worker.py``, or torch's ``@record``: ``error_files``),
+    or None if absent or unreadable."""
     try:
         with open(path) as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    return from_torch_record(data, path) or data
 
 
 def shell_exit_code(returncode: int) -> int:

@@ -6,7 +6,9 @@ torchrun does at its own). A script that never imports rankwise and calls
 ``TCPStore`` client there, fails rankwise's handshake and retries for its whole timeout
 (30 minutes), printing a C++ traceback per try. torch's client always opens with
 ``VALIDATE`` (one byte, 0) and a fixed little-endian magic number, so its first five
-bytes are enough to name the problem and the fix.
+bytes are enough to name the problem and the fix. (``rankwise run`` with torch installed
+takes such a client instead and serves it with torch's own store, ``launch.torch_store``:
+this line is for when nothing does.)
 """
 
 from __future__ import annotations

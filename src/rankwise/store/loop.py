@@ -81,7 +81,7 @@ class StoreLoop:
                  max_connections: int, dispatch: Dispatch,
                  present: Callable[[list[bytes]], list[bytes]],
                  on_auth_failure: Callable[[str, AuthError], None],
-                 on_foreign: Callable[[bytes, socket.socket], None],
+                 on_foreign: Callable[[bytes, socket.socket], bool],
                  keepalive_s: float = 0.0) -> None:
         self._listener = listener
         self._token = token
@@ -177,18 +177,23 @@ class StoreLoop:
             self._arm(conn, self._handshake_timeout)
 
     def _drop(self, conn: _Conn) -> None:
+        if self._detach(conn):
+            conn.sock.close()
+
+    def _detach(self, conn: _Conn) -> bool:
+        """Forget ``conn`` without closing its socket; False if it was forgotten already."""
         if self._conns.pop(conn.sock, None) is None:
-            return
+            return False
         self._unwait(conn)
         conn.timer = 0
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
-        conn.sock.close()
         if not self._accepting and not self._stopping:
             self._sel.register(self._listener, selectors.EVENT_READ)
             self._accepting = True
+        return True
 
     def _ready(self, conn: _Conn, mask: int) -> None:
         try:
@@ -203,8 +208,11 @@ class StoreLoop:
                     raise ProtocolError(f"{conn.peer} kept sending while its request waits")
                 self._process(conn)
         except ForeignClient as exc:
+            # every byte it sent so far: a listener that takes the connection replays them
+            if self._on_foreign(exc.head + bytes(conn.inbuf), conn.sock):
+                self._detach(conn)  # served elsewhere now (torch's store: launch.torch_store)
+                return
             self._on_auth_failure(conn.peer, exc)
-            self._on_foreign(exc.head, conn.sock)
             self._drop(conn)
         except AuthError as exc:
             self._on_auth_failure(conn.peer, exc)

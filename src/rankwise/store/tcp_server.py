@@ -80,6 +80,9 @@ class TCPStoreServer:
     ``with``); ``port=0`` picks a free port, readable as ``.port`` afterwards.
     ``on_foreign`` is called (from the server's thread, before the connection closes) for every
     client recognised as another system's, e.g. torch's TCPStore (``store.foreign``).
+    ``on_torch_client(sock, first_bytes)`` may take a torch TCPStore client's connection
+    instead (return True: the server forgets it, unclosed): ``rankwise run`` serves it
+    with torch's own store (``launch.torch_store``). It must not block.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class TCPStoreServer:
         frame_timeout: float = 60.0,
         max_connections: int | None = None,
         on_foreign: Callable[[ForeignKnock], None] | None = None,
+        on_torch_client: Callable[[socket.socket, bytes], bool] | None = None,
     ) -> None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise InvalidArgument(f"store port must be an int in 0..65535, got {port!r}")
@@ -110,6 +114,7 @@ class TCPStoreServer:
         self._table = KVTable(limits.max_total_bytes)
         self._auth_failures = 0
         self._on_foreign = on_foreign
+        self._on_torch_client = on_torch_client
         self._listener: socket.socket | None = None
         self._port: int | None = None
         self._lock = threading.Lock()
@@ -201,23 +206,32 @@ class TCPStoreServer:
         self.close()
 
     # ------------------------------------------------------------------ serving
-    def _tell_foreign(self, head: bytes, conn: socket.socket) -> None:
-        """A recognised foreign client (torch's TCPStore): tell ``on_foreign`` at every
-        knock, before the connection closes (the listener may look up who holds its
-        other end). Such a client retries for its whole timeout and nothing else says
-        why it cannot join; the listener decides what to print and whether to act."""
+    def _tell_foreign(self, head: bytes, conn: socket.socket) -> bool:
+        """A recognised foreign client (torch's TCPStore): ``on_torch_client`` may take
+        it (True); else tell ``on_foreign`` at every knock, before the connection closes
+        (the listener may look up who holds its other end). Such a client retries for its
+        whole timeout and nothing else says why it cannot join; the listener decides what
+        to print and whether to act."""
         what = describe_foreign_client(head)
-        if what is None or self._on_foreign is None:
-            return
+        if what is None:
+            return False
+        try:
+            if self._on_torch_client is not None and self._on_torch_client(conn, head):
+                return True
+        except Exception:  # a listener's bug must not take the store down
+            log.exception("store: on_torch_client listener failed")
+        if self._on_foreign is None:
+            return False
         try:
             host, port = conn.getpeername()[:2]
             store_port = conn.getsockname()[1]
         except OSError:
-            return  # already gone: it will knock again
+            return False  # already gone: it will knock again
         try:
             self._on_foreign(ForeignKnock(what, str(host), int(port), int(store_port)))
         except Exception:  # a listener's bug must not take the store down
             log.exception("store: on_foreign listener failed")
+        return False
 
     def _note_auth_failure(self, peer: str, exc: AuthError) -> None:
         """Remember (bounded) that ``peer`` failed the token check, for the ranks that
