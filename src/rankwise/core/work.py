@@ -48,7 +48,7 @@ class Work:
         work.description = description
         work._on_done = []
         work._future = None
-        work._future_lock = threading.Lock()
+        work._future_lock = _ENDED_LOCK
         work.device = device
         return work
 
@@ -88,7 +88,7 @@ class Work:
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; re-raise its error in this thread."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self._done.wait(seconds):
+        if not self._done.is_set() and not self._done.wait(seconds):
             raise DistTimeout(f"{self.description} did not complete within {seconds}s")
         if self._error is not None:
             raise self._error
@@ -124,9 +124,11 @@ class Work:
         return f"<rankwise.Work {self.description} {state}>"
 
 
-#: the ``_done`` of every ``Work.ended``: set once, never cleared
+#: the ``_done`` of every ``Work.ended``: set once, never cleared; and the lock their
+#: futures are made under (only ``get_future`` takes it: rare, and brief)
 _ENDED = threading.Event()
 _ENDED.set()
+_ENDED_LOCK = threading.Lock()
 
 
 def completed_work(description: str, result: Any = None) -> Work:

@@ -247,6 +247,13 @@ class InlineWork(OrderedWork):
 
     inline = True
 
+    def __init__(self, waits: DeviceWaits, call: Call) -> None:  # once per call: flat
+        self.streams = waits.streams
+        self.pendings = []
+        self.event = None
+        self._waits = waits
+        self._call = call
+
 
 class DeviceWaits:
     """How the device engine waits for a torch work: the watchdog watches it, the
@@ -275,7 +282,7 @@ class DeviceWaits:
                    ) -> tuple[InlineWork, BaseException | None]:
         """Run ``job`` (an ``async_op`` call) here, on the caller's thread and stream;
         its device side, and the error it raised (for ``Work.wait``)."""
-        holder = InlineWork(self, call, [])
+        holder = InlineWork(self, call)
         _local.holder = holder
         try:
             job()
