@@ -55,9 +55,14 @@ KERNEL_US = 15.0
 
 
 def _spin(us: float) -> None:
-    """Burn ``us`` microseconds of this thread's CPU (what a driver call would)."""
-    end = time.perf_counter() + us * 1e-6
-    while time.perf_counter() < end:
+    """Burn ``us`` microseconds of this thread's CPU (what a driver call would): CPU
+    time, not wall time, so that a thread descheduled mid-call (a loaded machine) still
+    pays the whole cost."""
+    if us <= 0:
+        return
+    clock = time.thread_time
+    end = clock() + us * 1e-6
+    while clock() < end:
         pass
 
 
