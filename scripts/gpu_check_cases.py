@@ -15,6 +15,19 @@ Cases:
   rank 0's next call raises ``PeerFailure`` naming rank 1 within seconds.
 - ``bench``: DDP step time of a CUDA MLP, rankwise against torch's own DDP (NCCL at one
   rank: NCCL needs a GPU per rank; gloo at two ranks sharing the GPU), alternated.
+- ``host-time``: host time per 4-byte ``all_reduce`` at one rank, blocking and
+  ``async_op=True`` then ``wait()``: rankwise's ``"nccl"`` and torch's ``"nccl"``
+  (``ProcessGroupNCCL``), and torch on backend ``"rankwise"``, in alternating processes;
+  ratios against torch (targets: 1.3x blocking, 1.5x async + wait); two alternations.
+- ``torch-stack``: torch's own DDP and FSDP2 (``fully_shard``) on backend ``"rankwise"``
+  against ``"nccl"`` at one rank: parameters bit-identical after the same steps (a FAIL
+  otherwise), step-time ratio (target 1.05x).
+- ``fsdp-mismatch``: two ranks sharing the GPU on backend ``"rankwise"``, FSDP2 over a
+  layer one rank builds wider: ``CollectiveMismatch`` on both ranks naming the user's
+  file:line of the forward call.
+
+A program that cannot run what it checks here prints ``RESULT: SKIP: why`` (reported
+as skipped, never as passed).
 """
 
 from __future__ import annotations
@@ -120,7 +133,9 @@ def _killed(rank: int, world: int) -> None:
 
 
 def _expect(results: list[Any], errors: tuple[str, ...], needle: str, start: float,
-            ranks: list[int] | None = None) -> tuple[bool, str]:
+            ranks: list[int] | None = None, within: float = WITHIN + 15) -> tuple[bool, str]:
+    """Whether every rank (of ``ranks``) raised one of ``errors`` saying ``needle``
+    within ``within`` seconds of ``start`` (the processes' start-up included)."""
     took = time.monotonic() - start
     lines = []
     ok = True
@@ -132,7 +147,7 @@ def _expect(results: list[Any], errors: tuple[str, ...], needle: str, start: flo
         ok &= good
         lines.append(f"rank {r.rank}: {'ok' if good else 'UNEXPECTED'} "
                      f"{r.error_type}: {first}")
-    ok &= took < WITHIN + 15  # start-up included
+    ok &= took < within
     return ok, f"in {took:.1f}s; " + " | ".join(lines)
 
 
@@ -264,8 +279,243 @@ def case_bench() -> bool:
     return True
 
 
+# --- host time per call ------------------------------------------------------------------
+
+#: calls per timed run, after as many warm-up calls
+CALLS = 2000
+
+
+def _per_call(call: Any, calls: int) -> float:
+    """Median host seconds per ``call()`` over ``calls`` calls, after ``calls`` warm-ups
+    (the GPU is synchronized before and after, never inside the timed loop)."""
+    for _ in range(calls):
+        call()
+    _sync()
+    times = []
+    clock = time.perf_counter
+    for _ in range(calls):
+        start = clock()
+        call()
+        times.append(clock() - start)
+    _sync()
+    return statistics.median(times)
+
+
+def _time_calls(all_reduce: Any, calls: int) -> dict[str, float]:
+    import torch
+
+    t = torch.ones(1, device=DEV)  # 4 bytes
+
+    def blocking() -> None:
+        all_reduce(t)
+
+    def async_wait() -> None:
+        all_reduce(t, async_op=True).wait()
+
+    return {"blocking": _per_call(blocking, calls), "async": _per_call(async_wait, calls)}
+
+
+def _host_rankwise(rank: int, world: int, calls: int) -> dict[str, float]:
+    import rankwise as dist
+
+    return _time_calls(dist.all_reduce, calls)
+
+
+def _host_torch(rank: int, world: int, backend: str, port: int, calls: int
+                ) -> dict[str, float]:
+    import torch
+    import torch.distributed as tdist
+
+    if "rankwise" in backend:
+        import rankwise.torch  # noqa: F401 - registers the backend
+    if not CPU:
+        torch.cuda.set_device(0)
+    tdist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=world)
+    try:
+        return _time_calls(tdist.all_reduce, calls)
+    finally:
+        tdist.destroy_process_group()
+
+
+def case_host_time() -> bool:
+    from rankwise.testing import free_port, run_ranks
+
+    if CPU:
+        print("RESULT: SKIP: host time per call needs NCCL (a GPU)")
+        return True
+    calls = CALLS
+    runs: dict[str, list[dict[str, float]]] = {"rankwise": [], "torch": [],
+                                               "torch-on-rankwise": []}
+    for _ in range(2):  # alternate, twice (each run: a process, NCCL's init, the calls)
+        for impl, done in runs.items():
+            if impl == "rankwise":
+                res = run_ranks(_host_rankwise, 1, args=(calls,), timeout=60,
+                                init_kwargs={"backend": "nccl"})
+            else:
+                backend = "nccl" if impl == "torch" else "rankwise"
+                res = run_ranks(_host_torch, 1, args=(backend, free_port(), calls),
+                                timeout=60, init=False)
+            if not res[0].ok:
+                print(f"{impl}: {res[0].error_type}: {res[0].message}\n{res[0].traceback}")
+                print("RESULT: FAIL: a timing run failed")
+                return False
+            done.append(res[0].value)
+    rows = {}
+    for kind, target in (("blocking", 1.3), ("async", 1.5)):
+        base = [r[kind] for r in runs["torch"]]
+        for impl in ("rankwise", "torch-on-rankwise"):
+            mine = [r[kind] for r in runs[impl]]
+            ratios = [a / b for a, b in zip(mine, base, strict=True)]
+            rows[f"{impl}/{kind}"] = {"us": [round(m * 1e6, 1) for m in mine],
+                                      "torch_us": [round(b * 1e6, 1) for b in base],
+                                      "ratio": [round(r, 2) for r in ratios],
+                                      "target": target,
+                                      "met": statistics.median(ratios) <= target}
+            print(f"4-byte all_reduce, {kind:<8} {impl:<18} "
+                  f"{', '.join(f'{m * 1e6:.1f}' for m in mine)} us vs torch nccl "
+                  f"{', '.join(f'{b * 1e6:.1f}' for b in base)} us: ratio "
+                  f"{min(ratios):.2f}-{max(ratios):.2f}x (target {target}x: "
+                  f"{'met' if statistics.median(ratios) <= target else 'MISSED'})")
+    print("BENCH " + json.dumps(rows))
+    missed = [k for k, v in rows.items() if not v["met"]]
+    print(f"RESULT: PASS: measured; targets {'met' if not missed else 'missed: ' + ', '.join(missed)}")
+    return True
+
+
+# --- torch's DDP and FSDP2 on backend "rankwise" ------------------------------------------
+
+def _stack_steps(rank: int, world: int, backend: str, port: int, wrap: str, steps: int,
+                 width: int) -> dict[str, Any]:
+    """torch's ``wrap`` (``ddp`` or ``fsdp2``) on ``backend``: the parameters' hash after
+    ``steps`` steps and the step times."""
+    import hashlib
+
+    import torch
+    import torch.distributed as tdist
+
+    if "rankwise" in backend:
+        import rankwise.torch  # noqa: F401 - registers the backend
+    if not CPU:
+        torch.cuda.set_device(0)
+    tdist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = _mlp(width)
+        if wrap == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as TorchDDP
+            model = TorchDDP(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(64, width, device=DEV)
+        times = []
+        for i in range(steps + 5):
+            _sync()
+            start = time.perf_counter()
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            _sync()
+            if i >= 5:
+                times.append(time.perf_counter() - start)
+        digest = hashlib.sha256()
+        for p in model.parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            digest.update(full.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return {"params": digest.hexdigest(), "ms": statistics.median(times) * 1e3}
+    finally:
+        tdist.destroy_process_group()
+
+
+def _ms(runs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['ms']:.2f}" for r in runs)
+
+
+def case_torch_stack() -> bool:
+    from rankwise.testing import free_port, run_ranks
+
+    steps, width = (20, 2048) if not CPU else (3, 64)
+    base = "gloo" if CPU else "nccl"
+    ours = "cpu:rankwise" if CPU else "rankwise"
+    ok = True
+    rows = []
+    for wrap in ("ddp", "fsdp2"):
+        got: dict[str, list[dict[str, Any]]] = {ours: [], base: []}
+        for _ in range(2):  # alternate, twice
+            for backend, done in got.items():
+                res = run_ranks(_stack_steps, 1, args=(backend, free_port(), wrap, steps,
+                                                       width), timeout=120, init=False)
+                if not res[0].ok:
+                    print(f"{wrap} on {backend}: {res[0].error_type}: {res[0].message}\n"
+                          f"{res[0].traceback}")
+                    print(f"RESULT: FAIL: torch's {wrap} on {backend} failed")
+                    return False
+                done.append(res[0].value)
+        same = len({r["params"] for rs in got.values() for r in rs}) == 1
+        ratios = [a["ms"] / b["ms"] for a, b in zip(got[ours], got[base], strict=True)]
+        ok &= same
+        rows.append({"wrap": wrap, "identical": same, "ratio": [round(r, 3) for r in ratios],
+                     f"{ours}_ms": [round(r["ms"], 3) for r in got[ours]],
+                     f"{base}_ms": [round(r["ms"], 3) for r in got[base]]})
+        print(f"torch {wrap}, world 1, MLP 6x{width}x{width}: parameters "
+              f"{'bit-identical' if same else 'DIFFER'} on {ours!r} and {base!r}; step "
+              f"{_ms(got[ours])} ms vs {_ms(got[base])} ms: ratio "
+              f"{min(ratios):.2f}-{max(ratios):.2f}x (target 1.05x: "
+              f"{'met' if statistics.median(ratios) <= 1.05 else 'MISSED'})")
+    print("BENCH " + json.dumps(rows))
+    print(f"RESULT: {'PASS' if ok else 'FAIL'}: torch's DDP and FSDP2 on {ours!r} "
+          f"{'match' if ok else 'do not match'} {base!r} bit for bit")
+    return ok
+
+
+# --- a mismatch inside FSDP2 -----------------------------------------------------------
+
+def _fsdp_mismatch(rank: int, world: int, backend: str, port: int) -> None:
+    import torch
+    import torch.distributed as tdist
+
+    import rankwise.torch  # noqa: F401 - registers the backend
+
+    if not CPU:
+        torch.cuda.set_device(0)  # both ranks share the one GPU
+    tdist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=world)
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64 + 2 * rank)).to(DEV)  # rank 1 wider
+    fully_shard(model)
+    model(torch.randn(8, 64, device=DEV)).sum().backward()  # CALL: FSDP2 all-gathers here
+
+
+def case_fsdp_mismatch() -> bool:
+    from rankwise.testing import free_port, run_ranks
+
+    backend = "cpu:rankwise" if CPU else "rankwise"
+    here = os.path.basename(__file__)
+    with open(__file__) as f:
+        line = next(i for i, text in enumerate(f, 1) if "# CALL: FSDP2" in text)
+    start = time.monotonic()
+    res = run_ranks(_fsdp_mismatch, 2, args=(backend, free_port()), timeout=90, init=False,
+                    env=ENV)
+    # start-up: two processes importing torch's FSDP (tens of seconds on a loaded host)
+    ok, text = _expect(res, ("CollectiveMismatch",), f"{here}:{line}", start, within=75.0)
+    print(f"FSDP2 on {backend!r}, 2 ranks sharing the {'CPU' if CPU else 'GPU'}, a layer "
+          f"rank 1 builds wider: {text}")
+    print(f"RESULT: {'PASS' if ok else 'FAIL'}: the mismatch inside FSDP2 "
+          f"{'is' if ok else 'is not'} named at {here}:{line}")
+    return ok
+
+
 CASES = {"no-host-sync": case_no_host_sync, "mismatch": case_mismatch,
-         "killed": case_killed, "bench": case_bench}
+         "killed": case_killed, "bench": case_bench, "host-time": case_host_time,
+         "torch-stack": case_torch_stack, "fsdp-mismatch": case_fsdp_mismatch}
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,7 @@ import pytest
 
 from rankwise.testing import run_ranks
 
-pytestmark = [pytest.mark.cuda, pytest.mark.torch, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cuda, pytest.mark.torch, pytest.mark.procs, pytest.mark.timeout(300)]
 
 
 def _sum_on_gpu(rank: int, world: int, share: bool = False) -> list[float]:
@@ -45,7 +45,7 @@ def _all_ok(results: list[Any]) -> None:
 def test_nccl_world_size_one(backend: str) -> None:
     results = run_ranks(_sum_on_gpu, 1, init_kwargs={"backend": backend}, timeout=240)
     _all_ok(results)
-    assert results[0].value == [2.0] * 4  # 1 + 1: two all_reduces of one rank
+    assert results[0].value == [1.0] * 4  # one rank: a SUM over one rank leaves 1.0 as is
 
 
 def test_two_processes_on_nccl() -> None:

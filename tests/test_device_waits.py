@@ -414,3 +414,142 @@ def test_torchs_error_handling_is_off_only_while_rankwise_builds_its_group(
     with _rankwise_handles_errors():
         assert os.environ[name] == "1"
     assert os.environ[name] == "1"
+
+
+# --- issue 34: one ledger per process; enqueue wakes nobody; async on the caller's thread --
+
+class CountingLedger:
+    """A ledger that only counts the wake-ups it is asked for."""
+
+    def __init__(self) -> None:
+        self.kicks: list[float] = []
+        self.books: list[Any] = []
+
+    def register(self, book: Any) -> None:
+        self.books.append(book)
+
+    def unregister(self, book: Any) -> None:
+        self.books.remove(book)
+
+    def kick(self, delay: float = 0.0) -> None:
+        self.kicks.append(delay)
+
+
+def test_recording_a_work_wakes_the_ledger_once_not_per_call() -> None:
+    clock = Clock()
+    on = CountingLedger()
+    dog = Watchdog(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
+    dog.start()
+    for _ in range(100):
+        dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
+        clock.now += 1e-5
+    assert on.kicks == [GRACE], "only the first record (nothing due before it) wakes it"
+    assert on.books == [dog] and dog.in_flight() == 100
+    clock.now += GRACE
+    due = dog.pass_due()  # nothing done yet: the next pass is due at the heartbeat
+    assert 0 < due <= 0.1 and dog.in_flight() == 100
+    dog.stop()
+    assert on.books == []
+
+
+def test_a_pass_drops_the_finished_records_and_queries_only_then() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    works = [FakeWork() for _ in range(5)]
+    for w in works:
+        dog.watch(FakeCall(deadline=clock.now + 60.0), w)
+    for w in works[:3]:
+        w.completed = True
+    dog.tick()
+    assert dog.in_flight() == 2 and len(dog._records) == 2, "the done front is dropped"
+    for w in works:
+        w.completed = True
+    assert dog.pass_due() == float("inf") and not dog._records
+
+
+def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() -> None:
+    from rankwise.core.ledger import ledger
+
+    clock = Clock()
+    planes = [FakePlane(), FakePlane()]
+    dogs = [Watchdog(p, lambda: None, clock=clock) for p in planes]
+    for d in dogs:
+        d.start()
+    try:
+        p = [d.watch(FakeCall(deadline=clock.now + 600.0), FakeWork()) for d in dogs]
+        threads = [t for t in threading.enumerate() if t.name == "rankwise-ledger"]
+        assert len(threads) == 1 and ledger().books() >= 2
+        planes[1].failed = CollectiveMismatch("pushed by the port")
+        dogs[1].kick(0.0)  # what the engine's on_failure listener does
+        assert p[1].settled.wait(10.0) and p[1].error is planes[1].failed
+        assert not p[0].settled.is_set(), "the other group's work runs on"
+    finally:
+        for d in dogs:
+            d.stop()
+
+
+def test_an_async_call_runs_inline_and_is_ordered_only_when_waited_for() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    streams = FakeStreams()
+    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    call = FakeCall(deadline=clock.now + 5.0)
+    work, post = FakeWork(streams), FakeWork(streams)
+    ran_on: list[int] = []
+
+    def job() -> None:  # what the engine does, on the caller's thread
+        ran_on.append(threading.get_ident())
+        waits.wait(call, work, then=False)  # a plain all_reduce: nothing reads it next
+        waits.wait(call, post, then=True)  # a dtype write-back reads it next
+
+    holder, error = waits.run_inline(call, job)  # type: ignore[arg-type]
+    assert error is None and ran_on == [threading.get_ident()] and holder.inline
+    assert work.waits == [] and post.waits == [streams.default]
+    assert streams.events == 0 and streams.side().log == [], "no event, no side stream"
+    assert current_holder() is None
+    w = Work.ended("all_reduce #1", None, holder, None)
+    assert not w.is_completed()
+    w.wait()
+    assert work.waits == [streams.default], "wait() orders the waiter's stream"
+    work.completed = post.completed = True
+    assert w.is_completed()
+
+    def failing() -> None:
+        raise CollectiveMismatch("found before the op")
+
+    _, error = waits.run_inline(call, failing)  # type: ignore[arg-type]
+    assert isinstance(error, CollectiveMismatch)
+    with pytest.raises(CollectiveMismatch):
+        Work.ended("all_reduce #2", None, None, error).wait()
+
+
+def test_the_ring_checks_batch_is_sent_once_whoever_flushes_it() -> None:
+    """The caller appends entries while the ledger's thread flushes, with no lock
+    between them: every entry goes out exactly once."""
+    from rankwise.core.ring_check import RingCheck
+
+    sent: list[bytes] = []
+    check = RingCheck.__new__(RingCheck)
+    check._entries = __import__("collections").deque()
+    check._last = SimpleNamespace(seq=1, site=SimpleNamespace(id=0))  # type: ignore[assignment]
+    check.group = SimpleNamespace(id=3, timeout=5.0)  # type: ignore[assignment]
+    check.next = 1
+    check.comm = SimpleNamespace(  # type: ignore[assignment]
+        send_frame=lambda dst, header, payload, deadline, site: sent.append(bytes(payload)))
+    entries = [i.to_bytes(8, "little") for i in range(20000)]
+    stop = threading.Event()
+
+    def flusher() -> None:
+        while not stop.is_set():
+            check.flush()
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    for e in entries:
+        check._entries.append(e)
+    stop.set()
+    t.join(10.0)
+    check.flush()
+    got = b"".join(sent)
+    assert sorted(got[i:i + 8] for i in range(0, len(got), 8)) == sorted(entries)
+    assert check.deferred is None

@@ -42,8 +42,8 @@ class _TensorFed:
     def __getattr__(self, op: str) -> Any:
         import torch
 
-        if op in ("settle", "close"):
-            return getattr(self.base, op)
+        if op in ("settle", "close", "run_inline", "adopt_async", "device"):
+            return getattr(self.base if op in ("settle", "close") else self.inner, op)
         method = getattr(self.inner, op)
 
         def fed(call: Call, *args: Any) -> None:
@@ -64,8 +64,25 @@ def _staged(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     return _TensorFed(Staged(base), base)
 
 
-@pytest.mark.parametrize("make", [_message, _shm, _torch_gloo, _staged],
-                         ids=["tcp", "shm", "torch-gloo", "staged-on-shm"])
+def _nccl_stand_in(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+    """The NCCL engine's CPU stand-in (``RANKWISE_TENSOR_PATH=device``): the engine class
+    ``engines.nccl`` builds on a GPU, with its watchdog on the process's ledger and its
+    inline ``async_op``, over torch's gloo and host waits instead of streams."""
+    torch = pytest.importorskip("torch")
+    from rankwise.engines.torch.engine import TorchEngine
+    from rankwise.engines.torch.nccl import STAND_IN, first_collective
+    from rankwise.engines.torch.streams import HostStreams
+    from rankwise.engines.torch.tensors import DeviceTensors
+
+    engine = TorchEngine.create(group, store, timeout, prefix="device", name=STAND_IN,
+                                tensors=DeviceTensors(torch.device("cpu")),
+                                streams=HostStreams())
+    first_collective(engine, timeout)
+    return _TensorFed(engine, engine)
+
+
+@pytest.mark.parametrize("make", [_message, _shm, _torch_gloo, _staged, _nccl_stand_in],
+                         ids=["tcp", "shm", "torch-gloo", "staged-on-shm", "nccl-stand-in"])
 def test_every_engine_passes_the_table(make: Any) -> None:
     check_engine(make)
 

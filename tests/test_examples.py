@@ -130,6 +130,7 @@ def test_ddp_train_example_keeps_replicas_identical(choice: str, moved_by: str) 
 
 
 @pytest.mark.cuda
+@pytest.mark.procs
 @pytest.mark.timeout(300)
 def test_ddp_train_example_on_cuda() -> None:
     """Issue 13's acceptance: ``--device cuda`` under ``rankwise run``, one rank per GPU

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from _procs import run
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.procs
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
 STEPS = ["versions", "no-host-sync", "ddp-nccl-1", "ddp-staged-2", "mismatch", "killed",
-         "pytest-cuda", "bench", "torch-suite"]
+         "pytest-cuda", "bench", "host-time", "torch-stack", "fsdp-mismatch", "torch-suite"]
 
 
 def _load() -> ModuleType:
@@ -62,7 +63,10 @@ def test_dry_run_lists_every_step_and_writes_the_summary(tmp_path: Path) -> None
         assert name in out.stdout
     data = json.loads((tmp_path / "gpu-check-summary.json").read_text())
     assert [s["name"] for s in data["steps"]] == STEPS
-    assert (tmp_path / "gpu-check-summary.txt").read_text().startswith("rankwise gpu-check")
+    text = (tmp_path / "gpu-check-summary.txt").read_text()
+    assert text.startswith("rankwise gpu-check")
+    assert "result: dry run, nothing run" in text and "passed" not in text, text
+    assert data["dry_run"] is True
 
 
 def test_an_unknown_step_is_a_usage_error(tmp_path: Path) -> None:
@@ -124,3 +128,48 @@ def test_the_vendored_expecttest_wheel_is_on_the_steps_path() -> None:
     out = run([sys.executable, "-c", "import expecttest"], timeout=60,
               env={"PYTHONPATH": os.pathsep.join(wheels), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
+
+
+def _pytest_step(gc: ModuleType, name: str, body: str, tmp: Path) -> Any:
+    """A pytest step over one file holding ``body``."""
+    test = tmp / f"test_{name}.py"
+    test.write_text("import pytest\n" + body)
+    return gc.Step(name, name, [sys.executable, "-m", "pytest", "-q", "-rs", "-p",
+                                "no:cacheprovider", str(test)], 60, pytest=True)
+
+
+def test_a_step_that_runs_no_test_is_skipped_with_its_reason_never_passed(
+        tmp_path: Path) -> None:
+    """Issue 34: the torch-suite step ran 0 tests (all skipped) and reported PASS."""
+    gc = _load()
+    py = sys.executable
+    steps = [
+        _pytest_step(gc, "all_skipped", "@pytest.mark.skip(reason='needs 2 GPUs')\n"
+                     "def test_a(): pass\n", tmp_path),
+        _pytest_step(gc, "none_collected", "X = 1\n", tmp_path),
+        _pytest_step(gc, "one_ran", "def test_a(): pass\n"
+                     "@pytest.mark.skip(reason='later')\ndef test_b(): pass\n", tmp_path),
+        gc.Step("says_skip", "a program that cannot run here", [
+            py, "-c", "print('RESULT: SKIP: needs NCCL')"], 30, expect="RESULT: PASS"),
+    ]
+    outcomes = gc.run_all(steps, budget=300, out_dir=tmp_path, echo=False)
+    assert [o.status for o in outcomes] == ["skipped", "skipped", "pass", "skipped"], \
+        [(o.status, o.verdict) for o in outcomes]
+    assert outcomes[0].verdict.startswith("ran 0 tests (1 skipped") and \
+        "needs 2 GPUs" in outcomes[0].verdict, outcomes[0].verdict
+    assert outcomes[1].verdict.startswith("ran 0 tests"), outcomes[1].verdict
+    assert outcomes[3].verdict == "needs NCCL"
+    text = gc.summary(outcomes, tmp_path, "now", 1.0)
+    assert "result: all passed (1 passed, 3 skipped)" in text, text
+    text = gc.summary(outcomes[:2], tmp_path, "now", 1.0)
+    assert "result: nothing passed (0 passed, 2 skipped)" in text, text
+
+
+def test_pytest_counts_reads_the_closing_line() -> None:
+    gc = _load()
+    assert gc.pytest_counts(["x", "10 skipped, 1863 deselected, 67 warnings in 5.45s"]) == \
+        {"skipped": 10, "deselected": 1863, "warnings": 67}
+    assert gc.pytest_counts(["==== 2 passed, 1 error in 0.1s ===="]) == \
+        {"passed": 2, "errors": 1}
+    assert gc.pytest_counts(["no tests ran in 0.01s"]) == {}
+    assert gc.pytest_counts(["Traceback", "ImportError: x"]) is None

@@ -22,6 +22,7 @@ import pytest
 from _nccl_p2p_fakes import F32, I64, World, floats
 
 from rankwise.engines.device.p2p_book import Header, decode, encode
+from rankwise.engines.torch import p2p
 from rankwise.engines.torch.p2p import bounded_enqueue
 from rankwise.errors import CollectiveMismatch, DistError, DistTimeout, InvalidArgument, PeerFailure
 
@@ -165,7 +166,7 @@ def test_a_dead_peer_fails_a_waiting_recv_and_the_works_in_flight() -> None:
     assert p.error is dead and w.aborts == [1]
 
 
-def test_the_first_op_between_two_ranks_is_bounded() -> None:
+def test_the_first_op_between_two_ranks_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """``bounded_enqueue``: NCCL's pair communicator blocks the enqueue until the peer
     joins; a failure releases it, the deadline aborts the group."""
     hold = threading.Event()
@@ -187,8 +188,17 @@ def test_the_first_op_between_two_ranks_is_bounded() -> None:
 
         def broken() -> Any:
             raise RuntimeError("NCCL error: invalid usage")
+        monkeypatch.setattr(p2p, "EXPLAIN", 0.0)
         with pytest.raises(DistError, match="pair failed: NCCL error"):
             bounded_enqueue(broken, failure=lambda: None, timeout=60.0, what=lambda: "pair",
+                            on_timeout=lambda: aborts.append(1))
+        # a peer that found a mismatch closed its connections before its report came: the
+        # report, not the broken connection, is what this rank raises
+        monkeypatch.setattr(p2p, "EXPLAIN", 30.0)
+        reports: list[BaseException | None] = [None, None, dead]
+        with pytest.raises(PeerFailure):
+            bounded_enqueue(broken, failure=lambda: reports.pop(0) if len(reports) > 1
+                            else reports[0], timeout=60.0, what=lambda: "pair",
                             on_timeout=lambda: aborts.append(1))
     finally:
         hold.set()

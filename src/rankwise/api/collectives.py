@@ -78,6 +78,9 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op:
+        inline = getattr(runner, "run_inline", None)
+        if inline is not None:  # a device engine: the caller's stream carries the order
+            return _run_inline(group, runner, call, body, op, ev, outputs, inline)
         job: Callable[[], None] = lambda: _run(runner, call, body, op, ev)
         device = None
         adopt = getattr(runner, "adopt_async", None)  # device engines: the caller's stream
@@ -95,6 +98,20 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         group.queued = None
     _run(runner, call, body, op, ev)
     return None
+
+
+def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op: Op,
+                ev: profiling.Event | None, outputs: list[Any] | None,
+                inline: Callable[..., Any]) -> Work:
+    """An ``async_op`` call on a device engine, run here on the caller's thread (no hop to
+    the async worker: the works it enqueues follow the caller's stream, as torch's do).
+    Its error is the ``Work``'s, raised by ``wait``; earlier queued calls run first."""
+    if runner.serial and group.queued is not None:
+        group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
+        group.queued = None
+    device, error = inline(call, lambda: _run(runner, call, body, op, ev))
+    return Work.ended(f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}", outputs,
+                      device, error)
 
 
 def _run(engine: Engine, call: Call, body: Body, op: Op,

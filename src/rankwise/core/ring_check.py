@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..engines.base import CHECK_MODES, Call
@@ -36,14 +37,19 @@ BATCH = 64
 #: seconds a confirmed call's fingerprint waits for others to share its frame, at most
 #: (looked at when a later call's data op is enqueued)
 BATCH_AGE = 0.05
-_BATCH_BYTES = BATCH * CHECK_ENTRY.size
 _pack_entry = CHECK_ENTRY.pack
 #: a plain int: ``int | Flag`` runs IntFlag's ``__ror__`` in Python, per call
 _CHECK = int(Flag.CHECK)
 
 
 class RingCheck:
-    """One group's fingerprint ring: ``before`` each data op, ``after`` it."""
+    """One group's fingerprint ring: ``before`` each data op, ``after`` it.
+
+    Lock-free between the calling thread and the device watchdog's (``flush`` from the
+    ledger's thread, when an op runs long): confirmed calls' entries go to a deque the
+    caller appends to, and whoever flushes pops them (each ``popleft`` is atomic), so
+    each entry is sent once, by one of them. Two flushes at once may split a batch in
+    two frames: the next rank judges each entry by its sequence number alone."""
 
     def __init__(self, group: ProcessGroup, mode: str) -> None:
         if mode not in CHECK_MODES:
@@ -59,7 +65,7 @@ class RingCheck:
         self.seen: set[tuple[Fingerprint, int]] = set()
         #: confirmed calls' fingerprints not sent yet (``CHECK_ENTRY`` each), and the
         #: last of those calls (its site and seq name the batch frame)
-        self.deferred: bytearray | None = None
+        self._entries: deque[bytes] = deque()
         self._last: Call | None = None
         self._since = 0.0  #: when the oldest deferred fingerprint was added
 
@@ -79,12 +85,11 @@ class RingCheck:
             # the previous rank's entry must equal ours but for the site: the router
             # compares the bytes (``CheckBatches.take``)
             comm.router.checks.expect(gid, call.seq, entry[:CHECK_KEY])
-            if self.deferred is None:
-                self.deferred = bytearray(entry)
+            entries = self._entries
+            if not entries:
                 self._since = time.monotonic()
-            else:
-                self.deferred += entry
             self._last = call
+            entries.append(entry)
             return
         pending = comm.router.post_coll((gid, call.seq, self.prev, 0, _CHECK), _NOTHING)
         self.flush()  # the batch first: the next rank judges calls in order
@@ -97,11 +102,15 @@ class RingCheck:
                 self.seen.clear()
             self.seen.add(key)
 
+    @property
+    def deferred(self) -> bytes | None:
+        """The entries not sent yet, as one payload (None: none)."""
+        return b"".join(list(self._entries)) or None
+
     def enqueued(self) -> None:
         """A data op is in flight: send the batch if it is full or old."""
-        deferred = self.deferred
-        if deferred is not None and (len(deferred) >= _BATCH_BYTES
-                                     or time.monotonic() - self._since >= BATCH_AGE):
+        entries = self._entries
+        if entries and (len(entries) >= BATCH or time.monotonic() - self._since >= BATCH_AGE):
             self.flush()
 
     def flush(self) -> None:
@@ -114,9 +123,16 @@ class RingCheck:
         machine, gets here. Whether this call is hurt by a departed or failed peer is
         for the data op's own wait to say (it watches the control plane for that
         peer's cause); and when the body already raised, its error is the one to show."""
-        deferred, self.deferred = self.deferred, None
+        entries = self._entries
+        parts = []
+        try:
+            while True:
+                parts.append(entries.popleft())
+        except IndexError:
+            pass
         call = self._last
-        if deferred is not None and call is not None:
+        if parts and call is not None:
+            deferred = b"".join(parts)
             header = encode_header(Kind.CHECKS, self.group.id, call.seq, site=call.site.id,
                                    payload_len=len(deferred))
             try:  # a fresh deadline: a batch may be sent long after its last call began

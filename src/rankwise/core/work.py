@@ -36,6 +36,22 @@ class Work:
         self._future_lock = threading.Lock()
         self.device = device
 
+    @classmethod
+    def ended(cls, description: str, result: Any, device: Any,
+              error: BaseException | None) -> Work:
+        """A ``Work`` whose host part has already ended (a device call run on the
+        caller's thread): no event of its own to make, one shared set one instead."""
+        work = cls.__new__(cls)
+        work._done = _ENDED
+        work._error = error
+        work._result = result
+        work.description = description
+        work._on_done = []
+        work._future = None
+        work._future_lock = _ENDED_LOCK
+        work.device = device
+        return work
+
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
         with self._future_lock:
@@ -72,7 +88,7 @@ class Work:
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; re-raise its error in this thread."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self._done.wait(seconds):
+        if not self._done.is_set() and not self._done.wait(seconds):
             raise DistTimeout(f"{self.description} did not complete within {seconds}s")
         if self._error is not None:
             raise self._error
@@ -106,6 +122,13 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self.is_completed() else "pending"
         return f"<rankwise.Work {self.description} {state}>"
+
+
+#: the ``_done`` of every ``Work.ended``: set once, never cleared; and the lock their
+#: futures are made under (only ``get_future`` takes it: rare, and brief)
+_ENDED = threading.Event()
+_ENDED.set()
+_ENDED_LOCK = threading.Lock()
 
 
 def completed_work(description: str, result: Any = None) -> Work:

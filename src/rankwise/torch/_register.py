@@ -32,6 +32,7 @@ from ..identity.callsite import skip_directory
 from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
 from ..wire.auth import resolve_token
 from ._backend import BACKEND_NAME, TorchProcessGroup
+from ._cuda_backend import DEVICES, attach_cuda
 
 __all__ = ["install"]
 
@@ -83,6 +84,7 @@ def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
             store = rankwise_store_under(opts.store) or RankwiseStoreView(opts.store, timeout)
             _init.init_process_group("tcp", rank=rank, world_size=size, timeout=timeout,
                                      store=store)
+            attach_cuda(current(), current().default_group)
             return TorchProcessGroup(current().default_group, owns_world=True)
         if (world.comm.rank, world.comm.world_size) != (rank, size):
             raise InvalidArgument(
@@ -92,15 +94,16 @@ def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
     members = sorted(int(r) for r in opts.global_ranks_in_group)
     group = _init.make_group(current(), _group_id(str(opts.group_id)), members,
                              timeout.total_seconds(), f"torch group {opts.group_id} {members}")
+    attach_cuda(current(), group)
     return TorchProcessGroup(group, owns_world=False)
 
 
 def install() -> None:
-    """Register the backend (for the cpu device), wrap ``env://``, skip torch's frames in
+    """Register the backend (for the cpu and cuda devices), wrap ``env://``, skip torch's frames in
     call sites. Idempotent: importing ``rankwise.torch`` twice changes nothing."""
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
         tdist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
-                                       devices=["cpu"])
+                                       devices=DEVICES)
     # the module, not the function ``torch.distributed.rendezvous`` that shadows its name
     handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
     if not hasattr(handlers["env"], "rankwise_wraps"):

@@ -147,14 +147,16 @@ class TorchEngine:
         self.waiter = WorkWaiter(group.port, name)
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
-        #: held while the ring check is used: the watchdog flushes it from its thread
-        self._check_lock = threading.Lock()
         #: the device engine's waits (NCCL and its stand-in), None on host memory
         self.device: DeviceWaits | None = None
+        #: ``async_op`` calls run on the caller's thread (``streams.DeviceWaits.run_inline``)
+        #: where there is a device; None: on the async worker
+        self.run_inline: Callable[[Call, Callable[[], None]], Any] | None = None
         if streams is not None:
-            plane = CommPlane(self.waiter, self._try_flush)
+            plane = CommPlane(self.waiter, self._flush)
             watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
+            self.run_inline = self.device.run_inline
             watchdog.start()
         #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
         self.p2p: Any = None
@@ -181,15 +183,10 @@ class TorchEngine:
         pg = tdist.ProcessGroupGloo(tstore, group.group_rank, group.size(), opts)
         return cls(group, pg, check, tstore, name=name, tensors=tensors, streams=streams)
 
-    def _try_flush(self) -> bool:
-        """The watchdog's flush of the ring check's batch; False while the calling
-        thread uses the check (the watchdog asks again on its next pass)."""
-        if not self._check_lock.acquire(blocking=False):
-            return False
-        try:
-            self.check.flush()
-        finally:
-            self._check_lock.release()
+    def _flush(self) -> bool:
+        """The watchdog's flush of the ring check's batch (lock-free against the calling
+        thread: ``RingCheck.flush``)."""
+        self.check.flush()
         return True
 
     def adopt_async(self, job: Callable[[], None]) -> tuple[Callable[[], None],
@@ -208,6 +205,8 @@ class TorchEngine:
         pg = self.pg
         if pg is not None and self._aborting is None:
             self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
+        if self.device is not None:  # the ledger's pass settles the works in flight now
+            self.device.watchdog.kick(0.0)
 
     def _abort_groups(self, pg: Any) -> None:
         with self._reverse_lock:
@@ -239,8 +238,7 @@ class TorchEngine:
         if device is not None:
             self.tensors.check(call, arrays)
             device.raise_failed()
-        with self._check_lock:
-            self.check.before(call)
+        self.check.before(call)
 
     def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
         """Check the call on the control plane, move the data, check again."""
@@ -248,24 +246,25 @@ class TorchEngine:
         body()
         self.check.after()
 
-    def _wait(self, call: Call, work: Any) -> None:
-        with self._check_lock:
-            self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+    def _wait(self, call: Call, work: Any, then: bool = True) -> None:
+        """``work`` (just enqueued) bounded and waited for; ``then``: the caller's stream
+        reads its result next (an inline async call orders it only then)."""
+        self.check.enqueued()  # the op is in flight: a full or old batch goes out now
         device = self.device
         if device is not None:  # the watchdog sends the batch if the op is slow
             self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
-            device.wait(call, work)
+            device.wait(call, work, then)
             return
         # an op that is not done within a grace period may wait for a batched fingerprint
         # (a mismatch that hangs the data plane): send the batch then
         self.waiter.wait(call, work, self.check.flush)
 
-    def _all_reduce(self, call: Call, t: torch.Tensor) -> None:
+    def _all_reduce(self, call: Call, t: torch.Tensor, then: bool = False) -> None:
         """``t`` becomes the reduction over ranks (complex products via a gather:
-        gloo reduces no complex numbers)."""
+        gloo reduces no complex numbers); ``then``: the caller reads ``t`` next."""
         assert call.op is not None
         if t.dtype in _AS_IS:  # the hot path of a small all_reduce: the op, the wait
-            self._wait(call, self.pg.allreduce([t], _ALLREDUCE_OPTS[call.op.name]))
+            self._wait(call, self.pg.allreduce([t], _ALLREDUCE_OPTS[call.op.name]), then)
             return
         op = call.op.name
         if t.is_complex() and op not in ("SUM", "AVG"):
@@ -279,14 +278,14 @@ class TorchEngine:
             t.copy_(acc)
             return
         r, back = _reduce_in(t, op)
-        self._wait(call, self.pg.allreduce([r], _ALLREDUCE_OPTS[op]))
+        self._wait(call, self.pg.allreduce([r], _ALLREDUCE_OPTS[op]), then or back is not _nothing)
         back()
 
     # --- Engine -------------------------------------------------------------------------
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         self._run(call, lambda: self._wait(call, self.pg.broadcast([self._raw(data)],
-                                                                   _bopts(root))), data)
+                                                                   _bopts(root)), False), data)
 
     def all_reduce(self, call: Call, data: Array) -> None:
         # ``_run`` written out: no closure on the hot path
@@ -302,29 +301,29 @@ class TorchEngine:
         raw = self._raw
         self._before(call, *slots)
         mine = raw(slots[call.rank]).clone()
-        self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]))
+        self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]), False)
         self.check.after()
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.GatherOptions()
         o.rootRank = root
         outs = [[self._raw(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [self._raw(mine)], o)),
-                  mine, *(slots or ()))
+        self._run(call, lambda: self._wait(call, self.pg.gather(outs, [self._raw(mine)], o),
+                                           False), mine, *(slots or ()))
 
     def scatter(self, call: Call, out: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.ScatterOptions()
         o.rootRank = root
         ins = [[self._raw(s) for s in slots]] if slots is not None else []
-        self._run(call, lambda: self._wait(call, self.pg.scatter([self._raw(out)], ins, o)),
-                  out, *(slots or ()))
+        self._run(call, lambda: self._wait(call, self.pg.scatter([self._raw(out)], ins, o),
+                                           False), out, *(slots or ()))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
         def body() -> None:
             # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
             parts = [self._values(c, call) for c in chunks]
             flat = torch.cat(parts)
-            self._all_reduce(call, flat)
+            self._all_reduce(call, flat, then=True)
             start = sum(len(p) for p in parts[:call.rank])
             mine = parts[call.rank]
             mine.copy_(flat[start:start + len(mine)])
@@ -363,18 +362,17 @@ class TorchEngine:
         check_splits(call, [i.nbytes for i in ins], [o.nbytes for o in outs], gather)
 
     def barrier(self, call: Call) -> None:
-        self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions())))
+        self._run(call, lambda: self._wait(call, self.pg.barrier(tdist.BarrierOptions()),
+                                           False))
 
     def settle(self) -> None:
         """The last confirmed calls' fingerprints, ahead of the goodbye."""
-        with self._check_lock:
-            self.check.flush()
+        self.check.flush()
 
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
-        with self._check_lock:
-            self.check.flush()  # a group destroyed alone: its last calls are checked too
+        self.check.flush()  # a group destroyed alone: its last calls are checked too
         if self.p2p is not None:
             self.p2p.close()
         if self.device is not None:  # destroying is a sync point: kernels end first

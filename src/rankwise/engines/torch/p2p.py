@@ -62,6 +62,21 @@ class HeaderLink(Protocol):
         """Why ``rank`` is gone, None while it is there."""
 
 
+#: seconds a broken first op waits for the job's failure that may explain it
+EXPLAIN = 2.0
+
+
+def _failure_within(failure: Callable[[], BaseException | None],
+                    seconds: float) -> BaseException | None:
+    """The job's failure, if it is known within ``seconds`` (looked at every 10 ms)."""
+    end = time.monotonic() + seconds
+    while True:
+        failed = failure()
+        if failed is not None or time.monotonic() >= end:
+            return failed
+        time.sleep(0.01)
+
+
 def bounded_enqueue(enqueue: Callable[[], Any], *, failure: Callable[[], BaseException | None],
                     timeout: float, what: Callable[[], str],
                     on_timeout: Callable[[], None]) -> Any:
@@ -82,9 +97,14 @@ def bounded_enqueue(enqueue: Callable[[], Any], *, failure: Callable[[], BaseExc
     while True:
         helper.join(SLICE)
         if box:
-            if isinstance(box[0], DistError):
-                raise box[0]
             if isinstance(box[0], BaseException):
+                # a peer that failed (a mismatch it found) closes its connections: its own
+                # report, on the control plane, may come just after and explains this
+                why = _failure_within(failure, EXPLAIN)
+                if why is not None:
+                    raise why
+                if isinstance(box[0], DistError):
+                    raise box[0]
                 raise DistError(f"{what()} failed: {box[0]}") from box[0]
             return box[0]
         failed = failure()

@@ -6,11 +6,14 @@ the host never blocks on; on the test stand-in (torch's gloo over CPU tensors) t
 no stream, so waiting means the host waits until the watchdog settles the work. The
 engine uses one interface (``Streams``) for both, and tests pass a fake one.
 
-``async_op`` (``adopt_async``): the call runs on rankwise's async worker thread, whose
-current stream is not the caller's. So the work is enqueued on a side stream that first
-waits for the caller's stream as it is at call time (the tensors' producers), post-steps
-(dtype write-backs) run there too, and ``Work.wait()`` makes the waiting thread's
-current stream wait for an event recorded on the side stream at the end (``DeviceWork``).
+``async_op`` (``run_inline``): the call runs on the caller's thread, as torch's does: its
+works are enqueued after what the caller's current stream holds (NCCL orders its stream
+after the current one), no hop to a worker thread, no side stream and no event of
+rankwise's own; ``Work.wait()`` makes the waiting thread's current stream wait for each
+work (``OrderedWork``: torch's ``WorkNCCL.wait()``). A call whose post-step reads the
+result on the caller's stream (a dtype write-back) orders that stream first.
+(``adopt_async``, the side-stream path for a call run on the async worker, stays for
+callers that queue device calls there.)
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class CudaStreams(Streams):
             event.synchronize()
 
     def order(self, p: Pending) -> None:
-        if p.settled.is_set() and p.error is not None:
+        if p.error is not None:
             raise p.error
         p.work.wait()  # a stream wait: the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
 
@@ -130,14 +133,16 @@ class HostStreams(Streams):
     def order(self, p: Pending) -> None:
         end = p.call.deadline + _MARGIN
         delay = 20e-6
-        while not p.done():  # polled here too: the watchdog's pass may be later
+        while not p.done():  # polled here: the ledger's pass may be much later
             left = end - self.clock()
             if left <= 0:
                 raise DistTimeout(f"{p.call.describe()}: no verdict from the watchdog "
                                   f"{_MARGIN:.0f}s past the deadline")
-            p.settled.wait(min(delay, left))
+            if self.clock() >= p.call.deadline:
+                p.book.kick(0.0)  # past the deadline: the verdict is due now
+            time.sleep(min(delay, left))
             delay = min(delay * 2, 0.005)
-        if p.settled.is_set() and p.error is not None:
+        if p.error is not None:
             raise p.error
         p.work.wait()  # done: raises the op's own error, if any
         p.settle(None)  # seen done here: its future need not wait for the watchdog
@@ -155,6 +160,10 @@ def current_holder() -> DeviceWork | None:
 class DeviceWork:
     """The device side of one async ``Work``: its torch works in flight and the event
     that ends its side stream's part (see the module's doc)."""
+
+    #: the call runs on the caller's thread (``DeviceWaits.run_inline``): its works are
+    #: ordered when waited for, not at the call
+    inline = False
 
     def __init__(self, streams: Streams) -> None:
         self.streams = streams
@@ -177,7 +186,7 @@ class DeviceWork:
 
     def error(self) -> BaseException | None:
         for p in self.pendings:
-            if p.settled.is_set() and p.error is not None:
+            if p.error is not None:
                 return p.error
         return None
 
@@ -233,6 +242,19 @@ class OrderedWork(DeviceWork):
             self._waits.order(self._call, p)
 
 
+class InlineWork(OrderedWork):
+    """The device side of an ``async_op`` call run on the caller's thread."""
+
+    inline = True
+
+    def __init__(self, waits: DeviceWaits, call: Call) -> None:  # once per call: flat
+        self.streams = waits.streams
+        self.pendings = []
+        self.event = None
+        self._waits = waits
+        self._call = call
+
+
 class DeviceWaits:
     """How the device engine waits for a torch work: the watchdog watches it, the
     current stream is ordered after it (``Streams.order``), and an async call's
@@ -244,8 +266,31 @@ class DeviceWaits:
         self.streams = streams
         self._op_failed = op_failed
 
-    def wait(self, call: Call, work: Any) -> None:
-        self.order(call, self.watch(call, work))
+    def wait(self, call: Call, work: Any, then: bool = True) -> None:
+        """Hand ``work`` to the watchdog and order what runs next after it; an inline
+        async call (``run_inline``) orders it only when waited for, unless ``then``
+        says the caller's stream reads the result next (a post-step)."""
+        p = self.watchdog.watch(call, work)
+        holder = current_holder()
+        if holder is not None:
+            holder.add(p)
+            if holder.inline and not then:
+                return
+        self.order(call, p)
+
+    def run_inline(self, call: Call, job: Callable[[], None]
+                   ) -> tuple[InlineWork, BaseException | None]:
+        """Run ``job`` (an ``async_op`` call) here, on the caller's thread and stream;
+        its device side, and the error it raised (for ``Work.wait``)."""
+        holder = InlineWork(self, call)
+        _local.holder = holder
+        try:
+            job()
+        except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
+            return holder, exc
+        finally:
+            _local.holder = None
+        return holder, None
 
     def watch(self, call: Call, work: Any) -> Pending:
         """Hand ``work`` to the watchdog (and to the async call running here, if any)."""

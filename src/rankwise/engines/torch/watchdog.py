@@ -3,14 +3,18 @@
 Why: a wait that blocks the calling thread until the kernel has finished stops the CPU
 from running ahead of the GPU (kernel launch latency is no longer hidden, DDP's overlap
 of gradient all-reduce with backward changes). torch keeps ``wait()`` to "the current
-stream waits for the collective" and bounds it with a watchdog thread that polls each
-work's CUDA event; rankwise does the same. Each torch work in flight is ``watch``-ed:
-one thread polls its completion (``work.is_completed()``: a CUDA event query, never a
-timed ``wait``, which NCCL turns into a process teardown) and the control plane (a
-mismatch found by the ring check, a dead or failed peer, a deadlock probe). Past a
-call's deadline, or on a control-plane failure, it aborts the communicator (which ends
-kernels waiting for peers) and settles every work in flight with the error; the error
-stays (``failed``) and is raised by the next call on the group and by ``Work.wait()``.
+stream waits for the collective" and bounds it with a watchdog thread that looks at each
+work's CUDA event; rankwise does the same, at torch's cost per call: ``watch`` appends a
+record (``Pending``) to the group's book and wakes nobody, and the process's one ledger
+thread (``core.ledger``) passes over the book only when a record needs it: its grace
+period ran out (the ring check's batch is sent then: a mismatch that hangs NCCL is found),
+its slow-call or deadlock-probe time, its deadline (abort), a future waiting for its
+kernels, or a failure the port pushed (``kick``). Only then are works' events queried
+(``work.is_completed()``: never a timed ``wait``, which NCCL turns into a process
+teardown). Past a call's deadline, or on a control-plane failure, it aborts the
+communicator (which ends kernels waiting for peers) and settles every work in flight
+with the error; the error stays (``failed``) and is raised by the next call on the
+group and by ``Work.wait()``.
 
 Testable in-process: the clock, the abort and the control plane (``Plane``) are passed
 in, and ``tick`` is one pass a test calls itself (no thread, no sleeps).
@@ -19,27 +23,30 @@ in, and ``tick`` is one pass a test calls itself (no thread, no sleeps).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ...core.ledger import Ledger
     from ..base import Call
 
-__all__ = ["GRACE", "POLL", "Pending", "Plane", "Watchdog"]
+__all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "Watchdog"]
 
 log = logging.getLogger("rankwise")
 
 #: seconds a work may run before the plane's ``slow`` runs once for it (it sends the
 #: ring check's batched fingerprints: a mismatch that hangs the data plane is found then)
 GRACE = 0.005
-#: seconds between two passes while works are in flight (torch's own watchdog: 0.1 s;
-#: shorter here because completions also complete ``Work`` futures, whose callbacks
-#: (DDP's communication hooks) wait for the pass; an event query costs microseconds)
+#: seconds between passes while a future waits for a work's kernels (its callbacks, DDP's
+#: communication hooks, run when the pass sees the work done), or the check was busy
 POLL = 0.001
-#: seconds between passes at most (the poll backs off while the same works stay in flight)
-POLL_MAX = 0.005
+#: seconds between passes at most while works are in flight (torch's watchdog: 0.1 s):
+#: finished records are dropped then (they hold the works, and the works the tensors)
+HEARTBEAT = 0.1
 
 
 class Plane(Protocol):
@@ -71,38 +78,57 @@ class Plane(Protocol):
         """The error for ``call`` whose torch op itself failed."""
 
 
+class _Settled:
+    """``Pending.settled`` as an event (``is_set``, a bounded ``wait``) for the few who
+    block on one (the host stand-in, ``drain``, tests); a record itself holds no lock."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self, p: Pending) -> None:
+        self._p = p
+
+    def is_set(self) -> bool:
+        return self._p.is_settled
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = math.inf if timeout is None else time.monotonic() + timeout
+        delay = 20e-6
+        while not self._p.is_settled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.005)
+        return True
+
+
 class Pending:
-    """One torch work in flight, until the watchdog settles it (done, or an error)."""
+    """One torch work in flight (a record of the book), until settled: done, or an
+    error. Made by the caller with no lock and no event."""
 
-    __slots__ = (
-        "_callbacks",
-        "_lock",
-        "call",
-        "error",
-        "probe_at",
-        "settled",
-        "slowed",
-        "start",
-        "warn_at",
-        "work",
-    )
+    __slots__ = ("_callbacks", "book", "call", "error", "is_settled", "probe_at", "slowed",
+                 "start", "warn_at", "work")
 
-    def __init__(self, call: Call, work: Any, start: float, plane: Plane) -> None:
+    def __init__(self, book: Watchdog, call: Call, work: Any, start: float) -> None:
+        self.book = book
         self.call = call
         self.work = work
         self.start = start
         self.slowed = False
-        self.warn_at = plane.warn_at(call, start)
-        self.probe_at = plane.probe_at(start)
+        self.warn_at = math.nan  #: set on the first pass that finds it running
+        self.probe_at = math.nan
         self.error: BaseException | None = None
-        self.settled = threading.Event()
-        self._callbacks: list[Callable[[Pending], None]] = []
-        self._lock = threading.Lock()
+        self.is_settled = False
+        self._callbacks: list[Callable[[Pending], None]] | None = None
+
+    @property
+    def settled(self) -> _Settled:
+        return _Settled(self)
 
     def done(self) -> bool:
-        """Settled by the watchdog, or the kernel is done (asked directly: a CUDA event
-        query, so ``is_completed`` never lags the watchdog's poll)."""
-        if self.settled.is_set():
+        """Settled, or the kernel is done (asked directly: an event query, so
+        ``is_completed`` never lags the ledger's pass)."""
+        if self.is_settled:
             return True
         try:
             return bool(self.work.is_completed())
@@ -110,43 +136,60 @@ class Pending:
             return True  # the op failed: done, its error comes with ``wait``
 
     def on_settled(self, fn: Callable[[Pending], None]) -> None:
-        """Run ``fn(self)`` once the watchdog settles this work (at once if it has)."""
-        with self._lock:
-            if not self.settled.is_set():
+        """Run ``fn(self)`` once the record is settled (at once if it is); the book is
+        passed over every ``POLL`` s until then."""
+        book = self.book
+        with book.lock:
+            if not self.is_settled:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
-                return
-        fn(self)
+                book.waited += 1
+                fn = None  # type: ignore[assignment]
+        if fn is not None:
+            fn(self)
+            return
+        book.kick(POLL)
 
     def settle(self, error: BaseException | None) -> None:
-        with self._lock:
-            if self.settled.is_set():
+        book = self.book
+        with book.lock:
+            if self.is_settled:
                 return
             self.error = error
-            self.settled.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
+            self.is_settled = True
+            callbacks, self._callbacks = self._callbacks, None
+            if callbacks:
+                book.waited -= 1
+        for fn in callbacks or ():
             try:
                 fn(self)
-            except Exception:  # the watchdog outlives a bad pass or callback
+            except Exception:  # the watchdog outlives a bad callback
                 log.exception("rankwise: a callback of %s failed", self.call.describe())
 
 
 class Watchdog:
-    """Polls the works of one torch group; aborts the group past a deadline or on a
-    control-plane failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
-    ``abort``: ends the group's kernels (``ProcessGroupNCCL.abort``), called once."""
+    """One torch group's book of works in flight; aborts the group past a deadline or on
+    a control-plane failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
+    ``abort``: ends the group's kernels (``ProcessGroupNCCL.abort``), called once;
+    ``ledger``: whose thread passes over the book (the process's by default)."""
 
     def __init__(self, plane: Plane, abort: Callable[[], None], *,
-                 clock: Callable[[], float] = time.monotonic, name: str = "nccl") -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = "nccl",
+                 on: Ledger | None = None) -> None:
         self.plane = plane
         self._abort = abort
         self.clock = clock
         self.name = name
-        self._pending: list[Pending] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._stopped = False
-        self._thread: threading.Thread | None = None
+        self._records: deque[Pending] = deque()
+        #: guards settling and callbacks (the caller never takes it on the fast path)
+        self.lock = threading.Lock()
+        self._ledger = on
+        self._started = False
+        #: when (``clock``) this book needs its next pass; a record due sooner kicks
+        self.due_at = math.inf
+        #: records a future waits for (their book is passed over every ``POLL`` s)
+        self.waited = 0
         #: the first error that aborted the group: every later call raises it
         self.failed: BaseException | None = None
         self.aborted = False
@@ -154,125 +197,149 @@ class Watchdog:
     # --- the caller's side ---------------------------------------------------------
 
     def watch(self, call: Call, work: Any) -> Pending:
-        """Start watching ``work`` (just enqueued for ``call``); returns its handle."""
-        p = Pending(call, work, self.clock(), self.plane)
-        with self._lock:
-            failed = self.failed
-            if failed is None:
-                self._pending.append(p)
-                self._wake.notify()
-        if failed is not None:
-            p.settle(failed)
+        """Record ``work`` (just enqueued for ``call``); returns its record. Appends,
+        and wakes the ledger only when nothing earlier is due."""
+        start = self.clock()
+        p = Pending(self, call, work, start)
+        self._records.append(p)
+        if self.failed is not None:  # read after the append: ``fail`` misses none
+            p.settle(self.failed)
+        elif start + GRACE < self.due_at and self._started:
+            self.due_at = start + GRACE
+            self.kick(GRACE)
         return p
 
+    def kick(self, delay: float = 0.0) -> None:
+        """Ask for a pass within ``delay`` seconds (a pushed failure: at once)."""
+        on = self._ledger
+        if self._started and on is not None:
+            on.kick(delay)
+
     def in_flight(self) -> int:
-        with self._lock:
-            return len(self._pending)
+        return sum(not p.is_settled for p in list(self._records))
 
     def drain(self, timeout: float) -> bool:
         """Wait (the host, bounded) until every work in flight is settled: a group
         being destroyed. True if none is left."""
         end = self.clock() + timeout
-        with self._lock:
-            pending = list(self._pending)
-        for p in pending:
-            if not p.settled.wait(max(0.0, end - self.clock())):
-                return False
+        self.kick(0.0)
+        for p in list(self._records):
+            while not p.is_settled:
+                if p.done():
+                    p.settle(None)
+                    break
+                if self.clock() >= end:
+                    return False
+                p.settled.wait(0.005)
         return True
 
     def start(self) -> None:
-        """Run ``tick`` on a daemon thread while works are in flight."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=f"rankwise-{self.name}-"
-                                            "watchdog", daemon=True)
-            self._thread.start()
+        """Have the ledger's thread pass over this book when it is due."""
+        if not self._started:
+            from ...core.ledger import ledger  # engines import no core module at load
+
+            self._ledger = self._ledger or ledger()
+            self._started = True
+            self._ledger.register(self)
+            if self._records:
+                self.kick(0.0)
 
     def stop(self, timeout: float = 1.0) -> None:
-        with self._lock:
-            self._stopped = True
-            self._wake.notify()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        if self._started and self._ledger is not None:
+            self._ledger.unregister(self)
+        self._started = False
 
-    # --- the watchdog's side -------------------------------------------------------
-
-    def _loop(self) -> None:
-        delay = POLL
-        while True:
-            with self._lock:
-                while not self._pending and not self._stopped:
-                    self._wake.wait()
-                    delay = POLL
-                if self._stopped:
-                    return
-                before = len(self._pending)
-            try:
-                self.tick()
-            except Exception:  # the watchdog outlives a bad pass or callback
-                log.exception("rankwise: %s watchdog pass failed", self.name)
-            with self._lock:
-                after = len(self._pending)
-                if self._stopped:
-                    return
-                if after:  # back off while the same works stay in flight
-                    delay = POLL if after < before else min(delay * 2, POLL_MAX)
-                    self._wake.wait(delay)
+    # --- the ledger's side ---------------------------------------------------------
 
     def tick(self) -> None:
-        """One pass: settle finished works; on a control-plane failure or a work past
-        its deadline, abort the group and settle every work with the error."""
-        with self._lock:
-            pending = list(self._pending)
-        if not pending:
-            return
+        """One pass (tests call it directly)."""
+        self.pass_due()
+
+    def pass_due(self) -> float:
+        """Settle finished works; on a control-plane failure or a work past its
+        deadline, abort the group and settle every work with the error. Returns the
+        seconds until the next pass is due (``math.inf``: none in flight)."""
+        self.due_at = math.inf  # from here a new record kicks: none is missed
+        records = list(self._records)
+        if not records:
+            return math.inf
         plane = self.plane
         failure = plane.failure()
         if failure is not None:
             self.fail(failure)
-            return
+            return math.inf
         now = self.clock()
-        finished = []
-        for p in pending:
-            try:
-                done = bool(p.work.is_completed())
-            except RuntimeError as err:
-                self.fail(plane.op_failed(p.call, err))
-                return
-            if done:
-                finished.append(p)
-                continue
-            if now >= p.call.deadline:
-                self.fail(plane.timed_out(p.call))
-                return
-            if not p.slowed and now - p.start >= GRACE:
-                p.slowed = plane.slow(p.call)
-            if now >= p.warn_at:
-                p.warn_at = float("inf")
-                plane.warn(p.call)
-            if now >= p.probe_at:
-                p.probe_at = now + plane.probe(now - p.start)
-        if finished:
-            with self._lock:
-                gone = set(map(id, finished))
-                self._pending = [p for p in self._pending if id(p) not in gone]
-            for p in finished:
-                p.settle(None)
+        due = math.inf
+        front = 0  #: settled records at the front: dropped
+        running = False
+        for p in records:
+            if not p.is_settled:
+                try:
+                    done = bool(p.work.is_completed())
+                except RuntimeError as err:
+                    self.fail(plane.op_failed(p.call, err))
+                    return math.inf
+                if done:
+                    p.settle(None)
+                else:
+                    due = min(due, self._running(p, now))
+                    if self.failed is not None:
+                        return math.inf
+                    running = True
+            if not running:
+                front += 1
+        for _ in range(front):
+            self._records.popleft()
+        if running:
+            due = min(due, now + (POLL if self.waited else HEARTBEAT))
+        if len(self._records) > len(records) - front:  # appended during the pass
+            due = min(due, now + GRACE)
+        self.due_at = due
+        return max(0.0, due - now)
+
+    def _running(self, p: Pending, now: float) -> float:
+        """A work still running at ``now``: its deadline, grace and slow-call hooks;
+        when it needs the next pass."""
+        plane = self.plane
+        call = p.call
+        if now >= call.deadline:
+            self.fail(plane.timed_out(call))
+            return now
+        if math.isnan(p.warn_at):
+            p.warn_at = plane.warn_at(call, p.start)
+            p.probe_at = plane.probe_at(p.start)
+        due = min(call.deadline, p.warn_at, p.probe_at)
+        if not p.slowed:
+            if now - p.start >= GRACE:
+                p.slowed = plane.slow(call)
+                if not p.slowed:
+                    due = min(due, now + POLL)
+            else:
+                due = min(due, p.start + GRACE)
+        if now >= p.warn_at:
+            p.warn_at = math.inf
+            plane.warn(call)
+        if now >= p.probe_at:
+            p.probe_at = now + plane.probe(now - p.start)
+            due = min(due, p.probe_at)
+        return due
 
     def fail(self, error: BaseException) -> None:
         """Abort the group (once) and settle every work in flight with ``error``."""
-        with self._lock:
+        with self.lock:
             if self.failed is None:
                 self.failed = error
             error = self.failed
-            pending, self._pending = self._pending, []
             abort = not self.aborted
             self.aborted = True
+        records = list(self._records)  # a record appended later settles itself (watch)
+        for _ in records:
+            self._records.popleft()
         if abort:
             log.debug("rankwise: %s watchdog aborts the group: %s", self.name, error)
             try:
                 self._abort()
             except Exception as exc:  # noqa: BLE001 - the group is given up anyway
                 log.debug("rankwise: %s abort: %r", self.name, exc)
-        for p in pending:
+        for p in records:
             p.settle(error)
