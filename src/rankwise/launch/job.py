@@ -62,6 +62,9 @@ class JobOptions:
     timeout: float = 300.0
     token: str | None = None
     start_together: bool = True
+    #: ``stop`` (default: a failed rank ends the job) or ``continue`` (docs/recovery.md)
+    on_failure: str = "stop"
+    respawn: int = 0
 
 
 def _say(text: str) -> None:
@@ -112,6 +115,9 @@ class _ExitNotices:
     not take the launcher down."""
 
     def __init__(self, opts: JobOptions, port: int, runner: Detached) -> None:
+        #: under --on-failure=continue every ending is news (the survivors' shrink
+        #: reads it), not only an attempt's first
+        self._every = opts.on_failure == "continue"
         self._opts = opts
         self._port = port
         self._store: Any | None = None
@@ -121,7 +127,7 @@ class _ExitNotices:
     def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
         # only the first ending of an attempt: it is the cause; later ones are mostly ranks
         # that raised because of it, and naming those would blame the wrong rank
-        if attempt in self._told:
+        if attempt in self._told and not self._every:
             return
         self._told.add(attempt)
         self._runner.submit(lambda: self._tell(attempt, outcome))
@@ -232,13 +238,14 @@ def run_job(opts: JobOptions) -> int:
             max_restarts=opts.max_restarts, grace=opts.grace, prefix=opts.prefix,
             log_dir=opts.log_dir, tee=opts.tee, base_env=base_env, run_dir=run_dir,
             start_together=opts.start_together,
+            keep_going=opts.on_failure == "continue", respawn=opts.respawn,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
                            notices)
         alarm.agent = agent
         if rounds:
-            rounds[0].watch.start(agent.abort)
+            rounds[0].watch.start(agent.node_lost if config.keep_going else agent.abort)
         code = _run_attempts(agent, opts, rounds, port, runner)
         if rounds:
             last = rounds[-1]
@@ -349,7 +356,7 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                 _say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
                 return 128 + result.interrupted_by
             if not result.failed:
-                return 0
+                return _went_on(result) if result.lost or result.lost_nodes else 0
             rnd = rounds[-1] if rounds else None
             if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
@@ -366,6 +373,21 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
             return _report(result, attempt, opts, rnd.peers if rnd else None,
                            rnd.watch if rnd else None)
     return 1  # unreachable: the loop returns on its last attempt
+
+
+#: ``rankwise run``'s exit status when the job finished under --on-failure=continue
+#: but lost ranks on the way (the survivors, and any replacements, all exited 0)
+LOST_RANKS_EXIT = 3
+
+
+def _went_on(result: AttemptResult) -> int:
+    """The end of a job that lost ranks and finished without them: say which were lost,
+    and exit with ``LOST_RANKS_EXIT`` so a script can tell it from a clean run."""
+    lost = [cause_line(o) for o in result.lost] + result.lost_nodes
+    _say("rankwise run: the job finished, but lost ranks on the way (--on-failure="
+         "continue):\n  " + "\n  ".join(lost) + f"\nrankwise run: exit status "
+         f"{LOST_RANKS_EXIT} (ranks were lost; the others finished)")
+    return LOST_RANKS_EXIT
 
 
 def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,

@@ -260,9 +260,9 @@ def agree_on_admission(store: Store, generation: int, rank: int, world_size: int
         raise RecoveryError(
             f"rankwise.grow on rank {rank}: rank 0 made no decision within {2 * timeout:g}s; "
             "every rank must call rankwise.grow() at the same step") from None
-    decision = _read_decision(store, generation)
-    assert decision is not None
-    return _accept(decision, rank, "grow", {})
+    decided = _read_decision(store, generation)
+    assert decided is not None
+    return _accept(decided, rank, "grow", {})
 
 
 def _pending(store: Store, admitted: int) -> int:
