@@ -141,7 +141,8 @@ class AttemptResult:
 
     @property
     def failed(self) -> bool:
-        return bool(self.remote_failure or self.aborted) or any(o.failed for o in self.outcomes)
+        return bool(self.remote_failure or self.aborted) or \
+            any(o.failed and all(o is not x for x in self.lost) for o in self.outcomes)
 
 
 @dataclass
