@@ -92,9 +92,11 @@ def main() -> int:
     ap.add_argument("--grow", action="store_true",
                     help="after the shrink, admit the replacement (needs --respawn)")
     ap.add_argument("--recovery-timeout", type=float, default=30.0)
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "torch-gloo"),
+                    help="gloo: rankwise's own engines; torch-gloo: torch's gloo moves the data")
     args = ap.parse_args()
 
-    rankwise.init_process_group("gloo")
+    rankwise.init_process_group(args.backend)
     launch_rank = int(os.environ.get("RANK", "0"))
     joined = rankwise.membership().joined != ()
     target = rankwise.get_world_size() if not joined else None
@@ -105,6 +107,8 @@ def main() -> int:
               f"({rankwise.get_world_size()} ranks)", flush=True)
     while trainer.step < args.steps:
         if trainer.step == args.kill_at and launch_rank == args.victim and not joined:
+            print(f"rank {launch_rank}: SIGKILL to itself at step {trainer.step} "
+                  f"(t={time.time():.3f})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             trainer.train_step()
@@ -114,7 +118,8 @@ def main() -> int:
             trainer.sync()
             print(f"rank {m.previous_rank} -> {m.rank} of {m.world_size}: lost ranks "
                   f"{list(m.lost)} ({type(exc).__name__}); resumed at step {trainer.step} "
-                  f"{time.monotonic() - noticed:.2f}s after the failure", flush=True)
+                  f"{time.monotonic() - noticed:.2f}s after the failure (t={time.time():.3f})",
+                  flush=True)
             if args.grow and target is not None and m.world_size < target:
                 m = rankwise.grow(wait_for=target - m.world_size, timeout=args.recovery_timeout)
                 trainer.sync()
@@ -126,7 +131,8 @@ def main() -> int:
         same = len(set(hashes)) == 1
         print(f"{'PASS' if same else 'FAIL'}: parameters {'identical' if same else 'differ'} "
               f"on {len(hashes)} ranks after {trainer.step} steps (world size "
-              f"{rankwise.get_world_size()})", flush=True)
+              f"{rankwise.get_world_size()}, engine {rankwise.group.WORLD.engine_name()})",
+              flush=True)
         if not same:
             return 1
     rankwise.destroy_process_group()

@@ -152,7 +152,8 @@ def agree_on_survivors(store: Store, generation: int, rank: int, world_size: int
             if proposal is not None:
                 decision = _decide(store, generation, proposal)
         if decision is not None:
-            return _accept(decision, rank, "shrink", views)
+            return _accept(decision, rank, "shrink",
+                           lambda: views or _views(store, generation, world_size))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _late(views, world_size, timeout, rank)
@@ -174,7 +175,7 @@ def _late(views: dict[int, dict[str, Any]], world_size: int, timeout: float,
 
 
 def _accept(decision: Decision, rank: int, asked: str,
-            views: dict[int, dict[str, Any]]) -> Decision:
+            views: Callable[[], dict[int, dict[str, Any]]] = dict) -> Decision:
     """This rank's part of ``decision``, or the error that says why it has none."""
     if decision.kind == "conflict":
         raise RecoveryError(f"rankwise.{asked} on rank {rank}: {decision.reason}")
@@ -183,7 +184,7 @@ def _accept(decision: Decision, rank: int, asked: str,
             f"rankwise.{asked} on rank {rank}: the other ranks called rankwise."
             f"{decision.kind}() at this point; every rank must make the same call")
     if rank not in decision.members:
-        by = sorted(r for r, v in views.items() if rank in v.get("dead", []))
+        by = sorted(r for r, v in views().items() if rank in v.get("dead", []))
         why = f"ranks {by} reported it dead" if by else "it joined after the decision"
         raise RecoveryError(
             f"rankwise.{asked}: rank {rank} was left out of the new world (ranks "
@@ -252,7 +253,7 @@ def agree_on_admission(store: Store, generation: int, rank: int, world_size: int
                 "world_size": world_size + len(decision.joiners),
                 "admitted": admitted + len(decision.joiners),
                 "launch_ranks": list(decision.launch_ranks)}))
-        return _accept(decision, rank, "grow", {})
+        return _accept(decision, rank, "grow")
     try:
         store.wait([f"{_base(generation)}/decision"],
                    timedelta(seconds=max(0.05, deadline - time.monotonic()) + timeout))
@@ -262,7 +263,7 @@ def agree_on_admission(store: Store, generation: int, rank: int, world_size: int
             "every rank must call rankwise.grow() at the same step") from None
     decided = _read_decision(store, generation)
     assert decided is not None
-    return _accept(decided, rank, "grow", {})
+    return _accept(decided, rank, "grow")
 
 
 def _pending(store: Store, admitted: int) -> int:
