@@ -87,7 +87,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--kill-at", type=int, default=10)
-    ap.add_argument("--victim", type=int, default=2, help="launcher RANK that dies")
+    ap.add_argument("--victim", type=int, default=2,
+                    help="launcher RANK that dies (-1: none; kill ranks or nodes from outside)")
+    ap.add_argument("--step-delay", type=float, default=0.0,
+                    help="seconds of pretend compute per step (time to kill something)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--grow", action="store_true",
                     help="after the shrink, admit the replacement (needs --respawn)")
@@ -110,6 +113,9 @@ def main() -> int:
             print(f"rank {launch_rank}: SIGKILL to itself at step {trainer.step} "
                   f"(t={time.time():.3f})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if rankwise.get_rank() == 0 and trainer.step % 5 == 0:
+            print(f"at step {trainer.step} with {rankwise.get_world_size()} ranks", flush=True)
+        time.sleep(args.step_delay)
         try:
             trainer.train_step()
         except rankwise.PeerFailure as exc:

@@ -71,6 +71,8 @@ def shrink(timeout: timedelta | float | None = None) -> Membership:
                                   dead, limit, exited=lambda: _exited(world),
                                   launch_ranks=_launch_ranks(world))
     lost = tuple(r for r in range(comm.world_size) if r not in decision.members)
+    if decision.members[0] == comm.rank:
+        _record_losses(plan, world, lost)
     return _rebuild(world, plan, decision, decision.members.index(comm.rank),
                     len(decision.members), limit, lost=lost)
 
@@ -147,6 +149,20 @@ def _exited(world: World) -> set[int]:
         if pid is None or pid == pid_of(text):
             gone.add(r)
     return gone
+
+
+def _record_losses(plan: WorldSpec, world: World, lost: tuple[int, ...]) -> None:
+    """Note the dropped ranks for the launcher (``lost/<i>``, by its RANK), which prints
+    them and exits 3 at the end: a node whose ranks all went on knows no other way.
+    Written once, by the new rank 0; best effort."""
+    launch = _launch_ranks(world)
+    try:
+        for r in lost:
+            i = int(plan.base.add("lost/count", 1)) - 1
+            plan.base.set(f"lost/{i}", f"rank {launch[r]}: dropped by the survivors' "
+                                       f"rankwise.shrink() (generation {world.generation})")
+    except DistError:
+        pass
 
 
 def _leave_for_rebuild(world: World, why: str) -> None:

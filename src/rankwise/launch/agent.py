@@ -141,8 +141,13 @@ class AttemptResult:
 
     @property
     def failed(self) -> bool:
-        return bool(self.remote_failure or self.aborted) or \
-            any(o.failed and all(o is not x for x in self.lost) for o in self.outcomes)
+        if self.remote_failure or self.aborted:
+            return True
+        if any(o.failed and all(o is not x for x in self.lost) for o in self.outcomes):
+            return True
+        # under --on-failure=continue a rank that fails is "lost", not a failure of the
+        # job -- unless no rank of the node finished: then nobody went on
+        return bool(self.lost) and all(o.failed for o in self.outcomes)
 
 
 @dataclass

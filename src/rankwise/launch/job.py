@@ -356,7 +356,9 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                 _say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
                 return 128 + result.interrupted_by
             if not result.failed:
-                return _went_on(result) if result.lost or result.lost_nodes else 0
+                dropped = _dropped_ranks(opts, port, attempt)
+                return _went_on(result, dropped) \
+                    if result.lost or result.lost_nodes or dropped else 0
             rnd = rounds[-1] if rounds else None
             if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
@@ -380,10 +382,27 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
 LOST_RANKS_EXIT = 3
 
 
-def _went_on(result: AttemptResult) -> int:
+def _dropped_ranks(opts: JobOptions, port: int, attempt: int) -> list[str]:
+    """Under --on-failure=continue: the ranks the workers' ``rankwise.shrink`` dropped
+    (``api.recovery`` notes them in the store), also those of other nodes; best effort."""
+    if opts.on_failure != "continue":
+        return []
+    try:
+        store = _client(replace(opts, timeout=2.0), port)
+        try:
+            count = int(store.add(f"rankwise/{attempt}/lost/count", 0))
+            return [store.get(f"rankwise/{attempt}/lost/{i}").decode("utf-8", "replace")
+                    for i in range(count)]
+        finally:
+            store.close()
+    except DistError:
+        return []
+
+
+def _went_on(result: AttemptResult, dropped: list[str]) -> int:
     """The end of a job that lost ranks and finished without them: say which were lost,
     and exit with ``LOST_RANKS_EXIT`` so a script can tell it from a clean run."""
-    lost = [cause_line(o) for o in result.lost] + result.lost_nodes
+    lost = [cause_line(o) for o in result.lost] + result.lost_nodes + dropped
     _say("rankwise run: the job finished, but lost ranks on the way (--on-failure="
          "continue):\n  " + "\n  ".join(lost) + f"\nrankwise run: exit status "
          f"{LOST_RANKS_EXIT} (ranks were lost; the others finished)")

@@ -153,7 +153,7 @@ def agree_on_survivors(store: Store, generation: int, rank: int, world_size: int
                 decision = _decide(store, generation, proposal)
         if decision is not None:
             return _accept(decision, rank, "shrink",
-                           lambda: views or _views(store, generation, world_size))
+                           lambda seen=views: seen or _views(store, generation, world_size))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _late(views, world_size, timeout, rank)
