@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import DistError, DistTimeout, RecoveryError
@@ -105,6 +106,11 @@ def _views(store: Store, generation: int, world_size: int) -> dict[int, dict[str
     return views
 
 
+def _known_views(seen: dict[int, dict[str, Any]], store: Store, generation: int,
+                 world_size: int) -> dict[int, dict[str, Any]]:
+    return seen or _views(store, generation, world_size)
+
+
 def propose_survivors(views: dict[int, dict[str, Any]], exited: set[int], world_size: int,
                       launch_ranks: tuple[int, ...]) -> Decision | None:
     """The shrink decision the check-ins so far support, or None while a rank that no
@@ -153,7 +159,7 @@ def agree_on_survivors(store: Store, generation: int, rank: int, world_size: int
                 decision = _decide(store, generation, proposal)
         if decision is not None:
             return _accept(decision, rank, "shrink",
-                           lambda seen=views: seen or _views(store, generation, world_size))
+                           partial(_known_views, views, store, generation, world_size))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _late(views, world_size, timeout, rank)
