@@ -109,12 +109,15 @@ def main() -> int:
         print(f"rank {rankwise.get_rank()}: joined the running job at step {trainer.step} "
               f"({rankwise.get_world_size()} ranks)", flush=True)
     while trainer.step < args.steps:
-        if trainer.step == args.kill_at and launch_rank == args.victim and not joined:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if trainer.step == args.kill_at and launch_rank == args.victim and not joined \
+                and first_attempt:  # (under --max-restarts, a restarted job does not die)
             print(f"rank {launch_rank}: SIGKILL to itself at step {trainer.step} "
                   f"(t={time.time():.3f})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if rankwise.get_rank() == 0 and trainer.step % 5 == 0:
-            print(f"at step {trainer.step} with {rankwise.get_world_size()} ranks", flush=True)
+            print(f"at step {trainer.step} with {rankwise.get_world_size()} ranks "
+                  f"(t={time.time():.3f})", flush=True)
         time.sleep(args.step_delay)
         try:
             trainer.train_step()
@@ -130,7 +133,7 @@ def main() -> int:
                 m = rankwise.grow(wait_for=target - m.world_size, timeout=args.recovery_timeout)
                 trainer.sync()
                 print(f"rank {m.rank} of {m.world_size}: admitted ranks {list(m.joined)} at "
-                      f"step {trainer.step}", flush=True)
+                      f"step {trainer.step} (t={time.time():.3f})", flush=True)
     hashes: list[object] = [None] * rankwise.get_world_size()
     rankwise.all_gather_object(hashes, parameters_hash(trainer.net))
     if rankwise.get_rank() == 0:

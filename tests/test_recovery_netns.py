@@ -46,6 +46,7 @@ def test_a_lost_node_leaves_the_other_node_training_in_the_same_processes(
     assert job.wait_exit(0, 90) == 3, job.text()
     text = job.text(0)
     resumed = [float(t) - killed for t in re.findall(r"resumed at step \d+ .*\(t=([0-9.]+)\)", text)]
+    print(f"kill -> resumed: {', '.join(f'{s:.2f}s' for s in resumed)}")  # docs/recovery.md
     assert len(resumed) == 2 and max(resumed) < 5.0, (resumed, text)
     assert "lost ranks [2, 3]" in text, text
     assert "PASS: parameters identical on 2 ranks after 40 steps (world size 2" in text, text
