@@ -146,6 +146,14 @@ def test_a_joiner_nobody_admits_is_told_why_within_its_timeout() -> None:
         await_ticket(HashStore(), 0, 0.2)
 
 
+def test_a_joiner_stops_waiting_when_the_job_finished_without_admitting_it() -> None:
+    store = HashStore()
+    number = request_admission(store, launch_rank=1)
+    store.set("joiners/closed", "the job's ranks finished")
+    with pytest.raises(RecoveryError, match="finished without admitting it"):
+        await_ticket(store, number, BOUND)
+
+
 def test_ranks_that_make_different_changes_are_told() -> None:
     store = HashStore()
     store.set("change/0/decision", Decision("grow", (0, 1)).encode())

@@ -220,18 +220,33 @@ def request_admission(store: Store, launch_rank: int) -> int:
 
 
 def await_ticket(store: Store, number: int, timeout: float) -> Ticket:
-    """Wait (bounded) until the running world admits joiner ``number``."""
+    """Wait (bounded) until the running world admits joiner ``number``; raise at once
+    when its ranks finished without (``joiners/closed``, set by the last to leave)."""
     key = f"joiners/{number}/ticket"
-    try:
-        store.wait([key], timedelta(seconds=timeout))
-    except DistTimeout:
-        raise RecoveryError(
-            f"this process asked to join the running job (joiner #{number}, "
-            f"RANKWISE_JOIN=1) and was not admitted within {timeout:g}s: the running ranks "
-            "admit joiners only when they call rankwise.grow() at a step boundary") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=max(0.05, min(_LOOK, deadline - time.monotonic()))))
+            break
+        except DistTimeout:
+            if store.check(["joiners/closed"]) and not store.check([key]):
+                raise RecoveryError(
+                    f"this process asked to join the running job (joiner #{number}, "
+                    "RANKWISE_JOIN=1), but its ranks finished without admitting it "
+                    "(they admit joiners only when they call rankwise.grow())") from None
+            if time.monotonic() >= deadline:
+                raise RecoveryError(
+                    f"this process asked to join the running job (joiner #{number}, "
+                    f"RANKWISE_JOIN=1) and was not admitted within {timeout:g}s: the running "
+                    "ranks admit joiners only when they call rankwise.grow() at a step "
+                    "boundary") from None
     data = json.loads(store.get(key).decode("utf-8", "replace"))
     return Ticket(int(data["generation"]), int(data["rank"]), int(data["world_size"]),
                   int(data["admitted"]), tuple(int(r) for r in data["launch_ranks"]))
+
+
+#: seconds between a joiner's looks at whether the job ended without admitting it
+_LOOK = 0.5
 
 
 def agree_on_admission(store: Store, generation: int, rank: int, world_size: int,
