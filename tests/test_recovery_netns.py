@@ -52,3 +52,15 @@ def test_a_lost_node_leaves_the_other_node_training_in_the_same_processes(
     assert "PASS: parameters identical on 2 ranks after 40 steps (world size 2" in text, text
     assert "restarting" not in text
     assert survivors  # the same processes went on: nothing on host 0 was started again
+
+
+def test_a_lost_rank_is_replaced_and_the_job_ends_at_four_ranks_across_hosts(
+        hosts: SimHosts) -> None:
+    pytest.importorskip("torch")
+    job = Job(hosts, ["--victim", "2", "--kill-at", "10", "--steps", "16", "--grow"], {},
+              extra=["--on-failure=continue", "--respawn", "1"], script=EXAMPLE)
+    # both launchers: the survivors noted the dropped rank in the store
+    assert [job.wait_exit(n, 150) for n in range(2)] == [3, 3], job.text()
+    text = job.text()
+    assert "lost ranks [2]" in text and "joined the running job at step 10 (4 ranks)" in text
+    assert "PASS: parameters identical on 4 ranks after 16 steps (world size 4" in text, text

@@ -140,7 +140,7 @@ def retire(world: World, why: str) -> None:
     """Mark every group of ``world`` as unusable for ``why`` (the world was replaced by
     ``shrink``/``grow``): a call on one raises that, not "destroyed"."""
     for group in world.groups.values():
-        group.retired = why  # type: ignore[attr-defined]
+        group.retired = why
 
 
 def resolve_group(group: Any) -> ProcessGroup | None:
@@ -151,10 +151,9 @@ def resolve_group(group: Any) -> ProcessGroup | None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
     if isinstance(group, ProcessGroup):
-        if world.groups.get(group.id) is not group:
-            why = getattr(group, "retired", None)
-            if why is not None:
-                raise InvalidArgument(f"{group!r}: {why}")
+        if group.retired is not None:
+            raise InvalidArgument(f"{group!r}: {group.retired}")
+        if group.id not in world.groups:
             raise InvalidArgument(f"{group!r} was destroyed or belongs to an earlier init")
         return group
     raise InvalidArgument(f"group must be a rankwise ProcessGroup or None, got {group!r}")
