@@ -6,9 +6,11 @@
 Rank ``--victim`` (the launcher's RANK) SIGKILLs itself at step ``--kill-at``. The others
 raise ``PeerFailure`` inside DDP's backward, call ``rankwise.shrink()``, restore the state
 that rankwise cannot (parameters and momentum from the new rank 0, the step counter, the
-sampler's shard), and finish with one rank fewer. With ``--grow`` they then wait at the
-next step boundary for the replacement the launcher started (``--respawn``), admit it
-with ``rankwise.grow()``, and finish at the original size. At the end every rank compares
+sampler's shard), and finish with one rank fewer. With ``--grow`` they call
+``rankwise.grow()`` at every step boundary while the world is short (a few store requests),
+so the replacement the launcher started (``--respawn``) is admitted at the first boundary
+after it arrives, without the survivors waiting for it; if it is not there by the last
+step, they wait for it (bounded) before finishing at the original size. At the end every rank compares
 a hash of its parameters; rank 0 prints PASS or FAIL and the final world size.
 """
 
@@ -53,15 +55,16 @@ class Trainer:
         self.data = make_data()
         self.batch = batch
         self.step = 0
+        self.target = 0  #: the world size to grow back to (rank 0's at the start)
         self.ddp: DistributedDataParallel | None = None
 
     def sync(self) -> None:
         """After init, shrink or grow, on every rank in the same order: rank 0's step
-        counter and momentum to everyone, the model (DDP's construction broadcasts rank
-        0's parameters), and a sampler for the new rank and world size."""
-        step = torch.tensor([self.step])
-        rankwise.broadcast(step, src=0)
-        self.step = int(step.item())
+        counter, target size and momentum to everyone, the model (DDP's construction
+        broadcasts rank 0's parameters), and a sampler for the new rank and world size."""
+        counters = torch.tensor([self.step, self.target])
+        rankwise.broadcast(counters, src=0)
+        self.step, self.target = (int(v) for v in counters.tolist())
         for p in self.net.parameters():  # a joiner has no momentum yet: zeros to receive
             state = self.opt.state[p]
             if "momentum_buffer" not in state:
@@ -83,6 +86,16 @@ class Trainer:
         self.step += 1
 
 
+def admit(trainer: Trainer, wait_for: int, timeout: float) -> None:
+    """At a step boundary, on every rank: let waiting replacements in (``rankwise.grow``);
+    when one came, everyone (the newcomer too, after its init) restores the state."""
+    m = rankwise.grow(wait_for=wait_for, timeout=timeout)
+    if m.joined:
+        trainer.sync()
+        print(f"rank {m.rank} of {m.world_size}: admitted ranks {list(m.joined)} at step "
+              f"{trainer.step} (t={time.time():.3f})", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -102,8 +115,8 @@ def main() -> int:
     rankwise.init_process_group(args.backend)
     launch_rank = int(os.environ.get("RANK", "0"))
     joined = rankwise.membership().joined != ()
-    target = rankwise.get_world_size() if not joined else None
     trainer = Trainer(args.batch)
+    trainer.target = rankwise.get_world_size()  # a joiner gets rank 0's in sync()
     trainer.sync()
     if joined:
         print(f"rank {rankwise.get_rank()}: joined the running job at step {trainer.step} "
@@ -118,6 +131,8 @@ def main() -> int:
         if rankwise.get_rank() == 0 and trainer.step % 5 == 0:
             print(f"at step {trainer.step} with {rankwise.get_world_size()} ranks "
                   f"(t={time.time():.3f})", flush=True)
+        if args.grow and rankwise.get_world_size() < trainer.target:
+            admit(trainer, wait_for=0, timeout=args.recovery_timeout)  # cheap when nobody waits
         time.sleep(args.step_delay)
         try:
             trainer.train_step()
@@ -129,11 +144,8 @@ def main() -> int:
                   f"{list(m.lost)} ({type(exc).__name__}); resumed at step {trainer.step} "
                   f"{time.monotonic() - noticed:.2f}s after the failure (t={time.time():.3f})",
                   flush=True)
-            if args.grow and target is not None and m.world_size < target:
-                m = rankwise.grow(wait_for=target - m.world_size, timeout=args.recovery_timeout)
-                trainer.sync()
-                print(f"rank {m.rank} of {m.world_size}: admitted ranks {list(m.joined)} at "
-                      f"step {trainer.step} (t={time.time():.3f})", flush=True)
+    if args.grow and rankwise.get_world_size() < trainer.target:  # the replacement is late
+        admit(trainer, trainer.target - rankwise.get_world_size(), args.recovery_timeout)
     hashes: list[object] = [None] * rankwise.get_world_size()
     rankwise.all_gather_object(hashes, parameters_hash(trainer.net))
     if rankwise.get_rank() == 0:

@@ -62,5 +62,5 @@ def test_a_lost_rank_is_replaced_and_the_job_ends_at_four_ranks_across_hosts(
     # both launchers: the survivors noted the dropped rank in the store
     assert [job.wait_exit(n, 150) for n in range(2)] == [3, 3], job.text()
     text = job.text()
-    assert "lost ranks [2]" in text and "joined the running job at step 10 (4 ranks)" in text
+    assert "lost ranks [2]" in text and re.search(r"joined the running job at step \d+ \(4 ranks\)", text)
     assert "PASS: parameters identical on 4 ranks after 16 steps (world size 4" in text, text

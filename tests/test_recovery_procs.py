@@ -80,4 +80,4 @@ def test_ddp_loses_a_rank_and_finishes_in_the_same_processes(transport: str,
     assert f"PASS: parameters identical on {size} ranks after 16 steps (world size {size}" \
         in text, text[-4000:]
     if grow:
-        assert "joined the running job at step 10 (4 ranks)" in text
+        assert re.search(r"joined the running job at step \d+ \(4 ranks\)", text)
