@@ -174,6 +174,8 @@ def _leave_for_rebuild(world: World, why: str) -> None:
                   f"rankwise.{why}() replaced; use the new world's groups (make subgroups "
                   "again with new_group, and wrap the model in DistributedDataParallel again)")
     set_world(None, f"rankwise.{why}() is rebuilding the world of this process")
+    # the store serves the agreement next: it must not raise the old world's failure
+    _set_watcher(world.store, None)
     if comm.closed:
         return
     try:
@@ -189,7 +191,6 @@ def _leave_for_rebuild(world: World, why: str) -> None:
         group.engine.close()
     comm.transport.close()
     stop_worker(owner=comm)
-    _set_watcher(world.store, None)
 
 
 def _rebuild(old: World, plan: WorldSpec, decision: Decision, rank: int, size: int,
