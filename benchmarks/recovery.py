@@ -6,8 +6,9 @@ Modes, alternated within each repeat so that the machine's load hits all alike:
   and the state restore (the ``resumed ... (t=)`` lines; the slowest survivor counts);
 - ``grow``: the same with ``--respawn 1 --grow``; until the replacement is admitted and
   the job is at 4 ranks again (the ``admitted ... (t=)`` lines);
-- ``restart``: ``rankwise run --max-restarts 1``; until the restarted job's rank 0 is at
-  step 0 again (processes killed, started, torch imported, rendezvous, model rebuilt);
+- ``restart``: ``rankwise run --max-restarts 1``, the survivors not recovering
+  (``--no-recover``: their PeerFailure ends them); until the restarted job's rank 0 is at
+  step 0 again (processes ended, started, torch imported, rendezvous, model rebuilt);
 - ``torchrun``: the same restart under ``torchrun --max-restarts 1``.
 
     python benchmarks/recovery.py --repeats 3 [--transport tcp|shm]
@@ -31,9 +32,9 @@ MODES = {
                r"resumed at step \d+ .*\(t=([0-9.]+)\)"),
     "grow": (["-m", "rankwise", "run", "--on-failure=continue", "--respawn", "1"], ["--grow"],
              r"admitted ranks .*\(t=([0-9.]+)\)"),
-    "restart": (["-m", "rankwise", "run", "--max-restarts", "1"], [],
+    "restart": (["-m", "rankwise", "run", "--max-restarts", "1"], ["--no-recover"],
                 r"at step 0 with 4 ranks \(t=([0-9.]+)\)"),
-    "torchrun": (["-m", "torch.distributed.run", "--max-restarts", "1"], [],
+    "torchrun": (["-m", "torch.distributed.run", "--max-restarts", "1"], ["--no-recover"],
                  r"at step 0 with 4 ranks \(t=([0-9.]+)\)"),
 }
 

@@ -108,6 +108,8 @@ def main() -> int:
     ap.add_argument("--grow", action="store_true",
                     help="after the shrink, admit the replacement (needs --respawn)")
     ap.add_argument("--recovery-timeout", type=float, default=30.0)
+    ap.add_argument("--no-recover", action="store_true",
+                    help="let a PeerFailure end the process (to compare with a restart)")
     ap.add_argument("--backend", default="gloo", choices=("gloo", "torch-gloo"),
                     help="gloo: rankwise's own engines; torch-gloo: torch's gloo moves the data")
     args = ap.parse_args()
@@ -137,6 +139,8 @@ def main() -> int:
         try:
             trainer.train_step()
         except rankwise.PeerFailure as exc:
+            if args.no_recover:
+                raise
             noticed = time.monotonic()
             m = rankwise.shrink(timeout=args.recovery_timeout)
             trainer.sync()
