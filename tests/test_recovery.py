@@ -68,6 +68,21 @@ def test_a_dead_rank_only_one_survivor_heard_of_is_not_waited_for() -> None:
     assert out[0] == out[1] == Decision("shrink", (0, 1), launch_ranks=(0, 1))
 
 
+def test_a_death_seen_while_agreeing_is_published_and_ends_the_wait() -> None:
+    # a node lost ranks 2 and 3; each survivor saw only 2 die when it called shrink, and
+    # rank 0 sees 3's connection close a little later
+    store = HashStore()
+    looks = {"n": 0}
+
+    def rank0_view() -> set[int]:
+        looks["n"] += 1
+        return {2} if looks["n"] < 3 else {2, 3}
+
+    out = _run({0: lambda: agree_on_survivors(store, 0, 0, 4, rank0_view, 5.0),
+                1: _survivor(store, 1, {2})})
+    assert out[0] == out[1] == Decision("shrink", (0, 1), launch_ranks=(0, 1))
+
+
 def test_the_launchers_exit_notice_ends_the_wait_for_a_rank_nobody_saw_die() -> None:
     store = HashStore()
     out = _run({r: _survivor(store, r, {2}, exited=lambda: {3}) for r in (0, 1)})

@@ -65,11 +65,20 @@ def shrink(timeout: timedelta | float | None = None) -> Membership:
     alive, or a rank no survivor reported dead does not join within ``timeout`` (60 s)."""
     world, plan, limit = _begin("shrink", timeout)
     comm = world.comm
-    dead = _believed_dead(world)
+    # the old connections stay open while the survivors agree: a rank seen dying late
+    # (a node's second) joins this rank's view, and no survivor's close can pass for a
+    # death (each says goodbye first, in ``_leave_for_rebuild``)
+    _retire(world, "shrink")
+    try:
+        decision = agree_on_survivors(plan.base, world.generation, comm.rank,
+                                      comm.world_size, lambda: _believed_dead(world), limit,
+                                      exited=lambda: _exited(world),
+                                      launch_ranks=_launch_ranks(world))
+    except BaseException as exc:
+        _leave_for_rebuild(world, "shrink")
+        set_world(None, f"rankwise.shrink() failed: {type(exc).__name__}: {exc}")
+        raise
     _leave_for_rebuild(world, "shrink")
-    decision = agree_on_survivors(plan.base, world.generation, comm.rank, comm.world_size,
-                                  dead, limit, exited=lambda: _exited(world),
-                                  launch_ranks=_launch_ranks(world))
     lost = tuple(r for r in range(comm.world_size) if r not in decision.members)
     if decision.members[0] == comm.rank:
         _record_losses(plan, world, lost)
@@ -165,17 +174,23 @@ def _record_losses(plan: WorldSpec, world: World, lost: tuple[int, ...]) -> None
         pass
 
 
+def _retire(world: World, why: str) -> None:
+    """From now on no call reaches ``world``: its groups say what replaced it, the process
+    has no current world until the new one, and the store no longer raises the old
+    world's failure (it serves the agreement next)."""
+    retire(world, f"it belongs to the world of generation {world.generation}, which "
+                  f"rankwise.{why}() replaced; use the new world's groups (make subgroups "
+                  "again with new_group, and wrap the model in DistributedDataParallel again)")
+    set_world(None, f"rankwise.{why}() is rebuilding the world of this process")
+    _set_watcher(world.store, None)
+
+
 def _leave_for_rebuild(world: World, why: str) -> None:
     """Drop this process's part of ``world`` without ending it: every group is retired
     (a call on one says what replaced it), the peers hear a goodbye that says this rank
     is alive and rebuilding, and the connections, engines and threads are closed."""
     comm = world.comm
-    retire(world, f"it belongs to the world of generation {world.generation}, which "
-                  f"rankwise.{why}() replaced; use the new world's groups (make subgroups "
-                  "again with new_group, and wrap the model in DistributedDataParallel again)")
-    set_world(None, f"rankwise.{why}() is rebuilding the world of this process")
-    # the store serves the agreement next: it must not raise the old world's failure
-    _set_watcher(world.store, None)
+    _retire(world, why)
     if comm.closed:
         return
     try:

@@ -137,19 +137,26 @@ def propose_survivors(views: dict[int, dict[str, Any]], exited: set[int], world_
 
 
 def agree_on_survivors(store: Store, generation: int, rank: int, world_size: int,
-                       believed_dead: set[int], timeout: float,
+                       believed_dead: set[int] | Callable[[], set[int]], timeout: float,
                        exited: Callable[[], set[int]] = set,
                        launch_ranks: tuple[int, ...] | None = None) -> Decision:
     """Check in as a survivor of generation ``generation`` and return the agreed shrink
     (every caller gets the same one), or raise ``RecoveryError``: the survivors disagree,
     a rank nobody reported dead did not check in within ``timeout`` seconds, or this
-    rank was left out. ``exited``: ranks the launcher saw end (polled while waiting)."""
+    rank was left out. ``believed_dead``: the ranks this rank knows died, or a function
+    polled while waiting (a node's second rank may be seen dying only after the first);
+    each new one is published. ``exited``: ranks the launcher saw end (polled too)."""
     launch = tuple(range(world_size)) if launch_ranks is None else launch_ranks
     base = _base(generation)
-    store.set(f"{base}/here/{rank}", json.dumps({"dead": sorted(believed_dead),
-                                                  "who": identity()}))
+    known = believed_dead if callable(believed_dead) else (lambda: set(believed_dead))
+    published: set[int] | None = None
     deadline = time.monotonic() + timeout
     while True:
+        dead = known()
+        if dead != published:
+            published = dead
+            store.set(f"{base}/here/{rank}", json.dumps({"dead": sorted(dead),
+                                                          "who": identity()}))
         decision = _read_decision(store, generation)
         views: dict[int, dict[str, Any]] = {}
         if decision is None:
