@@ -25,8 +25,9 @@ class Job:
 
     def __init__(self, hosts: SimHosts, worker_args: Sequence[str], env: dict[str, str],
                  nproc: int = 2, extra: Sequence[str] = (), nnodes: str = "2",
-                 worker: str | None = None) -> None:
-        """``worker``: a script to run under torchrun instead of ``WORKER`` under rankwise."""
+                 worker: str | None = None, script: str | None = None) -> None:
+        """``worker``: a script to run under torchrun instead of ``WORKER`` under rankwise;
+        ``script``: one to run under rankwise instead of ``WORKER``."""
         self.hosts = hosts
         self.lines: list[tuple[float, int, str]] = []
         self._cv = threading.Condition()
@@ -37,7 +38,7 @@ class Job:
             cmd = [sys.executable, "-m", *launcher, "--nnodes", nnodes,
                    "--nproc-per-node", str(nproc), "--node-rank", str(node),
                    "--master-addr", hosts.addr(0), "--master-port", str(PORT), *extra,
-                   worker or WORKER, *worker_args]
+                   worker or script or WORKER, *worker_args]
             proc = hosts.popen(node, cmd, env=full_env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
             self.launchers.append(proc)

@@ -65,6 +65,7 @@ from .api.objects import (
     send_object_list,
 )
 from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .api.recovery import Membership, grow, membership, shrink
 from .api.subgroups import new_subgroups, new_subgroups_by_enumeration
 from .api.unsupported import unsupported_error as _unsupported_error
 from .api.world import GroupMember
@@ -81,6 +82,7 @@ from .errors import (
     InvalidArgument,
     PeerFailure,
     PeerTimeout,
+    RecoveryError,
     RendezvousError,
     StoreError,
 )
@@ -154,20 +156,20 @@ if _os.environ.get("RANKWISE_LAUNCHED") == "1":
 __all__ = [
     "AuthError", "Backend", "CollectiveMismatch", "DeadlockError", "DistBackendError",
     "DistError", "DistNetworkError", "DistStoreError", "DistTimeout", "FileStore",
-    "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "P2POp", "PeerFailure", "PeerTimeout",
-    "PrefixStore",
-    "ProcessGroup", "ReduceOp", "RendezvousError", "Store", "StoreError", "TCPStore", "Work",
+    "GradBucket", "GroupMember", "HashStore", "InvalidArgument", "Membership", "P2POp", "PeerFailure",
+    "PeerTimeout", "PrefixStore",
+    "ProcessGroup", "RecoveryError", "ReduceOp", "RendezvousError", "Store", "StoreError", "TCPStore", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_backend_config", "get_default_backend_for_device", "get_global_rank",
     "get_group_rank", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
-    "get_rank", "get_world_size", "group", "init_process_group", "irecv", "is_available",
+    "get_rank", "get_world_size", "group", "grow", "init_process_group", "irecv", "is_available",
     "is_backend_available", "is_gloo_available", "is_initialized", "is_mpi_available",
     "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
-    "isend", "main_process_first", "monitored_barrier", "new_group", "new_subgroups",
+    "isend", "main_process_first", "membership", "monitored_barrier", "new_group", "new_subgroups",
     "new_subgroups_by_enumeration", "rank_zero_first", "record_comm", "recv",
     "recv_object_list", "reduce",
     "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "send", "send_object_list", "spawn", "supports_complex", "who_is_where",
+    "send", "send_object_list", "shrink", "spawn", "supports_complex", "who_is_where",
 ]

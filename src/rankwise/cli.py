@@ -101,6 +101,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--start-method", choices=["spawn", "fork", "forkserver"], default=None,
          help="accepted for torchrun compatibility: workers are always fresh processes")
     _add(p, "--role", default="default", help="ROLE_NAME of the workers (torchrun's --role)")
+    _add(p, "--on-failure", choices=("stop", "continue"), default="stop",
+         help="when a rank fails: 'stop' the job (default) or 'continue': report it and "
+              "keep the others running, so they can recover in place with rankwise.shrink() "
+              "(exit status 3 at the end when ranks were lost; docs/recovery.md)")
+    _add(p, "--respawn", type=int, default=0, metavar="N",
+         help="with --on-failure=continue: start a lost rank again, as a process that joins "
+              "at the others' next rankwise.grow() (RANKWISE_JOIN=1), up to N times per node")
     _add(p, "--log-dir", default=None, help="write each rank's stdout/stderr under this directory")
     _add(p, "-r", "--redirects", default=None,
          help="torchrun's: with --log-dir, output goes to the log files only (the default "
@@ -180,6 +187,11 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
     ns = parser.parse_args(["run", *argv])
     if ns.no_python and ns.module:
         parser.error("--no-python and -m cannot be combined")
+    if ns.respawn < 0:
+        parser.error(f"--respawn must be >= 0, got {ns.respawn}")
+    if ns.respawn and ns.on_failure != "continue":
+        parser.error("--respawn needs --on-failure=continue (with 'stop' a lost rank ends "
+                     "the job, and there is no running world to join)")
     if ns.module:
         cmd = [sys.executable, "-u", "-m", ns.script, *ns.script_args]
     elif ns.no_python:
@@ -203,6 +215,7 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         timeout=ns.timeout, token=_token(parser, ns), start_together=ns.start_together,
         live=_live(parser, ns.live),
         role=ns.role, console_ranks=ns.local_ranks_filter,
+        on_failure=ns.on_failure, respawn=ns.respawn,
     )
 
 

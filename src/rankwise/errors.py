@@ -13,6 +13,8 @@ catches all of them and nothing from the socket layer leaks through unexplained:
      ├─ DistNetworkError           connect/listen/send failures (port in use, unreachable master)
      ├─ RendezvousError            init could not form the group (missing or duplicate ranks,
      │                             disagreeing world sizes)
+     ├─ RecoveryError              shrink/grow could not agree on a new membership (the
+     │                             survivors disagree who is alive, one never came)
      ├─ StoreError                 the rendezvous store failed or refused a request
      │   └─ AuthError              a peer did not prove it holds the shared token
      └─ InvalidArgument (also ValueError)   misuse caught locally, before any I/O
@@ -35,6 +37,7 @@ __all__ = [
     "InvalidArgument",
     "PeerFailure",
     "PeerTimeout",
+    "RecoveryError",
     "RendezvousError",
     "StoreError",
 ]
@@ -120,6 +123,12 @@ class DistNetworkError(DistError):
 
 class RendezvousError(DistError):
     """``init_process_group`` could not assemble a consistent group."""
+
+
+class RecoveryError(DistError):
+    """``shrink``/``grow`` could not agree on the world that goes on: the survivors
+    disagree about who is alive, a rank never joined the agreement within its timeout,
+    or this rank was left out of the agreed world (docs/recovery.md)."""
 
 
 class StoreError(DistError):

@@ -48,7 +48,15 @@ from ..wire.frames import VERSION as WIRE_VERSION
 from .init_done import wait_all_initialized
 from .leaving import _install_hooks, _set_watcher, destroy_process_group
 from .stores import _agent, _open_store, _resolve_store, _validate_rank_world
-from .world import GroupMember, World, current, maybe_current, resolve_group, set_world
+from .world import (
+    GroupMember,
+    World,
+    WorldSpec,
+    current,
+    maybe_current,
+    resolve_group,
+    set_world,
+)
 
 __all__ = [
     # what rankwise.torch's store hand-over reuses (``api.stores``)
@@ -142,22 +150,19 @@ def init_process_group(
         if store is None:
             store = _open_store(spec, timeout_s, secret)
         stage = "rendezvous"
-        scoped = PrefixStore(f"rankwise/{restart}", store)
+        base = PrefixStore(f"rankwise/{restart}", store)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
-        # tcp: listen now and publish the address in the rendezvous, whose last rank to
-        # join hands every rank the whole address blob (one round of the job, not two)
-        listener = open_listener(rank, world_size, bind) \
-            if world_size > 1 and requested_transport() == "tcp" else None
-        try:
-            job, blob = _rendezvous(scoped, rank, world_size, timeout_s,
-                                    hosting=getattr(store, "server", None) is not None,
-                                    address=None if listener is None else address_of(listener))
-            transport = open_transport(rank, world_size, scoped, job, secret, bind, timeout_s,
-                                       listener, blob)
-        except BaseException:
-            if listener is not None:
-                listener.close()
-            raise
+        plan = WorldSpec(store, base, backend_name, timeout_s, bind, secret, device,
+                         device_id, group_name)
+        generation, launch_ranks, admitted = 0, tuple(range(world_size)), 0
+        if os.environ.get(JOIN_ENV) == "1":  # a late or restarted process: ``api.recovery``
+            from ..recovery.agreement import await_ticket, request_admission
+
+            ticket = await_ticket(base, request_admission(base, rank), timeout_s)
+            generation, rank, world_size = ticket.generation, ticket.rank, ticket.world_size
+            launch_ranks, admitted = ticket.launch_ranks, ticket.admitted
+        scoped = generation_store(plan, generation)
+        transport = _connect(plan, scoped, rank, world_size)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from ..doctor import explain_init_failure
@@ -165,18 +170,62 @@ def init_process_group(
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
+    world = start_world(plan, scoped, rank, world_size, transport, generation)
+    world.launch_ranks, world.admitted = launch_ranks, admitted
+    world.joined = os.environ.get(JOIN_ENV) == "1"
+
+
+#: set (to "1") in a process that joins a running job (``rankwise.grow``) instead of
+#: starting one; ``rankwise run --respawn`` sets it in the process it starts in place
+#: of a lost rank
+JOIN_ENV = "RANKWISE_JOIN"
+
+
+def generation_store(plan: WorldSpec, generation: int) -> Any:
+    """Where the ranks of membership ``generation`` meet: the job's namespace itself
+    for the first, a fresh one under it for each later (no key of an older world is
+    read as one of the new)."""
+    return plan.base if generation == 0 else PrefixStore(f"gen/{generation}", plan.base)
+
+
+def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
+             wait_s: float | None = None) -> Any:
+    """The rendezvous, then the transport to every peer (tcp: listen first and publish
+    the address in the rendezvous, whose last rank to join hands every rank the whole
+    address blob: one round of the job, not two)."""
+    listener = open_listener(rank, world_size, plan.bind) \
+        if world_size > 1 and requested_transport() == "tcp" else None
+    try:
+        limit = plan.timeout if wait_s is None else wait_s
+        job, blob = _rendezvous(scoped, rank, world_size, limit,
+                                hosting=getattr(plan.store, "server", None) is not None,
+                                address=None if listener is None else address_of(listener))
+        return open_transport(rank, world_size, scoped, job, plan.secret, plan.bind,
+                              limit, listener, blob)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
+
+
+def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transport: Any,
+                generation: int = 0, wait_s: float | None = None) -> World:
+    """Put this process's world together on a connected ``transport`` and make it the
+    current one; returns when every rank got this far (``wait_all_initialized``)."""
     # diagnosis builds on api: imported here, not at module level
     from ..diagnosis.dump import install_signal_dumps
     from ..diagnosis.recorders import attach_recorders
 
     comm = Communicator(rank, world_size, transport)
     attach_recorders(comm)
-    default = ProcessGroup(comm, 0, list(range(world_size)), timeout_s, backend_name,
-                           group_name or "the default group (WORLD)")
-    world = World(comm, default, store, scoped, backend_name, timeout_s, device_id=device_id)
+    default = ProcessGroup(comm, 0, list(range(world_size)), plan.timeout, plan.backend,
+                           plan.group_name or "the default group (WORLD)")
+    world = World(comm, default, plan.store, scoped, plan.backend, plan.timeout,
+                  device_id=plan.device_id, spec=plan, generation=generation,
+                  launch_ranks=tuple(range(world_size)))
     world.register(default)
     comm.site_lookup = world.site_lookup
-    _set_watcher(store, _store_watcher(comm))
+    _set_watcher(plan.store, _store_watcher(comm))
     set_world(world)
     _install_hooks()
     if os.environ.get("RANKWISE_LIVE") == "1":  # `rankwise run` serves the live page
@@ -185,9 +234,21 @@ def init_process_group(
         start_publisher(comm)
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
-    default.engine = choose_engine(default, scoped, timeout_s, device=device)
+    default.engine = choose_engine(default, scoped, plan.timeout, device=plan.device)
     # no rank leaves a peer still in init (nor the store's host a peer still reading it)
-    wait_all_initialized(scoped, comm, timeout_s, hosting=getattr(store, "server", None) is not None)
+    wait_all_initialized(scoped, comm, plan.timeout if wait_s is None else wait_s,
+                         hosting=getattr(plan.store, "server", None) is not None)
+    return world
+
+
+def connect_world(plan: WorldSpec, generation: int, rank: int, world_size: int,
+                  wait_s: float) -> World:
+    """A new world of ``world_size`` ranks in the same store, this process as ``rank``:
+    what ``shrink`` and ``grow`` build, with init's own rendezvous and engines (their
+    waits bounded by ``wait_s``; the new world's calls by init's timeout)."""
+    scoped = generation_store(plan, generation)
+    transport = _connect(plan, scoped, rank, world_size, wait_s)
+    return start_world(plan, scoped, rank, world_size, transport, generation, wait_s)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:

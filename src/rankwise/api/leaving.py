@@ -81,6 +81,8 @@ def _let_the_others_leave(world: World) -> None:
     try:
         if int(world.rendezvous.add("left", 1)) >= world.comm.world_size:
             world.rendezvous.set("all-left", "1")
+            if world.spec is not None:  # a process waiting to join (grow) waits no more
+                world.spec.base.set("joiners/closed", "the job's ranks finished")
         if getattr(world.store, "server", None) is not None:
             world.rendezvous.wait(["all-left"], timedelta(seconds=LEAVE_LINGER))
     except DistError:

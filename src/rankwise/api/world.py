@@ -15,7 +15,7 @@ from ..core.communicator import Communicator
 from ..core.group import ProcessGroup
 from ..errors import InvalidArgument
 
-__all__ = ["GroupMember", "World", "current", "resolve_group"]
+__all__ = ["GroupMember", "World", "WorldSpec", "current", "resolve_group", "retire"]
 
 
 class _NonMember:
@@ -28,6 +28,24 @@ class _NonMember:
 class GroupMember:
     WORLD: Any = None
     NON_GROUP_MEMBER = _NonMember()
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """What ``init_process_group`` resolved once and a rebuilt world reuses as is
+    (``api.recovery``: shrink and grow re-run the rendezvous in the same store)."""
+
+    store: Any
+    #: the job's namespace in ``store`` (``rankwise/<restart>``): generation 0 meets
+    #: here; later generations under ``gen/<g>``, their agreements under ``change/<g>``
+    base: Any
+    backend: str
+    timeout: float
+    bind: str
+    secret: bytes | None
+    device: Any = None
+    device_id: Any = None
+    group_name: str = ""
 
 
 @dataclass
@@ -44,6 +62,16 @@ class World:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: ``init_process_group``'s ``device_id``: NCCL groups made later use it too
     device_id: Any = None
+    #: how to build this world again for new members (None: a world made by hand)
+    spec: WorldSpec | None = None
+    #: how many times the membership changed (shrink, grow) since init
+    generation: int = 0
+    #: the launcher's RANK of each rank of this world (exit notices are by that rank)
+    launch_ranks: tuple[int, ...] = ()
+    #: joiners admitted into the job so far (``grow``)
+    admitted: int = 0
+    #: this process entered the job as a joiner (``RANKWISE_JOIN=1``)
+    joined: bool = False
 
     def register(self, group: ProcessGroup) -> None:
         self.groups[group.id] = group
@@ -74,9 +102,15 @@ class _ThreadWorld(threading.local):
 _thread_world = _ThreadWorld()
 
 
+#: why this process has no world although it had one (``api.recovery``), else ""
+_why_none = ""
+
+
 def current() -> World:
     world = _thread_world.world or _world
     if world is None:
+        if _why_none:
+            raise InvalidArgument(f"rankwise has no world in this process: {_why_none}")
         raise InvalidArgument(
             "rankwise is not initialized: call rankwise.init_process_group(...) first "
             "(or start the script with `rankwise run -n N script.py`)"
@@ -93,10 +127,20 @@ def set_thread_world(world: World | None) -> None:
     _thread_world.world = world
 
 
-def set_world(world: World | None) -> None:
-    global _world
+def set_world(world: World | None, why_none: str = "") -> None:
+    """Make ``world`` this process's (None: none; ``why_none`` says why, when it is not
+    "never initialized": a world given up by ``shrink``/``grow``)."""
+    global _world, _why_none
     _world = world
+    _why_none = why_none if world is None else ""
     GroupMember.WORLD = world.default_group if world is not None else None
+
+
+def retire(world: World, why: str) -> None:
+    """Mark every group of ``world`` as unusable for ``why`` (the world was replaced by
+    ``shrink``/``grow``): a call on one raises that, not "destroyed"."""
+    for group in world.groups.values():
+        group.retired = why
 
 
 def resolve_group(group: Any) -> ProcessGroup | None:
@@ -107,6 +151,8 @@ def resolve_group(group: Any) -> ProcessGroup | None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
     if isinstance(group, ProcessGroup):
+        if group.retired is not None:
+            raise InvalidArgument(f"{group!r}: {group.retired}")
         if group.id not in world.groups:
             raise InvalidArgument(f"{group!r} was destroyed or belongs to an earlier init")
         return group

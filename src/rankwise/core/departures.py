@@ -45,6 +45,9 @@ class Departures:
         #: this rank said goodbye: a peer that closes now may have skipped its own goodbye
         #: to us (it heard ours), so its close is no news to pass on
         self.leaving = False
+        #: peers whose connection closed without a goodbye: dead as far as this rank
+        #: knows (what ``rankwise.shrink`` reports as this rank's view)
+        self.lost: set[int] = set()
 
     # --- what peers tell us ---------------------------------------------------------------
 
@@ -79,6 +82,7 @@ class Departures:
         if bye is not None:
             comm.router.fail_peer(rank, self.departed_error(rank, bye))
             return
+        self.lost.add(rank)
         mine = comm.calls.doing()
         last = self.last_from(rank)
         exc = PeerFailure(

@@ -34,6 +34,9 @@ CallRecord = Call
 class ProcessGroup:
     """A set of ranks that make collective calls together (torch's ``ProcessGroup``)."""
 
+    #: why the group may no longer be used: its world was replaced (``api.recovery``)
+    retired: str | None = None
+
     def __init__(self, comm: Communicator, group_id: int, ranks: list[int], timeout: float,
                  backend: str, name: str, register: bool = True) -> None:
         self.comm = comm

@@ -36,12 +36,17 @@ from .env import WorkerEnvSpec, worker_environment
 from .gate import StartGate
 from .output import StreamPump, console_stream
 from .reaper import Reaper
-from .summary import WorkerOutcome, read_error_file
+from .summary import WorkerOutcome, exit_status_text, read_error_file
 
 __all__ = ["AgentConfig", "AttemptResult", "LocalAgent", "RoundPeers", "TorchStoreSource",
            "set_parent_death_signal"]
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _say(text: str) -> None:
+    sys.stdout.flush()
+    print(text, file=sys.stderr, flush=True)
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -125,6 +130,12 @@ class AgentConfig:
     role: str = "default"  #: ``ROLE_NAME`` (torchrun's ``--role``)
     #: local ranks whose output reaches the console (torchrun's ``--local-ranks-filter``)
     console_ranks: frozenset[int] | None = None
+    #: ``--on-failure=continue``: a worker that fails is reported, the others keep running
+    #: (they recover in place: ``rankwise.shrink``, docs/recovery.md)
+    keep_going: bool = False
+    #: ``--respawn N``: with ``keep_going``, start a lost worker again as a joiner
+    #: (``RANKWISE_JOIN=1``), at most N times on this node
+    respawn: int = 0
 
 
 @dataclass
@@ -135,10 +146,20 @@ class AttemptResult:
     interrupted_by: int | None = None
     remote_failure: str = ""
     aborted: str = ""  #: why the launcher itself ended the attempt (``abort``), if it did
+    #: workers that failed while the others kept going (``keep_going``), in order
+    lost: list[WorkerOutcome] = field(default_factory=list)
+    #: nodes the node watch found gone while this node kept going (``keep_going``)
+    lost_nodes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
-        return bool(self.remote_failure or self.aborted) or any(o.failed for o in self.outcomes)
+        if self.remote_failure or self.aborted:
+            return True
+        if any(o.failed and all(o is not x for x in self.lost) for o in self.outcomes):
+            return True
+        # under --on-failure=continue a rank that fails is "lost", not a failure of the
+        # job -- unless no rank of the node finished: then nobody went on
+        return bool(self.lost) and all(o.failed for o in self.outcomes)
 
 
 @dataclass
@@ -180,6 +201,10 @@ class LocalAgent:
         root cause. Repeats while the attempt is going down are ignored."""
         self._events.put(("abort", text, 0, time.time()))
 
+    def node_lost(self, text: str) -> None:
+        """The node watch's news under ``keep_going``: reported, the workers go on."""
+        self._events.put(("lost", text, 0, time.time()))
+
     def _open_log(self, attempt: int, local_rank: int, stream: str) -> BinaryIO | None:
         if not self.config.log_dir:
             return None
@@ -188,7 +213,7 @@ class LocalAgent:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, "wb")
 
-    def _spawn(self, local_rank: int, attempt: int) -> _Worker:
+    def _spawn(self, local_rank: int, attempt: int, joining: bool = False) -> _Worker:
         cfg = self.config
         rank = cfg.node_rank * cfg.nproc + local_rank
         error_file = os.path.join(cfg.run_dir, f"attempt_{attempt}", f"rank_{rank}", "error.json")
@@ -200,6 +225,9 @@ class LocalAgent:
             max_restarts=cfg.max_restarts, run_id=cfg.run_id, error_file=error_file,
             role=cfg.role,
         )
+        env = worker_environment(spec, cfg.base_env)
+        if joining:  # the process joins the running world at its next grow()
+            env["RANKWISE_JOIN"] = "1"
         logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
         # several workers sharing one console interleave mid-line (print() writes the
         # text and the newline separately): pipe them and pass on whole lines
@@ -207,7 +235,7 @@ class LocalAgent:
             or cfg.console_ranks is not None
         proc = subprocess.Popen(
             list(cfg.cmd),
-            env=worker_environment(spec, cfg.base_env),
+            env=env,
             stdout=subprocess.PIPE if piped else None,
             stderr=subprocess.PIPE if piped else None,
             stdin=subprocess.DEVNULL,
@@ -309,6 +337,11 @@ class LocalAgent:
                 result.interrupted_by = what
                 self._signal_running(what, teardown=True)
                 start_teardown(what)
+            elif kind == "lost":
+                assert isinstance(what, str)
+                result.lost_nodes.append(what)
+                _say(f"rankwise run: {what}; --on-failure=continue: the ranks on this node "
+                     "go on")
             elif kind in ("remote", "abort"):
                 assert isinstance(what, str)
                 if not going_down:
@@ -327,10 +360,33 @@ class LocalAgent:
                 running.discard(what)
                 if self.on_exit is not None and not going_down:
                     self.on_exit(self._attempt, w.outcome)
-                if w.outcome.failed and not going_down:
+                if w.outcome.failed and not going_down and cfg.keep_going:
+                    result.lost.append(w.outcome)
+                    if self._replace(w, result):
+                        running.add(what)
+                elif w.outcome.failed and not going_down:
                     if self.peers is not None and not result.remote_failure:
                         self.peers.announce_failure(w.outcome)
                     start_teardown(None)
+
+    def _replace(self, w: _Worker, result: AttemptResult) -> bool:
+        """Under ``keep_going``: say that ``w`` was lost and, while ``respawn`` allows,
+        start a joiner in its place (True when one was started)."""
+        cfg = self.config
+        lost = w.outcome
+        again = sum(1 for o in result.lost if o.node_rank == cfg.node_rank) <= cfg.respawn
+        _say(f"rankwise run: rank {lost.rank} {exit_status_text(lost.returncode)} (pid "
+             f"{lost.pid}); --on-failure=continue: the other ranks go on"
+             + ("; starting a replacement that joins at their next rankwise.grow()"
+                if again else ""))
+        if not again:
+            return False
+        for pump in w.pumps:
+            pump.join(timeout=2.0)
+        fresh = self._spawn(lost.local_rank, self._attempt, joining=True)
+        self._workers[lost.local_rank] = fresh
+        self._reaper.add(lost.local_rank, fresh.proc.pid)
+        return True
 
     def _record_exit(self, w: _Worker, status: int, when: float) -> None:
         code = os.waitstatus_to_exitcode(status)

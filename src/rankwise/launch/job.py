@@ -66,6 +66,9 @@ class JobOptions:
     live: str | None = "127.0.0.1:0"  #: the live page's HOST:PORT (None: no page)
     role: str = "default"
     console_ranks: frozenset[int] | None = None
+    #: ``stop`` (default: a failed rank ends the job) or ``continue`` (docs/recovery.md)
+    on_failure: str = "stop"
+    respawn: int = 0
 
 
 def _say(text: str) -> None:
@@ -118,6 +121,9 @@ class _ExitNotices:
     not take the launcher down."""
 
     def __init__(self, opts: JobOptions, port: int, runner: Detached) -> None:
+        #: under --on-failure=continue every ending is news (the survivors' shrink
+        #: reads it), not only an attempt's first
+        self._every = opts.on_failure == "continue"
         self._opts = opts
         self._port = port
         self._store: Any | None = None
@@ -127,7 +133,7 @@ class _ExitNotices:
     def __call__(self, attempt: int, outcome: WorkerOutcome) -> None:
         # only the first ending of an attempt: it is the cause; later ones are mostly ranks
         # that raised because of it, and naming those would blame the wrong rank
-        if attempt in self._told:
+        if attempt in self._told and not self._every:
             return
         self._told.add(attempt)
         self._runner.submit(lambda: self._tell(attempt, outcome))
@@ -246,13 +252,14 @@ def run_job(opts: JobOptions) -> int:
             start_together=opts.start_together, role=opts.role,
             console_ranks=opts.console_ranks,
             torch_store=torch_store if server is not None else None,
+            keep_going=opts.on_failure == "continue", respawn=opts.respawn,
         )
         notices = _ExitNotices(opts, port, runner)
         agent = LocalAgent(config, DetachedPeers(rounds[0].peers, runner) if rounds else None,
                            notices)
         alarm.agent = agent
         if rounds:
-            rounds[0].watch.start(agent.abort)
+            rounds[0].watch.start(agent.node_lost if config.keep_going else agent.abort)
         code = _run_attempts(agent, opts, rounds, port, runner)
         if rounds:
             last = rounds[-1]
@@ -392,7 +399,9 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                 _say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
                 return 128 + result.interrupted_by
             if not result.failed:
-                return 0
+                dropped = _dropped_ranks(opts, port, attempt)
+                return _went_on(result, dropped) \
+                    if result.lost or result.lost_nodes or dropped else 0
             rnd = rounds[-1] if rounds else None
             if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
@@ -415,6 +424,38 @@ def _plain_torch(agent: LocalAgent) -> bool:
     """Did plain torch ranks run (they reached torch's store: ``launch.torch_store``)?"""
     used = getattr(agent.config.torch_store, "used", None)
     return used is not None and bool(used.is_set())
+
+
+#: ``rankwise run``'s exit status when the job finished under --on-failure=continue
+#: but lost ranks on the way (the survivors, and any replacements, all exited 0)
+LOST_RANKS_EXIT = 3
+
+
+def _dropped_ranks(opts: JobOptions, port: int, attempt: int) -> list[str]:
+    """Under --on-failure=continue: the ranks the workers' ``rankwise.shrink`` dropped
+    (``api.recovery`` notes them in the store), also those of other nodes; best effort."""
+    if opts.on_failure != "continue":
+        return []
+    try:
+        store = _client(replace(opts, timeout=2.0), port)
+        try:
+            count = int(store.add(f"rankwise/{attempt}/lost/count", 0))
+            return [store.get(f"rankwise/{attempt}/lost/{i}").decode("utf-8", "replace")
+                    for i in range(count)]
+        finally:
+            store.close()
+    except DistError:
+        return []
+
+
+def _went_on(result: AttemptResult, dropped: list[str]) -> int:
+    """The end of a job that lost ranks and finished without them: say which were lost,
+    and exit with ``LOST_RANKS_EXIT`` so a script can tell it from a clean run."""
+    lost = [cause_line(o) for o in result.lost] + result.lost_nodes + dropped
+    _say("rankwise run: the job finished, but lost ranks on the way (--on-failure="
+         "continue):\n  " + "\n  ".join(lost) + f"\nrankwise run: exit status "
+         f"{LOST_RANKS_EXIT} (ranks were lost; the others finished)")
+    return LOST_RANKS_EXIT
 
 
 def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StorePeers | None,

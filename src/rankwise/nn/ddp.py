@@ -28,6 +28,7 @@ that says to wrap its ``.module`` again.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -102,6 +103,7 @@ class DistributedDataParallel(_TorchDDP):
         self._world = len(self.group_ranks)
         if self._world > 1:
             broadcast_tensors(self.module_states(), self.group_ranks[0], process_group)
+        _replace_earlier_wrapper(module)
         # torch's class declares its C++ reducer here; ours is None on an unpickled copy
         self.reducer: Reducer | None = Reducer(  # type: ignore[assignment]
             [p for _, p in named],
@@ -112,6 +114,7 @@ class DistributedDataParallel(_TorchDDP):
             static_graph=static_graph,
             grad_as_view=gradient_as_bucket_view,
         )
+        _REDUCERS[module] = weakref.ref(self.reducer)
 
     @property  # torch's is read-only over its own attribute; this one is plain state
     def broadcast_buffers(self) -> bool:
@@ -296,3 +299,19 @@ def _refusal(name: str) -> Callable[..., Any]:
 
 
 _refuse_torch_internals()
+
+
+#: each wrapped module's latest reducer (not an attribute: a module must stay picklable)
+_REDUCERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Reducer]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _replace_earlier_wrapper(module: nn.Module) -> None:
+    """A module wrapped again (after ``rankwise.shrink``/``grow``, on the new world) is
+    reduced by its new wrapper only: the earlier one's gradient hooks come off, or they
+    would go on firing into a reducer of the old world (possibly stopped mid-backward by
+    the failure: "marked as ready twice")."""
+    earlier = _REDUCERS.get(module)
+    reducer = earlier() if earlier is not None else None
+    if reducer is not None:
+        reducer.remove_hooks()
