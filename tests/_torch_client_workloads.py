@@ -88,13 +88,24 @@ def premul_sum(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     return t.tolist()
 
 
+def batch_p2p(pg: Any, rank: int, world: int, tmp: Path) -> Any:
+    """``batch_isend_irecv``: torch 2.14 asks the group for its C++ backend first."""
+    peer = (rank + 1) % world
+    got = torch.zeros(2)
+    ops = [tdist.P2POp(tdist.isend, torch.full((2,), float(rank)), group=pg, group_peer=peer),
+           tdist.P2POp(tdist.irecv, got, group=pg, group_peer=(rank - 1) % world)]
+    for work in tdist.batch_isend_irecv(ops):
+        work.wait()
+    return got.tolist()
+
+
 # --- torch's clients ----------------------------------------------------------------------
 
 def fsdp1(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    model = FSDP(_mlp(), process_group=pg, use_orig_params=True)
+    model = FSDP(_mlp(), process_group=pg, use_orig_params=True, device_id=torch.device("cpu"))
     _train(model, rank)
     cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
     with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
@@ -208,7 +219,7 @@ def barrier_timeout(pg: Any, rank: int, world: int, tmp: Path) -> Any:
 
 #: the workloads, in the order they run (``barrier_timeout`` last, see there)
 WORKLOADS: dict[str, Workload] = {w.__name__: w for w in (
-    storage_stays_resizable, leaf_receives, premul_sum, fsdp1, fsdp2, tensor_parallel,
+    storage_stays_resizable, leaf_receives, premul_sum, batch_p2p, fsdp1, fsdp2, tensor_parallel,
     checkpoint, _pipeline("ScheduleGPipe"), _pipeline("Schedule1F1B"), ddp_hooks)}
 
 

@@ -55,6 +55,10 @@ def test_a_leaf_that_requires_grad_is_received_into(results: list[dict[str, Any]
     assert got[1] == {"recv": [1.0, 2.0, 3.0], "broadcast": [5.0, 5.0], "leaf": True}
 
 
+def test_batch_isend_irecv(results: list[dict[str, Any]]) -> None:
+    assert _same_as_gloo(results, "batch_p2p") == [[1.0, 1.0], [0.0, 0.0]]
+
+
 def test_premul_sum_applies_the_factor(results: list[dict[str, Any]]) -> None:
     for got in results:
         assert got["premul_sum"]["rankwise"] == [1.5, 1.5, 1.5]  # 0.5 * (1 + 2)

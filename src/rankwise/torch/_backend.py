@@ -190,6 +190,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<rankwise torch backend over {self.group!r}>"
 
+    def _get_backend(self, device: Any) -> Any:
+        """This group itself where torch has no C++ ``Backend`` for ``device`` (a Python
+        ``ProcessGroup`` registers none). torch 2.14 asks every group for one in
+        ``batch_isend_irecv`` (``getattr(group._get_backend(device),
+        "supports_coalescing", False)``, written for Python backends that answer with
+        their ``ProcessGroup``); before, it raised "No backend type associated"."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return self
+
     @contextmanager
     def _bounded(self, seconds: float) -> Iterator[None]:
         """The group's timeout is ``seconds`` for the calls made inside: rankwise reads it
