@@ -203,6 +203,42 @@ def ddp_hooks(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     return _params(model.module)
 
 
+def ddp_overlap(pg: Any, rank: int, world: int, tmp: Path) -> Any:
+    """A DDP comm hook returns before its bucket's reduction ends, and what is chained on
+    the future runs off the backward thread (rank 1 comes 0.5 s late, so on rank 0 the
+    reduction cannot end before then)."""
+    import threading
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    seen: dict[str, Any] = {}
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def] - torch reads the annotations
+        backward = threading.get_ident()
+        fut = tdist.all_reduce(bucket.buffer(), group=pg, async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            seen["done_at"] = time.monotonic()
+            seen["other_thread"] = threading.get_ident() != backward
+            return f.value()[0]
+
+        chained = fut.then(done)
+        seen["returned_at"] = time.monotonic()
+        return chained
+
+    model = DDP(_mlp(), process_group=pg, bucket_cap_mb=1000)  # one bucket
+    model.register_comm_hook(None, hook)
+    x, y = _batch(rank, 0)
+    loss = nn.functional.mse_loss(model(x), y)
+    if rank == 1:
+        time.sleep(0.5)  # lateness is the point, not synchronization
+    loss.backward()
+    if rank == 1:
+        return None
+    return {"hook_returned_first": seen["returned_at"] < seen["done_at"],
+            "callback_off_the_backward_thread": seen["other_thread"]}
+
+
 def barrier_timeout(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     """``barrier(timeout=1s)`` with the peer 4 s late: rank 0 raises (last: it may leave
     the group unusable)."""
@@ -220,7 +256,8 @@ def barrier_timeout(pg: Any, rank: int, world: int, tmp: Path) -> Any:
 #: the workloads, in the order they run (``barrier_timeout`` last, see there)
 WORKLOADS: dict[str, Workload] = {w.__name__: w for w in (
     storage_stays_resizable, leaf_receives, premul_sum, batch_p2p, fsdp1, fsdp2, tensor_parallel,
-    checkpoint, _pipeline("ScheduleGPipe"), _pipeline("Schedule1F1B"), ddp_hooks)}
+    checkpoint, _pipeline("ScheduleGPipe"), _pipeline("Schedule1F1B"), ddp_hooks,
+    ddp_overlap)}
 
 
 def run_all(rank: int, world: int, gloo_port: int, root: str) -> dict[str, Any]:

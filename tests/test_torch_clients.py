@@ -77,6 +77,13 @@ def test_checkpoint_round_trip_is_bit_identical_to_gloo(results: list[dict[str, 
         assert reloaded_equal
 
 
+def test_ddp_reduces_beside_backward_as_gloo_does(results: list[dict[str, Any]]) -> None:
+    """torch's DDP overlaps: the comm hook returns before the reduction ends, and the
+    future's callback runs on the backend's worker, as on gloo (it used to run inline)."""
+    assert _same_as_gloo(results, "ddp_overlap")[0] == {
+        "hook_returned_first": True, "callback_off_the_backward_thread": True}
+
+
 def test_barrier_honours_its_timeout(results: list[dict[str, Any]]) -> None:
     """``barrier(timeout=1s)`` with the peer 4 s late raises near 1 s (not when the peer
     comes), worded so torch's suite recognizes a timeout (" timeout ")."""

@@ -17,12 +17,14 @@ rankwise's local checks, fingerprint, call site (torch's frames skipped, see
 is read once, by its hash, so what the backend adds to rankwise's own call is about
 torch's Python wrapper and no more (``benchmarks/torch_backend.py``).
 
-Collectives run inline and return a completed ``Work`` (``core.work.DoneWork``: its future,
-made when asked for, holds the result, so DDP's ``get_future().then()`` works), or
-``None`` when torch's Python wrapper said the call is synchronous (``opts.asyncOp``
-false): every wrapper then skips ``work.wait()`` ("the backend has synced"). C++ callers
-(DDP's reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get
-a Work. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+Collectives run inline and return a completed ``Work`` (``_work.DoneWork``: its future,
+made when asked for, holds the result), or ``None`` when torch's Python wrapper said the
+call is synchronous (``opts.asyncOp`` false): every wrapper then skips ``work.wait()``
+("the backend has synced"). The exception is an asynchronous dense ``all_reduce``
+(DDP's reducer, whose C++ leaves ``asyncOp`` at its default, true, and
+``async_op=True``): it runs on rankwise's async worker and returns an ``AsyncWork``
+whose torch future completes there, so DDP's buckets are reduced while backward goes
+on, as on gloo. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
 
 What torch hands a backend, the backend takes as gloo does:
 - a tensor that requires grad, a leaf included, is communicated through its detached
@@ -55,7 +57,7 @@ from ..wire.frames import Op
 from ..wire.reduce_op import make_premul_sum, torch_premul_factor
 from ._sparse import check_sparse, sparse_all_reduce
 from ._views import TensorViews
-from ._work import DoneWork, RecvWork
+from ._work import AsyncWork, DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
@@ -226,9 +228,16 @@ class TorchProcessGroup(tdist.ProcessGroup):
         assert g is not None  # torch makes a group only on its members
         buf, memo = self._views.view(tensors[0], "tensor")
         body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
-        coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
-                    shape=buf.shape, inputs=tensors)
-        return DoneWork(tensors) if opts.asyncOp else None
+        if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
+            coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
+                        shape=buf.shape, inputs=tensors)
+            return None
+        # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
+        # goes on while the bucket is reduced (torch's callbacks run on that worker)
+        work = coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, True,
+                           shape=buf.shape, outputs=tensors, inputs=tensors)
+        assert work is not None
+        return AsyncWork(work, tensors)
 
     @_honours_timeout
     def _allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
