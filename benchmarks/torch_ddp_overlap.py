@@ -52,8 +52,9 @@ def _block(step: Any, steps: int, pg: Any) -> float:
 
 def _worker(rank: int, world: int, port: int, opts: argparse.Namespace,
             out: Any) -> None:
-    import rankwise.torch  # noqa: F401 - registers "rankwise"
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import rankwise.torch  # noqa: F401 - registers "rankwise"
 
     torch.set_num_threads(opts.threads)
     tdist.init_process_group("rankwise", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
