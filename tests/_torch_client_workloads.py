@@ -159,6 +159,28 @@ def checkpoint(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     return _params(fresh) == _params(model), _params(fresh)
 
 
+def load_resharded(rank: int, world: int, gloo_port: int, root: str) -> dict[str, Any]:
+    """Each backend's 2-rank checkpoint (``checkpoint``) loaded on ``world`` ranks over
+    rankwise: {saver: full parameters}. (gloo loads them in ``checkpoint`` at 2 ranks.)"""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    import rankwise.torch  # noqa: F401 - registers backend "rankwise"
+
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank,
+                             world_size=world)  # torch's default group; unused below
+    mine = tdist.new_group(backend="rankwise", timeout=timedelta(seconds=30))
+    got = {}
+    for saver in ("gloo", "rankwise"):
+        model = fully_shard(_mlp(seed=1), mesh=_mesh(mine))
+        state = {"model": model.state_dict()}
+        path = Path(root) / saver / "checkpoint" / "ckpt"
+        dcp.load(state, checkpoint_id=str(path), process_group=mine)
+        model.load_state_dict(state["model"])
+        got[saver] = _params(model)
+    return got
+
+
 def _pipeline(schedule_name: str) -> Workload:
     def run(pg: Any, rank: int, world: int, tmp: Path) -> Any:
         from torch.distributed import pipelining

@@ -9,6 +9,7 @@ All of it is one job of 2 ranks (``_torch_client_workloads.run_all``), run once 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +25,12 @@ WORLD = 2
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("clients")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("clients")
+
+
+@pytest.fixture(scope="module")
+def results(root: Path) -> list[dict[str, Any]]:
     return run_ranks(workloads.run_all, WORLD, free_port(), str(root), backend="rankwise",
                      timeout=200)
 
@@ -75,6 +80,16 @@ def test_training_is_bit_identical_to_gloo(results: list[dict[str, Any]], name: 
 def test_checkpoint_round_trip_is_bit_identical_to_gloo(results: list[dict[str, Any]]) -> None:
     for reloaded_equal, _ in _same_as_gloo(results, "checkpoint"):
         assert reloaded_equal
+
+
+def test_checkpoints_of_2_ranks_load_on_4(results: list[dict[str, Any]], root: Path) -> None:
+    """2 -> 4 resharding: rankwise's and gloo's 2-rank checkpoints load on 4 ranks over
+    rankwise into the parameters that were saved."""
+    saved = results[0]["checkpoint"]["rankwise"][1]
+    loaded = run_ranks(workloads.load_resharded, 4, free_port(), str(root),
+                       backend="rankwise", timeout=200)
+    for rank, got in enumerate(loaded):
+        assert got == {"gloo": saved, "rankwise": saved}, f"rank {rank}"
 
 
 def test_ddp_reduces_beside_backward_as_gloo_does(results: list[dict[str, Any]]) -> None:
