@@ -9,6 +9,7 @@ a workload that raises gives ``"raised: ..."`` on that backend, which then diffe
 
 from __future__ import annotations
 
+import inspect
 import time
 import traceback
 from collections.abc import Callable
@@ -267,7 +268,12 @@ def barrier_timeout(pg: Any, rank: int, world: int, tmp: Path) -> Any:
     if rank == 0:
         start = time.monotonic()
         try:
-            tdist.barrier(group=pg, timeout=timedelta(seconds=1))
+            if "timeout" in inspect.signature(tdist.barrier).parameters:
+                tdist.barrier(group=pg, timeout=timedelta(seconds=1))
+            else:  # torch 2.11's barrier() has no timeout=: the options it would fill
+                opts = tdist.BarrierOptions()
+                opts.timeout = timedelta(seconds=1)
+                pg.barrier(opts).wait()
         except Exception as exc:  # noqa: BLE001 - what was raised is the result
             return {"raised_after": time.monotonic() - start, "message": str(exc)}
         return {"raised_after": None, "returned_after": time.monotonic() - start}
