@@ -58,9 +58,31 @@ def _processes_bounded(request: pytest.FixtureRequest) -> object:
                     pytrace=False)
 
 
+#: test modules that face torch by name (their tests are marked ``torch``, see below)
+TORCH_MODULES = ("test_torch_", "test_ddp", "test_sampler")
+
+
+def _faces_torch(item: pytest.Item) -> bool:
+    """A test of a torch-facing module: named so, or holding the torch module in its
+    globals (``torch = pytest.importorskip("torch")``, ``import torch``)."""
+    module = getattr(item, "module", None)
+    if module is None:
+        return False
+    name = module.__name__.rpartition(".")[2]
+    if name.startswith(TORCH_MODULES):
+        return True
+    found = vars(module).get("torch")
+    return getattr(found, "__name__", None) == "torch"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` are skipped, saying why, where torch sees no CUDA device
-    (``pytest -m cuda`` runs exactly them on a GPU machine)."""
+    """Every torch-facing test carries the ``torch`` marker (``-m torch`` runs them all:
+    ``scripts/torch-matrix`` does, on each supported torch). Tests marked ``cuda`` are
+    skipped, saying why, where torch sees no CUDA device (``pytest -m cuda`` runs exactly
+    them on a GPU machine)."""
+    for item in items:
+        if item.get_closest_marker("torch") is None and _faces_torch(item):
+            item.add_marker(pytest.mark.torch)
     gpu = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not gpu:
         return

@@ -13,7 +13,8 @@ from rankwise.torch_gate import SUPPORTED, check_torch, supported
 
 @pytest.mark.parametrize("version,ok", [
     ("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0", True), ("2.13.0a0+git1234", True),
-    ("2.10.2", False), ("2.14.0", False), ("3.0.0", False), ("1.13.1", False),
+    ("2.14.1+cu130", True), ("2.10.2", False), ("2.15.0", False), ("3.0.0", False),
+    ("1.13.1", False),
     ("garbage", False),
 ])
 def test_the_range(version: str, ok: bool) -> None:

@@ -102,12 +102,20 @@ def _reduce_scatter_tensor(pg: Any, rank: int, world: int) -> Any:
     return out.tolist()
 
 
+#: gloo's list ``alltoall`` (the reference) exists from torch 2.12 on
+_GLOO_LIST_ALLTOALL = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 12)
+
+
 def _all_to_all(pg: Any, rank: int, world: int) -> Any:
     import torch.distributed as tdist
 
     # gloo wants one size for every piece; the values say who sent which slot
     ins = [_val(rank, d, (2,)) for d in range(world)]
     outs = [torch.zeros(2) for _ in range(world)]
+    if pg is None and not _GLOO_LIST_ALLTOALL:  # torch 2.11's gloo: the single form instead
+        flat = torch.zeros(2 * world)
+        tdist.all_to_all_single(flat, torch.cat(ins), group=pg)
+        return [t.tolist() for t in flat.split(2)]
     tdist.all_to_all(outs, ins, group=pg)
     return [t.tolist() for t in outs]
 

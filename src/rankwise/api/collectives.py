@@ -77,10 +77,13 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
                      root, count, flags)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
-    if async_op:
-        inline = getattr(runner, "run_inline", None)
+    if async_op or ev is not None:
+        inline = getattr(runner, "run_inline", None) if async_op else None
         if inline is not None:  # a device engine: the caller's stream carries the order
             return _run_inline(group, runner, call, body, op, ev, outputs, inline)
+        # under a profiler a synchronous call too runs on the async worker while the
+        # caller waits, as gloo's calls run on gloo's thread: its event ends there,
+        # asynchronous for real (``api.profiling``)
         job: Callable[[], None] = lambda: _run(runner, call, body, op, ev)
         device = None
         adopt = getattr(runner, "adopt_async", None)  # device engines: the caller's stream
@@ -90,6 +93,9 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
                          outputs, device, owner=group.comm)
         if runner.serial:
             group.queued = work
+        if not async_op:
+            work.wait()
+            return None
         return work
     if runner.serial and group.queued is not None:
         # the queued async calls run first, in order, on every rank (``Engine.serial``);

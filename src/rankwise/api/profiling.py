@@ -6,11 +6,13 @@ input shapes and ``is_async`` set, whether the job calls ``torch.distributed`` o
 call into torch (about 50 ns) and only once torch has been imported by someone else;
 rankwise never imports torch for this.
 
-Why the end is recorded on another thread: torch's profiler marks an event async when it
-ends on another thread than it started on (``_parse_kineto_results``), which is how gloo's
-events end (on gloo's worker thread). A rankwise call that finished on the caller's thread
-ends its event through :class:`_Finisher`'s thread, one hand-off per call, paid only while
-a profiler runs. An async call's event ends on the worker that ran it.
+Why events end on another thread: torch's profiler marks an event async when it ends on
+another thread than it started on (``_parse_kineto_results``), which is how gloo's events
+end (on gloo's worker thread, where its calls run). A collective does the same for real:
+while a profiler records, ``api.collectives.launch`` runs even a synchronous call on the
+async worker, the caller waiting, and its event ends there (one hand-off per call, paid
+only under a profiler). What still ends on the caller's thread (point-to-point calls,
+the torch backend's events around several calls) ends through :class:`_Finisher`.
 
 Nesting: the torch backend opens one event for a call it splits into several rankwise calls
 (``all_reduce_coalesced``, ``all_gather_coalesced``); the calls inside add none, so one

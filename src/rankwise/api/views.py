@@ -2,7 +2,7 @@
 
 Why: a training loop (a metric ``all_reduce``, DDP's bucket tensors, through rankwise's
 API or torch's backend) hands the same few tensors to every call, and viewing a tensor
-afresh (``as_buffer``: seven attribute checks and ``Tensor.numpy()``) is the largest
+afresh (``as_buffer``: seven attribute checks and a numpy view) is the largest
 single part of a small call's Python. Imported only once a torch tensor is seen (it
 imports torch). A cached view is reused
 only while five cheap reads prove it still describes the tensor: the same Python object
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..wire.buffers import Buffer, as_buffer
+from ..wire.host_view import keep_storage_only
 
 __all__ = ["MAX_BYTES", "MAX_ENTRIES", "TensorViews"]
 
@@ -77,4 +78,5 @@ class TensorViews:
 
         # the view keeps the storage, not the tensor: the reference dies with the tensor
         buf.original = None
+        keep_storage_only(buf.array, t)
         entries[key] = (weakref.ref(t, forget), t.data_ptr(), t.shape, t.dtype, buf, memo)

@@ -35,10 +35,13 @@ def timeout_sentence(rank: int, timeout: float, what: str) -> str:
 
 
 def call_timeout(rank: int, call: Call, where: str = "") -> str:
-    """The timeout sentence for collective ``call`` (``where`` ends it)."""
+    """The timeout sentence for collective ``call`` (``where`` ends it). It names the
+    timeout with the word itself: torch's suite recognizes a backend's timeout by
+    " timeout " (or gloo's " Timed out "), and the seconds keep a sub-second one exact."""
     group = call.group
     return timeout_sentence(rank, group.timeout, f"{call.describe()} (collective "
-                                                 f"#{call.seq} of {group.name}){where}")
+                                                 f"#{call.seq} of {group.name}, timeout "
+                                                 f"{group.timeout:g}s){where}")
 
 
 def explain(comm: Communicator, call: Call, fact: EngineFact) -> BaseException:

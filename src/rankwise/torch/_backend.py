@@ -17,17 +17,32 @@ rankwise's local checks, fingerprint, call site (torch's frames skipped, see
 is read once, by its hash, so what the backend adds to rankwise's own call is about
 torch's Python wrapper and no more (``benchmarks/torch_backend.py``).
 
-Collectives run inline and return a completed ``Work`` (``core.work.DoneWork``: its future,
-made when asked for, holds the result, so DDP's ``get_future().then()`` works), or
-``None`` when torch's Python wrapper said the call is synchronous (``opts.asyncOp``
-false): every wrapper then skips ``work.wait()`` ("the backend has synced"). C++ callers
-(DDP's reducer, ``_broadcast_coalesced``) leave ``asyncOp`` at its default, true, and get
-a Work. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+Collectives run inline and return a completed ``Work`` (``_work.DoneWork``: its future,
+made when asked for, holds the result), or ``None`` when torch's Python wrapper said the
+call is synchronous (``opts.asyncOp`` false): every wrapper then skips ``work.wait()``
+("the backend has synced"). The exception is an asynchronous dense ``all_reduce``
+(DDP's reducer, whose C++ leaves ``asyncOp`` at its default, true, and
+``async_op=True``): it runs on rankwise's async worker and returns an ``AsyncWork``
+whose torch future completes there, so DDP's buckets are reduced while backward goes
+on, as on gloo. A ``recv`` returns a ``Work`` whose ``wait`` finishes the receive.
+
+What torch hands a backend, the backend takes as gloo does:
+- a tensor that requires grad, a leaf included, is communicated through its detached
+  alias (same memory). rankwise's own API refuses to write into such a leaf, which
+  protects a user who would silently bypass autograd; here torch's own callers hand
+  them on purpose (``torch.distributed.pipelining`` receives into buffers that require
+  grad, then starts backward from them), and gloo writes them.
+- ``opts.timeout`` (``barrier(timeout=)``, and any op's options) bounds that call instead
+  of the group's timeout (see :meth:`TorchProcessGroup._bounded`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as tdist
@@ -39,16 +54,51 @@ from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
 from ..wire.buffers import ReduceOp, coerce_reduce_op
 from ..wire.frames import Op
-from ..wire.reduce_op import make_premul_sum
+from ..wire.reduce_op import make_premul_sum, torch_premul_factor
 from ._sparse import check_sparse, sparse_all_reduce
 from ._views import TensorViews
-from ._work import DoneWork, RecvWork
+from ._work import AsyncWork, DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
 
 BACKEND_NAME = "rankwise"
 _STRIDED = torch.strided  #: a dense tensor's layout (sparse COO ones take ``_sparse``)
 Tensors = list[torch.Tensor]
+#: torch's ``kUnsetTimeout``: an option's timeout nobody set (the group's applies)
+_UNSET_TIMEOUT = timedelta(milliseconds=-1)
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _bare(x: Any) -> Any:
+    """``x`` (a tensor, or nested lists of them) with every tensor that requires grad
+    replaced by its detached alias: the same memory, which gloo writes too (module
+    docstring)."""
+    if isinstance(x, list):
+        return [_bare(v) for v in x]
+    return x.detach() if x.requires_grad else x
+
+
+def _call_timeout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+    """The seconds of a set ``opts.timeout`` among a backend method's arguments (torch
+    passes the options last), else None."""
+    opts = kwargs["opts"] if "opts" in kwargs else (args[-1] if args else None)
+    timeout = getattr(opts, "timeout", None)
+    if not isinstance(timeout, timedelta) or timeout == _UNSET_TIMEOUT \
+            or timeout < timedelta(0):
+        return None
+    return timeout.total_seconds()
+
+
+def _honours_timeout(method: _Method) -> _Method:
+    """Run ``method`` bounded by its options' timeout where one was set."""
+    @functools.wraps(method)
+    def bounded(self: TorchProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        seconds = _call_timeout(args, kwargs)
+        if seconds is None:
+            return method(self, *args, **kwargs)
+        with self._bounded(seconds):
+            return method(self, *args, **kwargs)
+    return bounded  # type: ignore[return-value]
 
 
 def _finish(opts: Any, result: Any) -> tdist.Work | None:
@@ -92,7 +142,7 @@ def _reduce_op(opts: Any) -> ReduceOp:
     if found is None:
         kind = red.op
         if int(kind) == _PREMUL_SUM:
-            return make_premul_sum(red.factor)
+            return make_premul_sum(torch_premul_factor(red))
         found = _REDUCE_OPS[key] = coerce_reduce_op(kind)
     return found
 
@@ -142,20 +192,35 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<rankwise torch backend over {self.group!r}>"
 
+    def _get_backend(self, device: Any) -> Any:
+        """This group itself where torch has no C++ ``Backend`` for ``device`` (a Python
+        ``ProcessGroup`` registers none). torch 2.14 asks every group for one in
+        ``batch_isend_irecv`` (``getattr(group._get_backend(device),
+        "supports_coalescing", False)``, written for Python backends that answer with
+        their ``ProcessGroup``); before, it raised "No backend type associated"."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return self
+
+    @contextmanager
+    def _bounded(self, seconds: float) -> Iterator[None]:
+        """The group's timeout is ``seconds`` for the calls made inside: rankwise reads it
+        when a call begins (its deadline) and when it words the timeout, so the call is
+        bounded, and reported, by torch's per-call ``opts.timeout``. One thread calls a
+        torch group at a time (torch's own groups assume it too)."""
+        group = self.group
+        saved, group.timeout = group.timeout, seconds
+        try:
+            yield
+        finally:
+            group.timeout = saved
+
     # --- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
-        if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED:
-            rop = _reduce_op(opts)
-            for t in tensors:  # every sparse tensor checked before any I/O
-                if t.layout is not _STRIDED:
-                    check_sparse(t, rop)
-            with profiling.event("all_reduce", tensors):  # one event, as on gloo
-                for t in tensors:
-                    if t.layout is _STRIDED:
-                        coll.all_reduce(t, rop, group=self.group)
-                    else:
-                        sparse_all_reduce(t, rop, self.group)
-            return _finish(opts, tensors)
+        if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED \
+                or tensors[0].requires_grad or opts.timeout != _UNSET_TIMEOUT:
+            return self._allreduce(tensors, opts)
         # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
         # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
         rop = _reduce_op(opts)
@@ -163,30 +228,57 @@ class TorchProcessGroup(tdist.ProcessGroup):
         assert g is not None  # torch makes a group only on its members
         buf, memo = self._views.view(tensors[0], "tensor")
         body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
-        coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
-                    shape=buf.shape, inputs=tensors)
-        return DoneWork(tensors) if opts.asyncOp else None
+        if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
+            coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
+                        shape=buf.shape, inputs=tensors)
+            return None
+        # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
+        # goes on while the bucket is reduced (torch's callbacks run on that worker)
+        work = coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, True,
+                           shape=buf.shape, outputs=tensors, inputs=tensors)
+        assert work is not None
+        return AsyncWork(work, tensors)
+
+    @_honours_timeout
+    def _allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
+        """The all_reduces the hot path leaves: several or sparse tensors, a tensor that
+        requires grad, a per-call timeout."""
+        rop = _reduce_op(opts)
+        for t in tensors:  # every sparse tensor checked before any I/O
+            if t.layout is not _STRIDED:
+                check_sparse(t, rop)
+        with profiling.event("all_reduce", tensors):  # one event, as on gloo
+            for t in _bare(tensors):
+                if t.layout is _STRIDED:
+                    coll.all_reduce(t, rop, group=self.group)
+                else:
+                    sparse_all_reduce(t, rop, self.group)
+        return _finish(opts, tensors)
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
         return self.allreduce(tensors, opts)
 
+    @_honours_timeout
     def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
         with profiling.event("broadcast", tensors):
-            for t in tensors:
+            for t in _bare(tensors):
                 coll.broadcast(t, group=self.group, group_src=opts.rootRank)
         return _finish(opts, tensors)
 
+    @_honours_timeout
     def reduce(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
-        coll.reduce(_one(tensors, "reduce"), op=_reduce_op(opts), group=self.group,
+        coll.reduce(_bare(_one(tensors, "reduce")), op=_reduce_op(opts), group=self.group,
                     group_dst=opts.rootRank)
         return _finish(opts, tensors)
 
+    @_honours_timeout
     def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors,
                   opts: Any = None) -> tdist.Work | None:
-        coll.all_gather(_one(output_tensors, "all_gather"), _one(input_tensors, "all_gather"),
-                        group=self.group)
+        coll.all_gather(_bare(_one(output_tensors, "all_gather")),
+                        _bare(_one(input_tensors, "all_gather")), group=self.group)
         return _finish(opts, output_tensors)
 
+    @_honours_timeout
     def allgather_coalesced(self, output_lists: list[Tensors], inputs: Tensors,
                             opts: Any = None) -> tdist.Work | None:
         # torch's layout is ``output_lists[rank][i]`` (rank r's copy of input i), the
@@ -197,94 +289,109 @@ class TorchProcessGroup(tdist.ProcessGroup):
                 f"all_gather_coalesced: output_tensor_lists must be {size} lists (one per "
                 f"rank) of {len(inputs)} tensors (one per input), got "
                 f"{[len(row) for row in output_lists]}")
+        rows = _bare(output_lists)
         with profiling.event("all_gather", inputs):  # gloo's name for it too
-            for i, inp in enumerate(inputs):
-                coll.all_gather([row[i] for row in output_lists], inp, group=self.group)
+            for i, inp in enumerate(_bare(inputs)):
+                coll.all_gather([row[i] for row in rows], inp, group=self.group)
         return _finish(opts, output_lists)
 
+    @_honours_timeout
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> tdist.Work | None:
-        coll.all_gather_into_tensor(output, input, group=self.group)
+        coll.all_gather_into_tensor(_bare(output), _bare(input), group=self.group)
         return _finish(opts, [output])
 
     _allgather_base = all_gather_single  #: the name torch's C++ side uses
 
+    @_honours_timeout
     def allgather_into_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any = None) -> tdist.Work | None:
         with profiling.event("all_gather_into_tensor", inputs):
-            for out, inp in zip(outputs, inputs, strict=True):
+            for out, inp in zip(_bare(outputs), _bare(inputs), strict=True):
                 coll.all_gather_into_tensor(out, inp, group=self.group)
         return _finish(opts, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_honours_timeout
     def reduce_scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
                        opts: Any) -> tdist.Work | None:
-        coll.reduce_scatter(_one(output_tensors, "reduce_scatter"),
-                            _one(input_tensors, "reduce_scatter"), _reduce_op(opts),
+        coll.reduce_scatter(_bare(_one(output_tensors, "reduce_scatter")),
+                            _bare(_one(input_tensors, "reduce_scatter")), _reduce_op(opts),
                             group=self.group)
         return _finish(opts, output_tensors)
 
+    @_honours_timeout
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any) -> tdist.Work | None:
-        coll.reduce_scatter_tensor(output, input, _reduce_op(opts), group=self.group)
+        coll.reduce_scatter_tensor(_bare(output), _bare(input), _reduce_op(opts),
+                                   group=self.group)
         return _finish(opts, [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_honours_timeout
     def reduce_scatter_tensor_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: Any) -> tdist.Work | None:
         with profiling.event("reduce_scatter_tensor", inputs):
-            for out, inp in zip(outputs, inputs, strict=True):
+            for out, inp in zip(_bare(outputs), _bare(inputs), strict=True):
                 coll.reduce_scatter_tensor(out, inp, _reduce_op(opts), group=self.group)
         return _finish(opts, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_honours_timeout
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
                       opts: Any = None) -> tdist.Work | None:
-        coll.all_to_all_single(output, input, list(output_split_sizes) or None,
+        coll.all_to_all_single(_bare(output), _bare(input), list(output_split_sizes) or None,
                                list(input_split_sizes) or None, group=self.group)
         return _finish(opts, [output])
 
     alltoall_base = all_to_all_single
 
+    @_honours_timeout
     def alltoall(self, output_tensors: Tensors, input_tensors: Tensors,
                  opts: Any = None) -> tdist.Work | None:
-        coll.all_to_all(output_tensors, input_tensors, group=self.group)
+        coll.all_to_all(_bare(output_tensors), _bare(input_tensors), group=self.group)
         return _finish(opts, output_tensors)
 
+    @_honours_timeout
     def gather(self, output_tensors: list[Tensors], input_tensors: Tensors,
                opts: Any) -> tdist.Work | None:
         root = opts.rootRank
         slots = _one(output_tensors, "gather") if self.group.group_rank == root else None
-        coll.gather(_one(input_tensors, "gather"), slots, group=self.group, group_dst=root)
+        coll.gather(_bare(_one(input_tensors, "gather")), _bare(slots) if slots else slots,
+                    group=self.group, group_dst=root)
         return _finish(opts, output_tensors)
 
+    @_honours_timeout
     def scatter(self, output_tensors: Tensors, input_tensors: list[Tensors],
                 opts: Any) -> tdist.Work | None:
         root = opts.rootRank
         parts = _one(input_tensors, "scatter") if self.group.group_rank == root else None
-        coll.scatter(_one(output_tensors, "scatter"), parts, group=self.group, group_src=root)
+        coll.scatter(_bare(_one(output_tensors, "scatter")), _bare(parts) if parts else parts,
+                     group=self.group, group_src=root)
         return _finish(opts, output_tensors)
 
+    @_honours_timeout
     def barrier(self, opts: Any = None) -> tdist.Work | None:
         coll.barrier(group=self.group)
         return _finish(opts, None)
 
     # --- point to point -------------------------------------------------------------------
     def send(self, tensors: Tensors, dst: int, tag: int) -> tdist.Work:
-        p2p.send(_one(tensors, "send"), group=self.group, tag=tag, group_dst=dst)
+        p2p.send(_bare(_one(tensors, "send")), group=self.group, tag=tag, group_dst=dst)
         return DoneWork(tensors)  # torch's send waits on it unconditionally
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
-        work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag, group_src=src)
+        work = p2p.irecv(_bare(_one(tensors, "recv")), group=self.group, tag=tag,
+                         group_src=src)
         assert work is not None
         return RecvWork(work, tensors)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> tdist.Work:
-        work = p2p.irecv(_one(tensors, "recv"), group=self.group, tag=tag)
+        work = p2p.irecv(_bare(_one(tensors, "recv")), group=self.group, tag=tag)
         assert work is not None
         return RecvWork(work, tensors)
 

@@ -20,7 +20,7 @@ from torch.futures import Future
 
 from ..core.work import Work as RankwiseWork
 
-__all__ = ["DoneWork", "RecvWork"]
+__all__ = ["AsyncWork", "DoneWork", "RecvWork"]
 
 
 def _future_of(result: Any) -> Future[Any]:
@@ -59,6 +59,48 @@ class DoneWork(tdist.Work):
     def get_future(self) -> Future[Any]:
         if self._future is None:
             self._future = _future_of(self._result)
+        return self._future
+
+
+class AsyncWork(tdist.Work):
+    """A call running on rankwise's async worker (``launch(..., async_op=True)``): its
+    torch future completes on that worker when the call has run, so what torch chains
+    on it (DDP's bucket callbacks, a comm hook's ``then``) runs there, beside backward,
+    as on gloo's worker thread."""
+
+    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
+        super().__init__()
+        self._inner, self._tensors = inner, tensors
+        self._future: Future[Any] = Future()
+        inner.get_future().add_done_callback(self._settle)
+
+    def _settle(self, done: Any) -> None:
+        error = self._inner.exception()
+        if error is not None:
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(self._tensors)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return bool(self._inner.wait(timeout if timeout else None))
+
+    def is_completed(self) -> bool:
+        return bool(self._inner.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._inner.is_success())
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception()
+
+    def result(self) -> Any:
+        self.wait()
+        return self._tensors
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> Future[Any]:
         return self._future
 
 

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgument
 from . import device, hugepages
+from .host_view import host_view
 from .quiet import call_quietly
 from .reduce_op import ReduceOp, coerce_reduce_op, reduce_op_by_code
 
@@ -170,26 +171,20 @@ def _torch_dtype(t: Any, what: str) -> DType:
 
 
 def _from_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
-    # The common case in one step: ``numpy()`` itself refuses what the checks below
-    # name (GPU, quantized, sparse, requires-grad, conjugated, bfloat16 and other dtypes
-    # numpy lacks), so a plain dense CPU tensor is accepted by its view alone; anything
-    # else takes the checks, which say what is wrong.
-    if not t.requires_grad and not device.CPU_TENSORS:
-        try:
-            arr = t.numpy()
-        except (TypeError, RuntimeError):
-            pass
-        else:
-            d = _NUMPY_NATIVE.get(arr.dtype)
-            if d is not None and arr.flags.c_contiguous:
-                return Buffer(arr.reshape(-1), d, tuple(t.shape), t)
+    # The common case in a few attribute reads: a plain dense contiguous CPU tensor of a
+    # dtype seen before; anything else takes the checks, which say what is wrong. The
+    # view is ``host_view``, never ``Tensor.numpy()``, which would make the user's
+    # storage non-resizable (FSDP1 frees its gathered parameters by resizing them).
+    d = _TORCH_DTYPES.get(t.dtype)
+    if (d is not None and not t.requires_grad and not device.CPU_TENSORS and t.is_cpu
+            and t.layout is torch.strided and t.is_contiguous()
+            and not t.is_conj() and not t.is_neg()):
+        return Buffer(host_view(t, d.storage, t), d, tuple(t.shape), t)
     return _checked_torch(torch, t, what, writable)
 
 
 def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
-    # Every tensor the fast path above refused: each check is one cheap attribute test, and
-    # the tensor is viewed through numpy without an intermediate torch view unless
-    # autograd requires one (``numpy()`` refuses tensors that require grad).
+    # Every tensor the fast path above refused: each check is one cheap attribute test.
     if not t.is_cpu and t.device.type != "cuda":
         raise InvalidArgument(f"{what} is on {t.device}; rankwise moves CPU and CUDA tensors "
                               "only: call .cpu() first")
@@ -203,22 +198,21 @@ def _checked_torch(torch: Any, t: Any, what: str, writable: bool) -> Buffer:
     if not t.is_contiguous():
         raise InvalidArgument(f"{what} is not contiguous (shape {tuple(t.shape)}, strides "
                               f"{t.stride()}); pass tensor.contiguous() and copy the result back")
+    if t.is_conj() or t.is_neg():
+        raise InvalidArgument(f"{what} has its conjugate (or negative) bit set, a lazy view "
+                              "whose memory holds other values: pass tensor.resolve_conj() "
+                              "(or tensor.resolve_neg())")
     d = _TORCH_DTYPES.get(t.dtype) or _torch_dtype(t, what)
-    plain = t
-    if t.requires_grad:
-        if writable and t.is_leaf:
-            raise InvalidArgument(f"{what} is a leaf tensor that requires grad; in-place "
-                                  "communication would break autograd: use tensor.detach() "
-                                  "or run under torch.no_grad()")
-        plain = t.detach()
+    if t.requires_grad and writable and t.is_leaf:
+        # rankwise's own API only: torch's backend hands its tensors over detached
+        # (``rankwise.torch._backend``), since gloo writes such tensors where torch asks
+        raise InvalidArgument(f"{what} is a leaf tensor that requires grad; in-place "
+                              "communication would break autograd: use tensor.detach() "
+                              "or run under torch.no_grad()")
     if not t.is_cpu or device.CPU_TENSORS:
+        plain = t.detach() if t.requires_grad else t
         return Buffer(device.flat(plain), device.device_dtype(d), tuple(t.shape), t)
-    if d.kind in ("bfloat16", "opaque"):
-        view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[d.storage.itemsize]
-        arr = plain.reshape(-1).view(view_as).numpy().view(d.storage)
-    else:
-        arr = plain.numpy().reshape(-1)
-    return Buffer(arr, d, tuple(t.shape), t)
+    return Buffer(host_view(t, d.storage, t), d, tuple(t.shape), t)
 
 
 # --- reductions -----------------------------------------------------------------------

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import InvalidArgument
 
-__all__ = ["ReduceOp", "coerce_reduce_op", "make_premul_sum", "reduce_op_by_code"]
+__all__ = ["ReduceOp", "coerce_reduce_op", "make_premul_sum", "reduce_op_by_code",
+           "torch_premul_factor"]
 
 _NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
@@ -74,6 +75,23 @@ def make_premul_sum(factor: Any) -> ReduceOp:
     return ReduceOp(ReduceOp.PREMUL_SUM.code, "PREMUL_SUM", float(factor))
 
 
+def torch_premul_factor(op: Any) -> Any:
+    """The factor of torch's ``_make_nccl_premul_sum(f)``: its ``factor`` (torch 2.13 on)
+    or, before, the second half of its pickled state, which torch 2.11 and 2.12 give
+    (``(RedOpType.PREMUL_SUM, f)``) though they expose no ``factor``."""
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        try:
+            factor = op.__getstate__()[1]
+        except (AttributeError, IndexError, TypeError, RuntimeError):
+            factor = None
+    if factor is None:
+        raise InvalidArgument("PREMUL_SUM: this torch does not expose the factor of "
+                              "_make_nccl_premul_sum(f) (no .factor, no pickled state); "
+                              "scale the tensor by f and all_reduce with ReduceOp.SUM")
+    return factor
+
+
 def reduce_op_by_code(code: int) -> ReduceOp | None:
     return _OPS_BY_CODE.get(code)
 
@@ -88,7 +106,7 @@ def coerce_reduce_op(op: Any) -> ReduceOp:
     kind = getattr(op, "op", None)  # a torch ReduceOp object (``opts.reduceOp``, torch's
     if kind is not None and not isinstance(op, str):  # _make_nccl_premul_sum(f)): its kind
         if getattr(kind, "name", None) == "PREMUL_SUM":
-            return make_premul_sum(getattr(op, "factor", None))
+            return make_premul_sum(torch_premul_factor(op))
         return coerce_reduce_op(kind)
     name = getattr(op, "name", None) or (op if isinstance(op, str) else None)
     if name is None:

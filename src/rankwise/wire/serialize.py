@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
+from .host_view import host_view
 
 __all__ = ["dumps", "loads", "pickle_allowed"]
 
 _MAX_DEPTH = 200
 _PICKLE_ENV = "RANKWISE_ALLOW_PICKLE"
 _U32 = struct.Struct("<I")
+_BYTE = np.dtype(np.uint8)
 _F64 = struct.Struct("<d")
 #: decimal ints ("i"): what ``int()`` takes without the str-conversion digit limit
 _DECIMAL = re.compile(rb"-?[0-9]{1,4300}")
@@ -141,8 +143,9 @@ def _enc(obj: Any, out: bytearray, depth: int) -> None:
                 "tensor.int_repr() with q_scale()/q_zero_point()")
         t_cpu = obj.detach().cpu().contiguous()
         name = str(t_cpu.dtype).removeprefix("torch.")
-        raw = t_cpu.reshape(-1).view(__import__("torch").uint8).numpy().tobytes() \
-            if t_cpu.numel() else b""
+        # host_view, not numpy(): the latter would leave the user's storage unresizable
+        raw = host_view(t_cpu.reshape(-1).view(__import__("torch").uint8), _BYTE,
+                        t_cpu).tobytes()
         _enc_array(out, b"x", name, tuple(t_cpu.shape), raw)
     elif isinstance(obj, (np.generic,)):
         _enc(obj.item(), out, depth)
