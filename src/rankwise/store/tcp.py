@@ -30,6 +30,7 @@ from datetime import timedelta
 
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
 from ..transport.keepalive import heartbeat_timeout, keep_alive
+from ..transport.resources import exhausted
 from ..wire.auth import client_handshake, resolve_token
 from .base import DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
 from .protocol import (
@@ -76,6 +77,9 @@ def connect_store_socket(
         try:
             sock = socket.create_connection((host, port), timeout=max(0.05, min(remaining, 10.0)))
         except OSError as exc:
+            if exhausted(exc):  # this host ran out of something: retrying cannot help
+                raise DistNetworkError(f"could not connect to the rankwise store at {peer}: "
+                                       f"{exhausted(exc)} ({exc})") from exc
             last: Exception = exc
         else:
             try:

@@ -20,9 +20,10 @@ from typing import Protocol
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
 from . import crowding
 from .hello import Hello
+from .resources import exhausted, retryable
 
 __all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "address_of", "exited_peers", "gather_addresses",
-           "local_address_for", "open_listener"]
+           "local_address_for", "open_listener", "out_of_resource"]
 
 
 class Exits(Protocol):
@@ -44,6 +45,7 @@ HANDSHAKE_TIMEOUT = float(os.environ.get("RANKWISE_HANDSHAKE_TIMEOUT", "10"))
 _CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
 _CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
 _KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``
+_NOTICE_WAIT = 2.0  #: how long a cut handshake waits for the launcher to say the peer ended
 
 
 def exited_peers(store: Exits, ranks: list[int]) -> dict[int, str]:
@@ -81,7 +83,7 @@ def local_address_for(master_addr: str) -> str:
 
 def open_listener(rank: int, world_size: int, bind_host: str) -> socket.socket:
     """The socket ``rank`` takes its data connections on (an ephemeral port)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = _open_listener_socket(rank)
     try:
         listener.bind((bind_host, 0))
     except OSError as exc:
@@ -92,6 +94,20 @@ def open_listener(rank: int, world_size: int, bind_host: str) -> socket.socket:
         ) from exc
     listener.listen(max(world_size, 8))
     return listener
+
+
+def _open_listener_socket(rank: int) -> socket.socket:
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise out_of_resource(exc, f"rank {rank} could not open its listening socket") from exc
+
+
+def out_of_resource(exc: OSError, doing: str) -> DistNetworkError:
+    """``doing`` failed with ``exc``: the error to raise at once on this rank, naming the
+    local resource that ran out and its limit when it is one (``resources``)."""
+    what = exhausted(exc)
+    return DistNetworkError(f"{doing}: {what} ({exc})" if what else f"{doing}: {exc}")
 
 
 def address_of(listener: socket.socket) -> str:
@@ -220,6 +236,17 @@ class Mesh:
                 f"rank {self.rank}: rank {peer} {how} before it opened its data connections "
                 f"(during init_process_group); the job cannot be formed without it")
 
+    def _await_exit_notice(self, peer: int) -> None:
+        """``peer`` cut the handshake: if it is dying, raise naming it, not our broken
+        connection. Its launcher's notice comes within milliseconds; the wait is bounded
+        (``_NOTICE_WAIT``), so a live peer's error is raised as it was, a moment later."""
+        limit = time.monotonic() + _NOTICE_WAIT
+        while True:
+            self._raise_if_exited([peer])
+            if time.monotonic() >= limit:
+                return
+            self._stop.wait(_CHECK_EVERY / 5)
+
     def _await_higher(self, deadline: float) -> None:
         """Wait until every higher rank has connected, an error, an ended peer, or the
         deadline."""
@@ -291,6 +318,9 @@ class Mesh:
                 sock = socket.create_connection((host, int(port_s)), timeout=max(remaining, 0.1))
                 break
             except OSError as exc:
+                if not retryable(exc):  # this host ran out of something: retrying cannot help
+                    raise out_of_resource(exc, f"rank {self.rank} could not connect to rank "
+                                               f"{peer} at {addr}") from exc
                 if time.monotonic() - checked > _CHECK_EVERY:
                     self._raise_if_exited([peer])
                     checked = time.monotonic()
@@ -302,6 +332,10 @@ class Mesh:
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             self.hello.as_client(sock, peer, addr)
+        except DistNetworkError:
+            sock.close()
+            self._await_exit_notice(peer)
+            raise
         except BaseException:
             sock.close()
             raise
@@ -332,10 +366,11 @@ class Mesh:
                     sock, addr = listener.accept()
                 except TimeoutError:
                     continue
-                except OSError:
+                except OSError as exc:
                     if self._stop.is_set():
                         return  # the listener was closed: connect() is done
-                    raise
+                    raise out_of_resource(exc, f"rank {self.rank} could not accept a data "
+                                               "connection") from exc
                 limit = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
                 with self._changed:
                     self._pending.add(sock)
