@@ -24,6 +24,7 @@ from typing import Any
 from ..core.heartbeat import heartbeat_timeout
 from ..errors import DistError
 from ..store.base import Store
+from .rendezvous import PREFIX
 from .summary import WorkerOutcome
 
 __all__ = ["Detached", "DetachedPeers", "NodeWatch", "describe_node"]
@@ -59,18 +60,25 @@ class NodeWatch:
         #: why a node counts as lost ("" while none is): the launcher's root cause
         self.lost = ""
         self.store_lost = False  #: this node cannot reach the store
+        #: the beat and judge threads run: one node, or a timeout of 0, judges nobody, and
+        #: then no silence may be read as a lost node or a lost store
+        self.watching = False
 
     def start(self, post: Callable[[str], None]) -> None:
         """Start watching (a no-op for one node or a timeout of 0); ``post`` gets the verdict."""
         if len(self.hosts) < 2 or self.timeout == 0:
             return
+        self.watching = True
         self._post = post
         for fn, what in ((self._beat_loop, "beat"), (self._judge_loop, "judge")):
             threading.Thread(target=fn, name=f"rankwise-node-{what}", daemon=True).start()
 
     def store_answers(self) -> bool:
         """Did the store answer lately (within three beats)? When not, the launcher skips
-        what it would still ask the store at the end: it would only wait on a cut link."""
+        what it would still ask the store at the end: it would only wait on a cut link.
+        True when not watching: nothing was measured, so nothing says the store is gone."""
+        if not self.watching:
+            return True
         return not self.store_lost and time.monotonic() - self.store_ok_at < 3 * self.interval + 0.5
 
     def stop(self) -> None:
@@ -90,7 +98,7 @@ class NodeWatch:
                     if count != self._counts.get(n):
                         self._counts[n] = count
                         self._heard[n] = time.monotonic()
-                    if n not in self._ended and store.check([f"{_KEY}{n}/end"]):
+                    if n not in self._ended and self._has_ended(store, n):
                         self._ended.add(n)
                 self.store_ok_at = time.monotonic()
             except DistError:
@@ -104,6 +112,12 @@ class NodeWatch:
                 pass
             _close(store)
 
+    @staticmethod
+    def _has_ended(store: Store, node: int) -> bool:
+        """Did ``node`` say it is done (its beats' end, or its launcher's ``finish``)? A node
+        that finished is never reported as lost when it then stops beating."""
+        return store.check([f"{_KEY}{node}/end"]) or store.check([f"{PREFIX}end/{node}"])
+
     def _judge_loop(self) -> None:
         while not self._stop.wait(self.interval):
             verdict = self.verdict(time.monotonic())
@@ -115,6 +129,8 @@ class NodeWatch:
     def suspect(self) -> str:
         """After the job failed: a node silent for three beats already, though not yet for
         the timeout, named the same way -- the likely root cause the summary leads with."""
+        if not self.watching:
+            return ""
         return self.verdict(time.monotonic(), 3 * self.interval + 0.5)
 
     def await_suspect(self) -> str:
@@ -122,7 +138,7 @@ class NodeWatch:
         node does not watch: one node, or a timeout of 0). Four, not three: the beat
         thread notes a node's last beat up to one beat after it was made, so a node that
         vanished just now may have been heard less than a beat ago."""
-        if len(self.hosts) < 2 or self.timeout == 0:
+        if not self.watching:
             return ""
         deadline = time.monotonic() + 4 * self.interval + 1.0
         while not (found := self.suspect()) and time.monotonic() < deadline:
@@ -133,7 +149,7 @@ class NodeWatch:
         """The lost node's description, or "" while every node answers."""
         limit = self.timeout if limit is None else limit
         silent = now - self.store_ok_at
-        if self.node != 0 and silent > limit:
+        if self.node != 0 and silent > limit and 0 not in self._ended:
             self.store_lost = limit == self.timeout
             return (f"{describe_node(0, self.hosts[0], self.nproc)} stopped answering "
                     f"{silent:.1f} s ago: this node cannot reach the job's store there "
