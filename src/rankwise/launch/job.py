@@ -29,6 +29,7 @@ from .nodewatch import Detached, DetachedPeers, NodeWatch
 from .rendezvous import RendezvousClosed, StorePeers
 from .summary import (
     WorkerOutcome,
+    blamed_elsewhere,
     cause_line,
     exit_status_text,
     format_summary,
@@ -386,6 +387,8 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
     if not remote_line and result.remote_failure and local is None:
         remote_line = result.remote_failure
+    if not result.aborted:  # the first failure was a victim: name the rank it blamed
+        remote_line = blamed_elsewhere(cause, result.outcomes) or remote_line
     # the launcher's own reason, unless a rank failed on its own before it
     launcher_line = result.aborted if local is None or local.secondary else ""
     restarts = f"{attempt} of {opts.max_restarts} restarts used" if opts.max_restarts else ""
