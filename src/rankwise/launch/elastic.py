@@ -64,7 +64,7 @@ class Round:
 
 def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
                min_nodes: int, max_nodes: int, rdzv_id: str, node_rank: int,
-               timeout: float) -> Round:
+               timeout: float, say: Callable[[str], None] | None = None) -> Round:
     """Meet the other nodes in round ``number`` (0: the job's first rendezvous).
 
     ``client(t)``: a fresh store client whose calls time out after ``t`` seconds (None: the
@@ -80,7 +80,7 @@ def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
         me = NodeInfo(host=socket.gethostname(), pid=os.getpid(), nproc=nproc,
                       node_rank=node_rank, min_nodes=min_nodes, max_nodes=max_nodes,
                       rdzv_id=rdzv_id)
-        assignment = rendezvous(store, me, timeout=timeout)
+        assignment = rendezvous(store, me, timeout=timeout, say=say)
     finally:
         _close(store)
     # after the rendezvous, store calls are short: none may hold up the job's end
@@ -92,7 +92,8 @@ def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
 
 
 def await_round(client: Callable[[float | None], Store], nproc: int, min_nodes: int,
-                max_nodes: int, rdzv_id: str, max_restarts: int, timeout: float) -> Round | None:
+                max_nodes: int, rdzv_id: str, max_restarts: int, timeout: float,
+                say: Callable[[str], None] | None = None) -> Round | None:
     """Wait (at most ``timeout`` s) for the job's next rendezvous round and join it; None
     when the job ended, or no round this node may still join is left, before that.
 
@@ -115,7 +116,7 @@ def await_round(client: Callable[[float | None], Store], nproc: int, min_nodes: 
             return None
         try:
             return join_round(number, client, nproc, min_nodes, max_nodes, rdzv_id, -1,
-                              max(left, 1.0))
+                              max(left, 1.0), say)
         except RendezvousClosed:
             continue
     return None

@@ -283,7 +283,7 @@ def _clients(opts: JobOptions, port: int) -> Callable[[float | None], Any]:
 
 def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
     return join_round(number, _clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                      opts.rdzv_id or "none", node_rank, opts.timeout)
+                      opts.rdzv_id or "none", node_rank, opts.timeout, _say)
 
 
 def _first_round(opts: JobOptions, port: int) -> Round | None:
@@ -297,7 +297,7 @@ def _first_round(opts: JobOptions, port: int) -> Round | None:
         _say(f"rankwise run: {exc}; waiting (up to --timeout {opts.timeout:g}s) to join at "
              f"the job's next restart")
     return await_round(_clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout)
+                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout, _say)
 
 
 def _release_waiting_nodes(opts: JobOptions, port: int, current: int) -> None:
@@ -322,6 +322,28 @@ def _may_restart(result: AttemptResult, opts: JobOptions, rnd: Round | None) -> 
     if result.aborted and not (lost and opts.min_nodes < opts.max_nodes):
         return False
     return rnd is None or rnd.watch.store_answers()
+
+
+def _too_few_left(result: AttemptResult, opts: JobOptions, rnd: Round | None,
+                  attempt: int) -> str:
+    """Why a restart cannot gather MIN nodes ("" when it may): the watch knows a node is
+    gone and the others are too few, so a next round would only wait out --rdzv-timeout
+    for it. The watch is asked only when one lost node breaks MIN and no rank here failed
+    on its own (then the cause is here, not a lost node)."""
+    if rnd is None or rnd.nnodes - 1 >= opts.min_nodes:
+        return ""
+    local = root_cause(result.outcomes)
+    lost = rnd.watch.lost
+    if not lost and (local is None or local.secondary) and not result.remote_failure \
+            and rnd.peers.remote_outcome(attempt) is None:  # no node said why: one vanished?
+        lost = rnd.watch.await_suspect()
+    if not lost:
+        return ""
+    nnodes = str(opts.min_nodes) if opts.min_nodes == opts.max_nodes else \
+        f"{opts.min_nodes}:{opts.max_nodes}"
+    return (f"rankwise run: not restarting: {lost}. Without it {rnd.nnodes - 1} node(s) "
+            f"remain and --nnodes {nnodes} needs {opts.min_nodes}; a restart would only wait "
+            f"out --rdzv-timeout ({opts.timeout:g} s) for it")
 
 
 def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
@@ -352,7 +374,10 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
             if not result.failed:
                 return 0
             rnd = rounds[-1] if rounds else None
-            if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
+            short = _too_few_left(result, opts, rnd, attempt) if attempt < opts.max_restarts else ""
+            if short:
+                _say(short)
+            elif attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
                 what = cause_line(cause) if cause else (result.remote_failure or result.aborted)
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
