@@ -108,6 +108,10 @@ def test_a_frozen_rank_the_others_blame_is_the_root_cause_not_a_victim() -> None
     line = blamed_elsewhere(victim, [victim])  # rank 3 lives on another node
     assert line.startswith("rank 3, as rank 2 (node 0) reported it: PeerFailure: m"), line
     assert blamed_elsewhere(_outcome(1, 1, 1.0, "ValueError"), []) == ""
+    woke = _outcome(3, 1, 16.0, "PeerFailure", stopped_at=9.0)  # SIGCONT: it blames rank 2
+    assert woke.error is not None
+    woke.error["peer"] = 2
+    assert root_cause([victim, woke]) is woke
 
 
 @pytest.mark.slow

@@ -126,15 +126,16 @@ def exit_status_text(returncode: int | None) -> str:
 
 
 def root_cause(outcomes: Iterable[WorkerOutcome]) -> WorkerOutcome | None:
-    """The failure that came first on its own; if every failure is secondary, the rank the
-    ``PeerFailure``s blame when it is among ``outcomes`` (a frozen rank the launcher then
-    killed), else the first one."""
+    """The failure that came first on its own; if every failure is secondary, a rank that
+    was stopped (SIGSTOP: frozen ranks blame the others when they wake), else the rank the
+    ``PeerFailure``s blame when it is among ``outcomes``, else the first one."""
     failed = [o for o in outcomes if o.failed]
     if not failed:
         return None
     primary = [o for o in failed if not o.secondary]
+    stopped = [o for o in failed if o.stopped_at is not None]
     blamed = {o.blames for o in failed}
-    return min(primary or [o for o in failed if o.rank in blamed] or failed,
+    return min(primary or stopped or [o for o in failed if o.rank in blamed] or failed,
                key=lambda o: (o.failed_at, o.rank))
 
 
