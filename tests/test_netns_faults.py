@@ -91,9 +91,10 @@ def test_launcher_sigkill_ends_the_other_launcher(hosts: SimHosts) -> None:
     job.launchers[1].send_signal(signal.SIGKILL)  # the `ip netns exec` chain execs into it
     assert job.wait_exit(0, 20) == 1, job.text()
     assert time.monotonic() - start < 20
-    # the summary leads with the vanished node, not with a rank that died of it
-    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped " \
-        "answering" in job.text(0), job.text(0)
+    # the summary leads with the vanished node (its ranks die with their launcher), not
+    # with a rank that died of it
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) died" \
+        in job.text(0), job.text(0)
     assert job.wait_exit(1, 10) is not None
     for _ in range(100):  # the killed launcher's ranks die of PR_SET_PDEATHSIG
         if not hosts.pids(1):
@@ -149,7 +150,10 @@ def test_fixed_size_job_does_not_wait_for_a_node_lost_for_good(hosts: SimHosts) 
     for pid in hosts.pids(1):
         os.kill(pid, signal.SIGKILL)
     assert job.wait_exit(0, 30) == 1, job.text()
-    assert "rankwise run: not restarting: node 1 (h1, ranks 2-3) stopped answering" \
+    assert "rankwise run: not restarting: node 1 (h1, ranks 2-3) died: its ranks' " \
+        "connections closed" in job.text(0), job.text(0)
+    # the whole node died, not "rank 2": the summary says so
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) died" \
         in job.text(0), job.text(0)
     assert "restarting the group" not in job.text(0), job.text(0)
 

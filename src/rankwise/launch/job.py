@@ -25,7 +25,7 @@ from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .elastic import Round, await_round, close_rounds, join_round
 from .foreign_alarm import ForeignAlarm
-from .nodewatch import Detached, DetachedPeers, NodeWatch
+from .nodewatch import Detached, DetachedPeers, NodeWatch, as_death
 from .rendezvous import RendezvousClosed, StorePeers
 from .summary import (
     WorkerOutcome,
@@ -339,6 +339,7 @@ def _too_few_left(result: AttemptResult, opts: JobOptions, rnd: Round | None,
         lost = rnd.watch.await_suspect()
     if not lost:
         return ""
+    lost = as_death(rnd.watch, lost, result.outcomes)
     nnodes = str(opts.min_nodes) if opts.min_nodes == opts.max_nodes else \
         f"{opts.min_nodes}:{opts.max_nodes}"
     return (f"rankwise run: not restarting: {lost}. Without it {rnd.nnodes - 1} node(s) "
@@ -405,6 +406,8 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
         # our ranks died of a peer, and no node said why: one that vanished (its launcher
         # killed, its host gone) shows as silent within three beats -- name it, not a victim
         lost = watch.await_suspect()
+    if lost and watch is not None:
+        lost = as_death(watch, lost, result.outcomes)
     if lost:  # a lost node is the root cause of whatever failed after it
         _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
         return 1

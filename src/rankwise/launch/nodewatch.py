@@ -27,7 +27,7 @@ from ..store.base import Store
 from .rendezvous import PREFIX
 from .summary import WorkerOutcome
 
-__all__ = ["Detached", "DetachedPeers", "NodeWatch", "describe_node"]
+__all__ = ["Detached", "DetachedPeers", "NodeWatch", "as_death", "describe_node"]
 
 _KEY = "rankwise/nodebeat/"
 
@@ -59,6 +59,7 @@ class NodeWatch:
         self._post: Callable[[str], None] = lambda text: None
         #: why a node counts as lost ("" while none is): the launcher's root cause
         self.lost = ""
+        self.lost_node: int | None = None  #: the node the last verdict named
         self.store_lost = False  #: this node cannot reach the store
         #: the beat and judge threads run: one node, or a timeout of 0, judges nobody, and
         #: then no silence may be read as a lost node or a lost store
@@ -151,15 +152,34 @@ class NodeWatch:
         silent = now - self.store_ok_at
         if self.node != 0 and silent > limit and 0 not in self._ended:
             self.store_lost = limit == self.timeout
+            self.lost_node = 0
             return (f"{describe_node(0, self.hosts[0], self.nproc)} stopped answering "
                     f"{silent:.1f} s ago: this node cannot reach the job's store there "
                     "(network partition, host down or its launcher was killed)")
         for n, heard in sorted(self._heard.items()):
             if n not in self._ended and now - heard > limit:
+                self.lost_node = n
                 return (f"{describe_node(n, self.hosts[n], self.nproc)} stopped answering "
                         f"{now - heard:.1f} s ago: its launcher no longer reaches the store "
                         "(network partition, host down or its launcher was killed)")
         return ""
+
+
+def as_death(watch: NodeWatch, verdict: str, outcomes: Sequence[WorkerOutcome]) -> str:
+    """``verdict`` said as "node N ... died" when this node's ranks all lost their
+    connections to that node's ranks (closed, not silent: its processes were killed or its
+    host went down, not a partition), else ``verdict`` as it is."""
+    n = watch.lost_node
+    blamed = [o for o in outcomes if o.blames is not None and o.error is not None]
+    if not verdict or n is None or not blamed:
+        return verdict
+    ranks = range(n * watch.nproc, (n + 1) * watch.nproc)
+    if any(o.blames not in ranks or "died:" not in str(o.error and o.error.get("message"))
+           for o in blamed):
+        return verdict
+    return (f"{describe_node(n, watch.hosts[n], watch.nproc)} died: its ranks' connections "
+            "closed without a goodbye and its launcher stopped beating (its processes were "
+            "killed, or its host went down)")
 
 
 def _close(store: Store | None) -> None:
