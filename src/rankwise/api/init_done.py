@@ -39,8 +39,8 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
     rank, n = comm.rank, comm.world_size
     if n == 1:
         return
-    store.set(f"init/done/{rank}", "1")
-    if int(store.add("init/done", 1)) == n:
+    _, done = store.batch([("set", f"init/done/{rank}", "1"), ("add", "init/done", 1)])
+    if int(done) == n:
         store.set("init/all", _DONE)
     deadline = time.monotonic() + timeout_s
     others = [r for r in range(n) if r != rank]

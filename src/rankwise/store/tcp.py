@@ -48,7 +48,7 @@ from .protocol import (
 )
 from .tcp_server import PURPOSE, TCPStoreServer
 
-__all__ = ["TCPStore", "connect_store_socket", "requests_sent"]
+__all__ = ["TCPStore", "connect_store_socket", "requests_sent", "round_trips"]
 
 _REPLY_GRACE_S = 10.0  # how much longer than a server-side wait the socket may block
 _WORKERS_KEY = b"\x00rankwise/store/workers"
@@ -108,6 +108,13 @@ def connect_store_socket(
 
 #: requests this process sent to any store server (read by ``benchmarks/scale.py``)
 _SENT = [0]
+#: of those, the round trips: a batch (``Store.batch``) is one, however many it holds
+_ROUNDS = [0]
+
+
+def round_trips() -> int:
+    """How many store round trips this process has waited for (a batch counts once)."""
+    return _ROUNDS[0]
 
 
 def requests_sent() -> int:
@@ -233,8 +240,28 @@ class TCPStore(Store):
 
         ``wait_s`` is how long the server may legitimately take (a blocking get/wait).
         """
-        frame = encode_request(op, fields, self._limits)  # InvalidArgument before any I/O
-        _SENT[0] += 1
+        return self._exchange([(op, fields)], what, wait_s)[0]
+
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        """Every request sent before the first reply is read: one round trip (the server
+        answers a connection's requests in order)."""
+        codes = {"set": Op.SET, "add": Op.ADD, "compare_set": Op.COMPARE_SET}
+        requests = [(codes[name], args if name != "add" else [args[0], encode_int(int(args[1]))])
+                    for name, args in ops]
+        what = f"a batch of {len(ops)} requests"
+        out: list[bytes | int | None] = []
+        for (name, _), response in zip(ops, self._exchange(requests, what), strict=True):
+            out.append(None if name == "set" else decode_int(self._one(response, what))
+                       if name == "add" else self._one(response, what))
+        return out
+
+    def _exchange(self, requests: list[tuple[Op, list[bytes]]], what: str,
+                  wait_s: float = 0.0) -> list[Response]:
+        """Send ``requests`` in one write and read their replies, translating failures."""
+        frame = b"".join(encode_request(op, fields, self._limits)  # before any I/O
+                         for op, fields in requests)
+        _SENT[0] += len(requests)
+        _ROUNDS[0] += 1
         with self._lock:
             if self._closed:
                 raise StoreError(f"{what} on a closed TCPStore ({self._peer})")
@@ -250,7 +277,7 @@ class TCPStore(Store):
                 watch: Watcher | None = getattr(self._watching_here, "watch", None)
                 if wait_s > 0 and watch is not None:
                     _await_reply(sock, reply_s, watch)
-                response = read_response(sock, self._limits, self._peer)
+                responses = [read_response(sock, self._limits, self._peer) for _ in requests]
             except _WatcherRaised as raised:
                 self._drop()  # a reply is still due on this stream: reconnect on the next call
                 raise raised.error from None
@@ -275,15 +302,16 @@ class TCPStore(Store):
                         f"have exited."
                     ) from exc
                 raise
-            if response.status is Status.CLOSED:
+            if any(response.status is Status.CLOSED for response in responses):
                 self._drop()
                 raise StoreError(
                     f"the store at {self._peer} went away during {what}: its server shut down"
                 )
-        if response.status is Status.ERROR:
-            message = response.fields[0].decode("utf-8", "replace") if response.fields else ""
-            raise StoreError(f"store at {self._peer} refused {what}: {message}")
-        return response
+        for response in responses:
+            if response.status is Status.ERROR:
+                message = response.fields[0].decode("utf-8", "replace") if response.fields else ""
+                raise StoreError(f"store at {self._peer} refused {what}: {message}")
+        return responses
 
     def _drop(self) -> None:
         if self._sock is not None:

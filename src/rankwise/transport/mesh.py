@@ -116,16 +116,19 @@ def address_of(listener: socket.socket) -> str:
     return crowding.entry(host, port)
 
 
-def gather_addresses(store: _KV, world_size: int) -> str | None:
+class _ManyReads(Protocol):
+    def read_many(self, keys: list[str]) -> list[bytes | None]: ...
+
+
+def gather_addresses(store: _ManyReads, world_size: int) -> str | None:
     """The address blob (every rank's entry, in rank order), read by the last rank to
     join a rendezvous in which each rank published its entry before counting itself in;
     None when some rank published none (it asked for another transport: its own mesh
     then gathers them, as without a rendezvous)."""
-    keys = [f"mesh/addr/{r}" for r in range(world_size)]
-    if not all(store.check(keys[i:i + _KEYS_PER_WAIT])
-               for i in range(0, world_size, _KEYS_PER_WAIT)):
+    values = store.read_many([f"mesh/addr/{r}" for r in range(world_size)])  # one trip
+    if any(value is None for value in values):
         return None
-    return "\n".join(store.get(key).decode() for key in keys)
+    return "\n".join(value.decode() for value in values if value is not None)
 
 
 class Mesh:
