@@ -52,8 +52,8 @@ for _name in ("_set", "_get", "_add", "_compare_set", "_wait", "_check"):
 
 def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
     """Before batching: 11 per rank in the rendezvous (9 requests, a wait and a read; the
-    last rank to join N + 1 more to read the addresses) and 5-6 in the last step; now 4
-    (6 for the last) and 4-5."""
+    last rank to join N + 1 more to read the addresses) and 5-6 in the last step; now 3
+    (5 for the last: it reads the addresses and sets the verdict) and 3-4."""
     store = _CountingStore()
     store.set_watcher(lambda err: None)  # "watched": ranks but 0 look for ended peers rarely
     n = 3
@@ -76,9 +76,9 @@ def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
     assert len(trips) == n, trips
     # rank 0 also looks for ended peers every 0.5 s while it waits: not counted here
     joined = sorted(trips[r][0] for r in range(1, n))
-    assert joined[:-1] == [4] * (n - 2), trips
-    assert joined[-1] <= 6, trips  # the last to join reads every address and sets the verdict
-    assert all(trips[r][1] <= 5 for r in range(1, n)), trips
+    assert joined[:-1] == [3] * (n - 2), trips
+    assert joined[-1] <= 5, trips  # the last to join reads every address and sets the verdict
+    assert all(trips[r][1] <= 4 for r in range(1, n)), trips
 
 
 def test_a_batch_is_one_round_trip_on_a_tcp_store() -> None:

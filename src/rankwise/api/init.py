@@ -23,7 +23,6 @@ from ..engines.select import choose_engine, requested_engine
 from ..engines.torch.nccl import nccl_missing, resolve_device
 from ..errors import (
     DistError,
-    DistTimeout,
     InvalidArgument,
     RendezvousError,
     StoreError,
@@ -273,40 +272,39 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     if int(count) == world_size:
         blob = gather_addresses(store, world_size) if address is not None else None
         store.compare_set("joined/all", "", _OK if blob is None else f"{_OK}\n{blob}")
-    keys = ["joined/all"]
     poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
     while True:
         remaining = deadline - time.monotonic()
-        try:
-            store.wait(keys, timedelta(seconds=max(0.05, min(poll, remaining))))
+        # the wait and the read in one round trip; if not yet: a failure, an ended peer?
+        verdict_b = store.wait_get("joined/all", max(0.05, min(poll, remaining)))
+        if verdict_b is not None:
             break
-        except DistTimeout:
-            if store.check(["error"]):
-                raise failed_elsewhere() from None
-            gone = exited_peers(store, [r for r in range(world_size) if r != rank])
-            if gone:
-                peer, how = min(gone.items())
-                raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
-                           "(it never finished init_process_group); the job cannot go on "
-                           "without it") from None
-            note = _auth_note(store)
-            if note and not auth_note:
-                sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
-                                 f"rendezvous store reports: {note}\n")
-            auth_note = note or auth_note
-            if remaining <= 0:
-                missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
-                joined = world_size - len(missing)
-                hint = (f" Meanwhile the store reports: {auth_note} — was a missing rank "
-                        "started with a different RANKWISE_TOKEN?") if auth_note else ""
-                raise fail(
-                    f"rank {rank}: only {joined} of {world_size} ranks joined within "
-                    f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
-                    f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
-                    f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
-    verdict, _, blob = store.get("joined/all").decode().partition("\n")
+        if store.check(["error"]):
+            raise failed_elsewhere() from None
+        gone = exited_peers(store, [r for r in range(world_size) if r != rank])
+        if gone:
+            peer, how = min(gone.items())
+            raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
+                       "(it never finished init_process_group); the job cannot go on "
+                       "without it") from None
+        note = _auth_note(store)
+        if note and not auth_note:
+            sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
+                             f"rendezvous store reports: {note}\n")
+        auth_note = note or auth_note
+        if remaining <= 0:
+            missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
+            joined = world_size - len(missing)
+            hint = (f" Meanwhile the store reports: {auth_note} — was a missing rank "
+                    "started with a different RANKWISE_TOKEN?") if auth_note else ""
+            raise fail(
+                f"rank {rank}: only {joined} of {world_size} ranks joined within "
+                f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
+                f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
+                f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
+    verdict, _, blob = verdict_b.decode().partition("\n")
     if verdict != _OK:  # "error": ``fail`` set the reason first
         raise failed_elsewhere()
     return bytes.fromhex(job_hex), blob or None

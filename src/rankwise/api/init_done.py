@@ -17,7 +17,6 @@ however long the wait, not O(N) a second.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 from ..core.communicator import Communicator
@@ -48,12 +47,8 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
     slice_s = _SLICE if rank == 0 or not watched else _SLICE_OTHERS
     while True:
         remaining = deadline - time.monotonic()
-        try:
-            store.wait(["init/all"], timedelta(seconds=max(0.05, min(slice_s, remaining))))
-        except DistTimeout:
-            pass
-        else:
-            verdict = store.get("init/all")
+        verdict = store.wait_get("init/all", max(0.05, min(slice_s, remaining)))  # one trip
+        if verdict is not None:
             if verdict != _DONE:
                 peer, _, how = verdict.decode("utf-8", "replace").partition(" ")
                 raise _gone(rank, int(peer), how)

@@ -234,15 +234,8 @@ class Store(abc.ABC):
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, blocking until it is set; ``DistTimeout`` after ``timeout``."""
-        raw = self._key(key)
         timeout_s = self._timeout_seconds()
-        got: list[bytes | None] = [None]
-
-        def step(seconds: float) -> bool:
-            got[0] = self._get(raw, seconds)
-            return got[0] is not None
-        self._blocking(step, timeout_s)
-        value = got[0]
+        value = self.wait_get(key, timeout_s)
         if value is None:
             raise DistTimeout(
                 f"store get({key!r}) on {self._describe()} timed out after "
@@ -251,6 +244,18 @@ class Store(abc.ABC):
                 f"raise the timeout."
             )
         return value
+
+    def wait_get(self, key: str, timeout: timedelta | float) -> bytes | None:
+        """``key``'s value once it is set, None when ``timeout`` passed first: a wait and
+        a read in one round trip (a blocking get), as init's waits use it."""
+        raw = self._key(key)
+        got: list[bytes | None] = [None]
+
+        def step(seconds: float) -> bool:
+            got[0] = self._get(raw, seconds)
+            return got[0] is not None
+        self._blocking(step, to_seconds(timeout))
+        return got[0]
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0)."""
