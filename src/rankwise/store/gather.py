@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ..errors import DistTimeout
+
 __all__ = ["KEYS_PER_WAIT", "gather"]
 
 KEYS_PER_WAIT = 512  #: keys per wait request, so that one request stays small
@@ -33,10 +35,15 @@ def gather(store: Any, key: str, value: str, size: int, rank: int, timeout: floa
         for start in range(0, size, KEYS_PER_WAIT):
             left = max(deadline - time.monotonic(), 0.001)
             store.wait(keys[start:start + KEYS_PER_WAIT], timedelta(seconds=left))
-        values = [store.get(k) for k in keys]
+        values = [v if v is not None else store.get(k)  # (read_many: one round trip)
+                  for k, v in zip(keys, store.read_many(keys), strict=True)]
         blob = digest(values) if digest is not None else json.dumps(
             [v.decode("utf-8", "replace") for v in values])
         store.set(done, blob)
         return blob
-    store.wait([done], timedelta(seconds=timeout))
-    return str(store.get(done).decode("utf-8", "replace"))
+    blob_b = store.wait_get(done, timeout)  # the wait and the read in one round trip
+    if blob_b is None:
+        raise DistTimeout(f"store wait for {done!r} timed out after {timeout:g} s: rank 0 of "
+                          "this round did not publish every member's value (a member may "
+                          "have crashed or be stuck earlier)")
+    return str(blob_b.decode("utf-8", "replace"))
