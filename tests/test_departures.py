@@ -60,10 +60,9 @@ def test_a_lost_peer_whose_calls_were_not_recorded_is_not_said_to_have_made_none
     after collectives ran, "Last collective seen: none" was wrong; say it was not recorded,
     with this rank's own last call."""
     failed: list[BaseException] = []
-    for last_call, expected in (("all_reduce(float64 x 2, op=SUM) (#68 of WORLD)",
-                                 "Last collective seen from rank 2: not recorded (rank 0's "
-                                 "last finished: all_reduce(float64 x 2, op=SUM) (#68 of "
-                                 "WORLD))"),
+    recorded = ("Last collective seen from rank 2: not recorded (rank 0's last finished: "
+                "all_reduce(float64 x 2, op=SUM) (#68 of WORLD))")
+    for last_call, expected in (("all_reduce(float64 x 2, op=SUM) (#68 of WORLD)", recorded),
                                 ("", "Last collective seen from rank 2: none")):
         router = SimpleNamespace(failure=None, fail_all=failed.append)
         comm: Any = SimpleNamespace(rank=0, world_size=3, router=router, closed=False,
