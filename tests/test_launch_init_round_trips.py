@@ -98,3 +98,7 @@ def test_a_batch_is_one_round_trip_on_a_tcp_store() -> None:
         assert master.get("ns/a") == b"1" and not master.check(["missing"])
         with pytest.raises(InvalidArgument):
             store.batch([("delete", "a")])
+        trips = round_trips()
+        assert store.batch_then_wait_get([("set", "v/1", "x")], "a", 5.0) == ([None], b"1")
+        assert store.batch_then_wait_get([("add", "n", 1)], "never", 0.05) == ([6], None)
+        assert round_trips() - trips == 2  # one each: the batch and the get in one write

@@ -132,6 +132,12 @@ class Store(abc.ABC):
                 out.append(self._compare_set(args[0], args[1], args[2]))
         return out
 
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
+        """``_batch(ops)``, then ``_get(key, timeout_s)``; a network store sends them all
+        in one write (``TCPStore``)."""
+        return self._batch(ops), self._get(key, timeout_s)
+
     def auth_failures(self) -> str:
         """What the server noted about connections that failed the token check ("" if
         none): a rank started with a different RANKWISE_TOKEN shows up here, so waiting
@@ -283,6 +289,25 @@ class Store(abc.ABC):
         ``("compare_set", key, expected, desired)``; their results (None for a set). Why:
         on a network store they cost one round trip together, not one each -- what init
         pays per request on a slow link (docs/scale.md)."""
+        return self._batch(self._raw_ops(ops))
+
+    def batch_then_wait_get(self, ops: Sequence[tuple[Any, ...]], key: str,
+                            timeout: timedelta | float) -> tuple[list[Any], bytes | None]:
+        """``batch(ops)`` and ``wait_get(key, timeout)`` in one round trip: what a member
+        of a store round does (publish, then wait for the verdict). When a watcher
+        listens, the get in the same write waits one ``WATCH_SLICE``; the rest of the
+        wait follows as a ``wait_get``."""
+        timeout_s = to_seconds(timeout)
+        first = min(timeout_s, WATCH_SLICE) if self._watching() is not None else timeout_s
+        results, value = self._batch_then_get(self._raw_ops(ops), self._key(key),
+                                              max(first, 0.001))
+        if value is None and timeout_s > first:
+            value = self.wait_get(key, timeout_s - first)
+        return results, value
+
+    def _raw_ops(self, ops: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[bytes]]]:
+        """``batch``'s ops with their keys namespaced and values encoded, checked before
+        any I/O."""
         raw: list[tuple[str, list[bytes]]] = []
         for op in ops:
             name, key, *rest = op
@@ -296,7 +321,7 @@ class Store(abc.ABC):
                 raw.append((name, [self._key(key), *(self._value(v) for v in rest)]))
             else:
                 raise InvalidArgument(f"batch: unknown store op {name!r}")
-        return self._batch(raw)
+        return raw
 
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values of ``keys`` (None where missing) in one ``batch``, without waiting:

@@ -27,10 +27,10 @@ def gather(store: Any, key: str, value: str, size: int, rank: int, timeout: floa
     """Publish ``value`` as ``<key>/<rank>``; return ``digest`` of every rank's value in
     rank order (default: the values joined as a JSON list), as rank 0 computed it.
     A value that does not come raises the store's ``DistTimeout``."""
-    store.set(f"{key}/{rank}", value)
     deadline = time.monotonic() + timeout
     done = f"{key}/all"
     if rank == 0:
+        store.set(f"{key}/{rank}", value)
         keys = [f"{key}/{r}" for r in range(size)]
         for start in range(0, size, KEYS_PER_WAIT):
             left = max(deadline - time.monotonic(), 0.001)
@@ -41,7 +41,8 @@ def gather(store: Any, key: str, value: str, size: int, rank: int, timeout: floa
             [v.decode("utf-8", "replace") for v in values])
         store.set(done, blob)
         return blob
-    blob_b = store.wait_get(done, timeout)  # the wait and the read in one round trip
+    # publish, wait and read in one round trip
+    _, blob_b = store.batch_then_wait_get([("set", f"{key}/{rank}", value)], done, timeout)
     if blob_b is None:
         raise DistTimeout(f"store wait for {done!r} timed out after {timeout:g} s: rank 0 of "
                           "this round did not publish every member's value (a member may "

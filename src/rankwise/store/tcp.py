@@ -245,15 +245,25 @@ class TCPStore(Store):
     def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
         """Every request sent before the first reply is read: one round trip (the server
         answers a connection's requests in order)."""
-        codes = {"set": Op.SET, "add": Op.ADD, "compare_set": Op.COMPARE_SET}
-        requests = [(codes[name], args if name != "add" else [args[0], encode_int(int(args[1]))])
-                    for name, args in ops]
         what = f"a batch of {len(ops)} requests"
-        out: list[bytes | int | None] = []
-        for (name, _), response in zip(ops, self._exchange(requests, what), strict=True):
-            out.append(None if name == "set" else decode_int(self._one(response, what))
-                       if name == "add" else self._one(response, what))
-        return out
+        return self._results(ops, self._exchange(_requests(ops), what), what)
+
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
+        """The batch and a blocking get in one write: the server answers the get once the
+        key is set (or at ``timeout_s``), after the batch."""
+        what = f"a batch of {len(ops)} requests and get({_show(key)})"
+        responses = self._exchange(
+            [*_requests(ops), (Op.GET, [key, encode_int(_ms(timeout_s))])], what, timeout_s)
+        last = responses[-1]
+        value = None if last.status is Status.TIMEOUT else self._one(last, what)
+        return self._results(ops, responses[:-1], what), value
+
+    def _results(self, ops: list[tuple[str, list[bytes]]], responses: list[Response],
+                 what: str) -> list[bytes | int | None]:
+        return [None if name == "set" else decode_int(self._one(response, what))
+                if name == "add" else self._one(response, what)
+                for (name, _), response in zip(ops, responses, strict=True)]
 
     def _exchange(self, requests: list[tuple[Op, list[bytes]]], what: str,
                   wait_s: float = 0.0) -> list[Response]:
@@ -404,6 +414,13 @@ def _dead_connection(exc: BaseException) -> bool:
     which Python also raises as ``TimeoutError``, unlike a socket timeout (no errno)."""
     return any(isinstance(e, OSError) and e.errno == errno.ETIMEDOUT
                for e in (exc, exc.__cause__))
+
+
+def _requests(ops: list[tuple[str, list[bytes]]]) -> list[tuple[Op, list[bytes]]]:
+    """``Store.batch``'s ops as wire requests."""
+    codes = {"set": Op.SET, "add": Op.ADD, "compare_set": Op.COMPARE_SET}
+    return [(codes[name], args if name != "add" else [args[0], encode_int(int(args[1]))])
+            for name, args in ops]
 
 
 def _show(key: bytes) -> str:

@@ -45,6 +45,7 @@ HANDSHAKE_TIMEOUT = float(os.environ.get("RANKWISE_HANDSHAKE_TIMEOUT", "10"))
 _CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
 _CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
 _KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``
+_QUIET = 1.0  #: seconds the higher ranks get to connect before the first look for ended ones
 _NOTICE_WAIT = 2.0  #: how long a cut handshake waits for the launcher to say the peer ended
 
 
@@ -253,6 +254,7 @@ class Mesh:
     def _await_higher(self, deadline: float) -> None:
         """Wait until every higher rank has connected, an error, an ended peer, or the
         deadline."""
+        quiet = time.monotonic() + _QUIET  # a store round trip per look: none at first
         with self._changed:
             while True:
                 if self._errors or not self._missing():
@@ -261,7 +263,8 @@ class Mesh:
                 if left <= 0:
                     return
                 self._changed.wait(min(left, _CHECK_EVERY))
-                if not self._pending:  # no handshake in flight could still be one of them
+                # no handshake in flight could still be one of them
+                if not self._pending and time.monotonic() >= quiet:
                     self._raise_if_exited(self._missing())
 
     def _listen(self) -> socket.socket:
