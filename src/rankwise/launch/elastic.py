@@ -81,11 +81,14 @@ def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
                       node_rank=node_rank, min_nodes=min_nodes, max_nodes=max_nodes,
                       rdzv_id=rdzv_id)
         assignment = rendezvous(store, me, timeout=timeout, say=say)
-    finally:
+    except BaseException:
         _close(store)
-    # after the rendezvous, store calls are short: none may hold up the job's end
+        raise
+    # after the rendezvous, store calls are short: none may hold up the job's end. The
+    # same client goes on (a new one costs its connection's round trips on a slow link)
     short = min(timeout, 5.0)
-    peers = StorePeers(view(short), lambda: view(short), assignment.node_rank)
+    store.set_timeout(short)
+    peers = StorePeers(store, lambda: view(short), assignment.node_rank)
     watch = NodeWatch(lambda: view(2.0), assignment.node_rank,
                       [n.host for n in assignment.nodes], nproc)
     return Round(number, assignment.node_rank, assignment.nnodes, peers, watch)

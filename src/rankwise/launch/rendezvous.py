@@ -132,37 +132,40 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
     first = NodeInfo.loads(first_raw)
     if first.settings() != me.settings():
         _refuse_mismatch(me, first)
-    if me.node_rank >= 0:
-        holder = store.compare_set(_key(f"rank/{me.node_rank}"), "", me.dumps())
-        if holder != me.dumps().encode():
-            raise RendezvousError(
-                f"duplicate node rank {me.node_rank}: already claimed by the "
-                f"{NodeInfo.loads(holder).describe()}; refusing this {me.describe()}. Give each "
-                f"node a distinct --node-rank, or leave it out to have one assigned."
-            )
-    if store.check([_key("closed")]):
+    # each batch is one round trip (a slow link pays per round trip, docs/heartbeats.md)
+    claim = [("compare_set", _key(f"rank/{me.node_rank}"), "", me.dumps())] \
+        if me.node_rank >= 0 else []
+    *held, closed = store.batch([*claim, ("read", _key("closed"))])
+    if held and held[0] != me.dumps().encode():
+        raise RendezvousError(
+            f"duplicate node rank {me.node_rank}: already claimed by the "
+            f"{NodeInfo.loads(held[0]).describe()}; refusing this {me.describe()}. Give each "
+            f"node a distinct --node-rank, or leave it out to have one assigned."
+        )
+    if closed is not None:
         raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already closed its rendezvous with "
-            f"{int(store.get(_key('closed')))} nodes"
+            f"{int(closed)} nodes"
         )
     arrival = store.add(_key("joined"), 1)
     if arrival > me.max_nodes:
         raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already has its {me.max_nodes} nodes"
         )
-    store.set(_key(f"node/{arrival}"), me.dumps())
-    if arrival == me.max_nodes:
-        store.compare_set(_key("closed"), "", str(arrival))
-    elif arrival >= me.min_nodes and arrival == me.min_nodes:
+    last = [("compare_set", _key("closed"), "", str(arrival))] if arrival == me.max_nodes \
+        else []
+    store.batch([("set", _key(f"node/{arrival}"), me.dumps()), *last])
+    if not last and arrival >= me.min_nodes and arrival == me.min_nodes:
         try:
             store.wait([_key("closed")], timeout=last_call)
         except DistTimeout:
             store.compare_set(_key("closed"), "", str(store.add(_key("joined"), 0)))
-    _await_closed(store, me, timeout, say)
-    n = int(store.get(_key("closed")))
+    n = _await_closed(store, me, timeout, say)
     if arrival > n:
         raise RendezvousClosed(f"refusing this {me.describe()}: the job closed with {n} nodes")
-    infos = [NodeInfo.loads(store.get(_key(f"node/{k}"))) for k in range(1, n + 1)]
+    keys = [_key(f"node/{k}") for k in range(1, n + 1)]
+    infos = [NodeInfo.loads(raw if raw is not None else store.get(key))  # (not set yet)
+             for key, raw in zip(keys, store.read_many(keys), strict=True)]
     ranks = assign_ranks(infos)
     by_rank = sorted(zip(ranks, infos, strict=True), key=lambda pair: pair[0])
     return Assignment(node_rank=ranks[arrival - 1], nnodes=n,
@@ -170,25 +173,24 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
 
 
 def _await_closed(store: Store, me: NodeInfo, timeout: float,
-                  say: Callable[[str], None] | None) -> None:
-    """Wait for the rendezvous to close, saying so (``waiting_line``) when it takes more
-    than a second; ``RendezvousError`` after ``timeout``."""
+                  say: Callable[[str], None] | None) -> int:
+    """Wait for the rendezvous to close and return its node count, saying so
+    (``waiting_line``) when it takes more than a second; ``RendezvousError`` after
+    ``timeout``."""
     deadline = time.monotonic() + timeout
     until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
     step = 1.0  # a quiet first second: nodes started together meet within it
     while True:
-        try:
-            store.wait([_key("closed")], timeout=max(min(step, deadline - time.monotonic()),
-                                                     0.01))
-            return
-        except DistTimeout as exc:
-            if time.monotonic() >= deadline:
-                got = store.add(_key("joined"), 0)
-                raise RendezvousError(
-                    f"rendezvous timed out after {timeout:g}s: {got} of {me.min_nodes} nodes "
-                    f"joined. Start the other nodes' launchers with the same --rdzv-endpoint/"
-                    f"--master-addr/--master-port, or raise --rdzv-timeout."
-                ) from exc
+        closed = store.wait_get(_key("closed"), max(min(step, deadline - time.monotonic()),
+                                                    0.01))  # the wait and the read in one
+        if closed is not None:
+            return int(closed)
+        if time.monotonic() >= deadline:
+            got = store.add(_key("joined"), 0)
+            raise RendezvousError(
+                f"rendezvous timed out after {timeout:g}s: {got} of {me.min_nodes} nodes "
+                f"joined. Start the other nodes' launchers with the same --rdzv-endpoint/"
+                f"--master-addr/--master-port, or raise --rdzv-timeout.")
         if say is not None:
             waited = timeout - (deadline - time.monotonic())
             try:

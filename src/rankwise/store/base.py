@@ -76,6 +76,12 @@ def _fmt_seconds(seconds: float) -> str:
 _NEVER = b"\x00rankwise: absent\x00"
 
 
+def _reads_absent(ops: Sequence[tuple[Any, ...]], results: list[Any]) -> list[Any]:
+    """A "read" whose compare_set answered the never-stored value found no key: None."""
+    return [None if op[0] == "read" and value == _NEVER else value
+            for op, value in zip(ops, results, strict=True)]
+
+
 class Store(abc.ABC):
     """Key-value store used for rendezvous, with the API of torch.distributed's stores.
 
@@ -285,11 +291,12 @@ class Store(abc.ABC):
         )
 
     def batch(self, ops: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Run ``ops`` in order, each ``("set", key, value)``, ``("add", key, amount)`` or
-        ``("compare_set", key, expected, desired)``; their results (None for a set). Why:
+        """Run ``ops`` in order, each ``("set", key, value)``, ``("add", key, amount)``,
+        ``("compare_set", key, expected, desired)`` or ``("read", key)``; their results
+        (None for a set, and for a read of a missing key). Why:
         on a network store they cost one round trip together, not one each -- what init
         pays per request on a slow link (docs/scale.md)."""
-        return self._batch(self._raw_ops(ops))
+        return _reads_absent(ops, self._batch(self._raw_ops(ops)))
 
     def batch_then_wait_get(self, ops: Sequence[tuple[Any, ...]], key: str,
                             timeout: timedelta | float) -> tuple[list[Any], bytes | None]:
@@ -303,7 +310,7 @@ class Store(abc.ABC):
                                               max(first, 0.001))
         if value is None and timeout_s > first:
             value = self.wait_get(key, timeout_s - first)
-        return results, value
+        return _reads_absent(ops, results), value
 
     def _raw_ops(self, ops: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[bytes]]]:
         """``batch``'s ops with their keys namespaced and values encoded, checked before
@@ -319,6 +326,8 @@ class Store(abc.ABC):
                 raw.append((name, [self._key(key), str(amount).encode()]))
             elif name in ("set", "compare_set"):
                 raw.append((name, [self._key(key), *(self._value(v) for v in rest)]))
+            elif name == "read":  # a compare_set that changes nothing (``read_many``)
+                raw.append(("compare_set", [self._key(key), _NEVER, _NEVER]))
             else:
                 raise InvalidArgument(f"batch: unknown store op {name!r}")
         return raw
@@ -327,8 +336,7 @@ class Store(abc.ABC):
         """The values of ``keys`` (None where missing) in one ``batch``, without waiting:
         each is a ``compare_set`` whose expected value no one stores, which changes
         nothing and answers what the key holds."""
-        values = self.batch([("compare_set", key, _NEVER, _NEVER) for key in keys])
-        return [None if value == _NEVER else value for value in values]
+        return self.batch([("read", key) for key in keys])
 
     def wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
         """Block until every key exists; ``DistTimeout`` naming the missing ones."""
