@@ -39,8 +39,10 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
     if n == 1:
         return
     _, done = store.batch([("set", f"init/done/{rank}", "1"), ("add", "init/done", 1)])
-    if int(done) == n:
-        store.set("init/all", _DONE)
+    # the last one in knows the verdict it sets: no read back
+    if int(done) == n and store.compare_set("init/all", "", _DONE) == _DONE:
+        count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+        return
     deadline = time.monotonic() + timeout_s
     others = [r for r in range(n) if r != rank]
     watched = callable(getattr(store, "watched", None)) and store.watched()

@@ -301,16 +301,21 @@ class Store(abc.ABC):
     def batch_then_wait_get(self, ops: Sequence[tuple[Any, ...]], key: str,
                             timeout: timedelta | float) -> tuple[list[Any], bytes | None]:
         """``batch(ops)`` and ``wait_get(key, timeout)`` in one round trip: what a member
-        of a store round does (publish, then wait for the verdict). When a watcher
-        listens, the get in the same write waits one ``WATCH_SLICE``; the rest of the
-        wait follows as a ``wait_get``."""
-        timeout_s = to_seconds(timeout)
-        first = min(timeout_s, WATCH_SLICE) if self._watching() is not None else timeout_s
-        results, value = self._batch_then_get(self._raw_ops(ops), self._key(key),
-                                              max(first, 0.001))
-        if value is None and timeout_s > first:
-            value = self.wait_get(key, timeout_s - first)
-        return _reads_absent(ops, results), value
+        of a store round does (publish, then wait for the verdict). The watcher, if
+        any, is asked as during ``wait_get``."""
+        raw, raw_key = self._raw_ops(ops), self._key(key)
+        results: list[Any] = []
+        got: list[bytes | None] = [None]
+
+        def step(seconds: float) -> bool:  # the batch goes with the first look only
+            if results:
+                got[0] = self._get(raw_key, seconds)
+            else:
+                done, got[0] = self._batch_then_get(raw, raw_key, seconds)
+                results.extend(done)
+            return got[0] is not None
+        self._blocking(step, to_seconds(timeout))
+        return _reads_absent(ops, results), got[0]
 
     def _raw_ops(self, ops: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[bytes]]]:
         """``batch``'s ops with their keys namespaced and values encoded, checked before

@@ -284,10 +284,13 @@ class TCPStore(Store):
             try:
                 sock.settimeout(reply_s)
                 sock.sendall(frame)
+                # only the last request may block (a get or wait after a batch)
+                responses = [read_response(sock, self._limits, self._peer)
+                             for _ in requests[:-1]]
                 watch: Watcher | None = getattr(self._watching_here, "watch", None)
                 if wait_s > 0 and watch is not None:
                     _await_reply(sock, reply_s, watch)
-                responses = [read_response(sock, self._limits, self._peer) for _ in requests]
+                responses.append(read_response(sock, self._limits, self._peer))
             except _WatcherRaised as raised:
                 self._drop()  # a reply is still due on this stream: reconnect on the next call
                 raise raised.error from None
