@@ -131,7 +131,8 @@ def test_rank_out_of_descriptors_at_init_is_the_root_cause(tmp_path: Path) -> No
     """`ulimit -n 64` with all but 2 taken on rank 1: it raises at once naming the limit,
     the others raise RendezvousError naming it, and the summary leads with it (before:
     a silent retry until the 1800 s init timeout)."""
-    res = run_launcher("-n", "3", "--grace", "0.5", "--no-prefix",
+    # grace 3 s: the others look for ended peers after a quiet second (mesh._QUIET)
+    res = run_launcher("-n", "3", "--grace", "3", "--no-prefix",
                        str(SCRIPTS / "nofile_worker.py"), timeout=40)
     assert res.returncode == 1, res.stderr
     summary = res.stderr[res.stderr.index("Root cause (first failure)"):]
