@@ -53,3 +53,21 @@ def test_plain_and_hostile_goodbyes_name_their_sender() -> None:
         one.on_bye(2, b"called destroy_process_group at t.py:9" + cause)
         (gone, exc), = router.failed
         assert gone == 2 and getattr(exc, "rank", None) == 2, cause
+
+
+def test_a_lost_peer_whose_calls_were_not_recorded_is_not_said_to_have_made_none() -> None:
+    """An engine that moves data without frames (shared memory) records no peer's calls:
+    after collectives ran, "Last collective seen: none" was wrong; say it was not recorded,
+    with this rank's own last call."""
+    failed: list[BaseException] = []
+    recorded = ("Last collective seen from rank 2: not recorded (rank 0's last finished: "
+                "all_reduce(float64 x 2, op=SUM) (#68 of WORLD))")
+    for last_call, expected in (("all_reduce(float64 x 2, op=SUM) (#68 of WORLD)", recorded),
+                                ("", "Last collective seen from rank 2: none")):
+        router = SimpleNamespace(failure=None, fail_all=failed.append)
+        comm: Any = SimpleNamespace(rank=0, world_size=3, router=router, closed=False,
+                                    calls=SimpleNamespace(doing=lambda: ""),
+                                    last_call=last_call, peer_call_sources=[],
+                                    peer_sites={}, transport=None)
+        Departures(comm).on_peer_lost(2, None)
+        assert expected in str(failed[-1]), failed[-1]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from launch_scripts.helpers import (
     JOB,
+    SCRIPTS,
     assert_no_leftovers,
     read_lines_until,
     run_launcher,
@@ -124,3 +125,19 @@ def test_failure_report_is_printed_once(tmp_path: Path) -> None:
     report = output[output.index("=" * 72):]
     assert len(report.splitlines()) <= 25, report  # was ~170 lines for 2 ranks
     assert "ValueError: boom from rank 1" in report
+
+
+def test_rank_out_of_descriptors_at_init_is_the_root_cause(tmp_path: Path) -> None:
+    """`ulimit -n 64` with all but 2 taken on rank 1: it raises at once naming the limit,
+    the others raise RendezvousError naming it, and the summary leads with it (before:
+    a silent retry until the 1800 s init timeout)."""
+    # grace 3 s: the others look for ended peers after a quiet second (mesh._QUIET)
+    res = run_launcher("-n", "3", "--grace", "3", "--no-prefix",
+                       str(SCRIPTS / "nofile_worker.py"), timeout=40)
+    assert res.returncode == 1, res.stderr
+    summary = res.stderr[res.stderr.index("Root cause (first failure)"):]
+    assert "rank       : 1 " in summary, summary
+    assert "too many open files: RLIMIT_NOFILE is 64" in summary, summary
+    for rank in (0, 2):
+        assert f"rank {rank}: exit code 1, raised RendezvousError: rank {rank}: rank 1 ended" \
+            in summary, summary

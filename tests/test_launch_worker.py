@@ -14,7 +14,7 @@ import _procs
 import pytest
 from launch_scripts.helpers import SCRIPTS, env, run_launcher
 
-from rankwise.launch.summary import WorkerOutcome, format_summary, root_cause
+from rankwise.launch.summary import WorkerOutcome, blamed_elsewhere, format_summary, root_cause
 from rankwise.launch.worker import one_line
 
 HOOKED = "from rankwise.launch.worker import install_worker_hooks as h; h(); h()\n"
@@ -94,6 +94,24 @@ def test_root_cause_skips_secondary_failures() -> None:
     assert text.count("Root cause") == 1 and "rank       : 2 " in text
     assert "rank 3: killed by SIGKILL (signal 9, exit status 137)" in text
     assert root_cause([_outcome(0, 0, 1.0)]) is None
+
+
+def test_a_frozen_rank_the_others_blame_is_the_root_cause_not_a_victim() -> None:
+    """Every failure is secondary (the victims' PeerFailure, the frozen rank killed by the
+    teardown): the rank they blame leads, here or, named, on another node."""
+    victim = _outcome(2, 1, 10.0, "PeerFailure")
+    assert victim.error is not None
+    victim.error["peer"] = 3
+    frozen = _outcome(3, -signal.SIGKILL, 15.0, signalled_by_launcher=True)
+    assert root_cause([victim, frozen]) is frozen
+    assert blamed_elsewhere(victim, [victim, frozen]) == ""
+    line = blamed_elsewhere(victim, [victim])  # rank 3 lives on another node
+    assert line.startswith("rank 3, as rank 2 (node 0) reported it: PeerFailure: m"), line
+    assert blamed_elsewhere(_outcome(1, 1, 1.0, "ValueError"), []) == ""
+    woke = _outcome(3, 1, 16.0, "PeerFailure", stopped_at=9.0)  # SIGCONT: it blames rank 2
+    assert woke.error is not None
+    woke.error["peer"] = 2
+    assert root_cause([victim, woke]) is woke
 
 
 @pytest.mark.slow

@@ -54,3 +54,38 @@ def test_socket_handed_over_while_connect_returns_stays_open() -> None:
         a.close()
         b.close()
 
+
+
+def test_out_of_descriptors_raises_at_once_naming_the_limit(monkeypatch: Any) -> None:
+    """EMFILE is not "the peer is not listening yet": no retry until the init timeout."""
+    import errno
+    import resource
+
+    from rankwise.errors import DistNetworkError
+    from rankwise.transport import crowding
+
+    def no_descriptor(*args: Any, **kw: Any) -> socket.socket:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    listener = socket.create_server(("127.0.0.1", 0))  # rank 0's (it never answers)
+    blob = "\n".join(crowding.entry("127.0.0.1", listener.getsockname()[1]) for _ in range(2))
+    mesh = Mesh(1, 2, HashStore(), b"job", None, "127.0.0.1", 600.0,
+                listener=socket.create_server(("127.0.0.1", 0)), blob=blob)
+    monkeypatch.setattr("rankwise.transport.mesh.socket.create_connection", no_descriptor)
+    outcome: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            mesh.connect()
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(20)  # before: retried every 50 ms until the 600 s timeout
+    listener.close()
+    assert not t.is_alive(), "EMFILE was retried"
+    assert isinstance(outcome[0], DistNetworkError), outcome
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert "rank 1 could not connect to rank 0" in str(outcome[0])
+    assert f"too many open files: RLIMIT_NOFILE is {soft}" in str(outcome[0])

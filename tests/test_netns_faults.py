@@ -91,9 +91,10 @@ def test_launcher_sigkill_ends_the_other_launcher(hosts: SimHosts) -> None:
     job.launchers[1].send_signal(signal.SIGKILL)  # the `ip netns exec` chain execs into it
     assert job.wait_exit(0, 20) == 1, job.text()
     assert time.monotonic() - start < 20
-    # the summary leads with the vanished node, not with a rank that died of it
-    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped " \
-        "answering" in job.text(0), job.text(0)
+    # the summary leads with the vanished node (its ranks die with their launcher), not
+    # with a rank that died of it
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) died" \
+        in job.text(0), job.text(0)
     assert job.wait_exit(1, 10) is not None
     for _ in range(100):  # the killed launcher's ranks die of PR_SET_PDEATHSIG
         if not hosts.pids(1):
@@ -113,6 +114,10 @@ def test_frozen_rank_is_reported(hosts: SimHosts) -> None:
     line = next(x for x in _raised(job) if x.startswith("raised 0"))
     assert "rank 3 on host h1 stopped answering" in line and "frozen process" in line, line
     assert [job.wait_exit(n, 60) for n in range(2)] == [1, 1], job.text()
+    # node 0 finished; it did not stop answering. Node 0 names the frozen rank, not a victim
+    assert "node 0 (h0, ranks 0-1) stopped answering" not in job.text(1), job.text(1)
+    assert "Root cause (on another node): rank 3, as rank " in job.text(0), job.text(0)
+    assert "rank       : 3 " in job.text(1), job.text(1)
 
 
 def test_rank_busy_in_python_is_never_reported(hosts: SimHosts) -> None:
@@ -134,3 +139,32 @@ def test_elastic_restart_goes_on_without_a_lost_node(hosts: SimHosts) -> None:
     text = job.text(0)
     assert "rendezvous round 1: 1 node(s), this is node 0; 2 ranks" in text, text
     assert sum(line.startswith("done ") for _, n, line in job.lines if n == 0) == 2, text
+
+
+def test_fixed_size_job_does_not_wait_for_a_node_lost_for_good(hosts: SimHosts) -> None:
+    """``--nnodes 2 --max-restarts 1``, host 1 killed: node 0's watch knows node 1 is gone
+    and 2 nodes cannot meet again, so it ends saying so (before: a restart that waited out
+    the 300 s rendezvous timeout in silence)."""
+    job = Job(hosts, ["loop", "120"], FAST, extra=["--max-restarts", "1"])
+    _ready(job)
+    for pid in hosts.pids(1):
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait_exit(0, 30) == 1, job.text()
+    assert "rankwise run: not restarting: node 1 (h1, ranks 2-3) died: its ranks' " \
+        "connections closed" in job.text(0), job.text(0)
+    # the whole node died, not "rank 2": the summary says so
+    assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) died" \
+        in job.text(0), job.text(0)
+    assert "restarting the group" not in job.text(0), job.text(0)
+
+
+def test_heartbeats_off_blame_no_node(hosts: SimHosts) -> None:
+    """RANKWISE_HEARTBEAT_TIMEOUT=0 turns the node watch off: a rank killed on node 1 is the
+    root cause on both nodes, and no launcher calls the other node lost."""
+    job = Job(hosts, ["loop", "120"], {"RANKWISE_HEARTBEAT_TIMEOUT": "0"})
+    pids = _ready(job)
+    os.kill(pids[3], signal.SIGKILL)
+    assert [job.wait_exit(n, 60) for n in range(2)] == [137, 137], job.text()
+    assert "stopped answering" not in job.text(), job.text()
+    assert "Root cause (on another node): rank 3 (node 1) killed by SIGKILL" in job.text(0), \
+        job.text(0)

@@ -123,7 +123,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     prefix.add_argument("--no-prefix", dest="prefix", action="store_false")
     _add(p, "--grace", type=float, default=5.0,
          help="seconds survivors get after a failure before SIGTERM, and again before SIGKILL")
-    _add(p, "--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
+    _add(p, "--timeout", "--rdzv-timeout", type=float, default=300.0,
+         help="rendezvous timeout in seconds (how long a launcher waits for the other nodes)")
     _add(p, "--no-start-gate", dest="start_together", action="store_false",
          help="let each worker run as soon as it is spawned (default: hold each until this "
               "node's last one is spawned, then release all together)")

@@ -23,7 +23,6 @@ from ..engines.select import choose_engine, requested_engine
 from ..engines.torch.nccl import nccl_missing, resolve_device
 from ..errors import (
     DistError,
-    DistTimeout,
     InvalidArgument,
     RendezvousError,
     StoreError,
@@ -299,15 +298,19 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
         message = store.get("error").decode()
         return failed(RendezvousError(message), not store.check(["error/no-late-ones"]))
 
-    store.add("arrived", 1)
-    agreed = store.compare_set("world_size", "", str(world_size)).decode()
+    me = f"{socket.gethostname()} pid {os.getpid()}"
+    build = _build()
+    # one round trip for the checks, one to count in (a slow link pays per round trip);
+    # nothing in the first changes what another rank reads before this one counts in
+    _, agreed_b, build_b, claims = store.batch([
+        ("add", "arrived", 1), ("compare_set", "world_size", "", str(world_size)),
+        ("compare_set", "build", "", build), ("add", f"claim/{rank}", 1)])
+    agreed = agreed_b.decode()
     if agreed != str(world_size):
         raise fail(f"world sizes disagree: rank {rank} was started with world_size="
                    f"{world_size} but a rank that joined earlier said {agreed}. Start every "
                    "process with the same WORLD_SIZE")
-    me = f"{socket.gethostname()} pid {os.getpid()}"
-    build = _build()
-    agreed = store.compare_set("build", "", build).decode()
+    agreed = build_b.decode()
     if agreed != build:
         # who runs the other one: the first rank that agreed names itself (if it got there)
         who = store.get("build/by").decode() if store.check(["build/by"]) else \
@@ -315,57 +318,58 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
         raise fail(f"rank {rank} ({me}) runs {build}, but {who} runs {agreed}. Every "
                    "process of a job must run the same rankwise (install the same version "
                    "on every node, in every environment the job uses)")
-    store.compare_set("build/by", "", f"rank {rank} ({me})")
-    if int(store.add(f"claim/{rank}", 1)) > 1:
+    if int(claims) > 1:
         other = store.get(f"joined/{rank}").decode() if store.check([f"joined/{rank}"]) else "?"
         raise fail(f"two processes claim rank {rank}: {other} and {me}. Give every process "
                    "its own RANK (0..world_size-1)")
-    store.set(f"joined/{rank}", me)
-    job_hex = store.compare_set("job", "", secrets.token_hex(8)).decode()
-    if address is not None:  # before counting in: the last to join finds every one
-        store.set(f"mesh/addr/{rank}", address)
+    # the address before counting in: the last to join finds every one
+    addressed = [] if address is None else [("set", f"mesh/addr/{rank}", address)]
+    *_, job_b, count = store.batch([
+        ("compare_set", "build/by", "", f"rank {rank} ({me})"), ("set", f"joined/{rank}", me),
+        *addressed, ("compare_set", "job", "", secrets.token_hex(8)),
+        ("add", "joined/count", 1)])
+    job_hex = job_b.decode()
     # one key, set by the last rank to join: waiting costs the store O(1) per rank, and
     # only rank 0 looks for ended ranks often (it wakes the others through this key; the
     # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
     # costs O(1) requests per second for the job, not O(N). Its value is the verdict:
     # "error" (see ``fail``), or "ok" followed by the address blob when there is one
-    if int(store.add("joined/count", 1)) == world_size:
+    if int(count) == world_size:
         blob = gather_addresses(store, world_size) if address is not None else None
         store.compare_set("joined/all", "", _OK if blob is None else f"{_OK}\n{blob}")
-    keys = ["joined/all"]
     poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
     while True:
         remaining = deadline - time.monotonic()
-        try:
-            store.wait(keys, timedelta(seconds=max(0.05, min(poll, remaining))))
+        # the wait and the read in one round trip; if not yet: a failure, an ended peer?
+        verdict_b = store.wait_get("joined/all", max(0.05, min(poll, remaining)))
+        if verdict_b is not None:
             break
-        except DistTimeout:
-            if store.check(["error"]):
-                raise failed_elsewhere() from None
-            gone = exited_peers(store, [r for r in range(world_size) if r != rank])
-            if gone:
-                peer, how = min(gone.items())
-                raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
-                           "(it never finished init_process_group); the job cannot go on "
-                           "without it") from None
-            note = _auth_note(store)
-            if note and not auth_note:
-                sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
-                                 f"rendezvous store reports: {note}\n")
-            auth_note = note or auth_note
-            if remaining <= 0:
-                missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
-                joined = world_size - len(missing)
-                hint = (f" Meanwhile the store reports: {auth_note} — was a missing rank "
-                        "started with a different RANKWISE_TOKEN?") if auth_note else ""
-                raise fail(
-                    f"rank {rank}: only {joined} of {world_size} ranks joined within "
-                    f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
-                    f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
-                    f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
-    verdict, _, blob = store.get("joined/all").decode().partition("\n")
+        if store.check(["error"]):
+            raise failed_elsewhere() from None
+        gone = exited_peers(store, [r for r in range(world_size) if r != rank])
+        if gone:
+            peer, how = min(gone.items())
+            raise fail(f"rank {rank}: rank {peer} {how} before the group was formed "
+                       "(it never finished init_process_group); the job cannot go on "
+                       "without it") from None
+        note = _auth_note(store)
+        if note and not auth_note:
+            sys.stderr.write(f"rankwise: rank {rank} is waiting for ranks to join, and the "
+                             f"rendezvous store reports: {note}\n")
+        auth_note = note or auth_note
+        if remaining <= 0:
+            missing = [r for r in range(world_size) if not store.check([f"joined/{r}"])]
+            joined = world_size - len(missing)
+            hint = (f" Meanwhile the store reports: {auth_note} — was a missing rank "
+                    "started with a different RANKWISE_TOKEN?") if auth_note else ""
+            raise fail(
+                f"rank {rank}: only {joined} of {world_size} ranks joined within "
+                f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
+                f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
+                f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
+    verdict, _, blob = verdict_b.decode().partition("\n")
     if verdict != _OK:  # "error": ``fail`` set the reason first
         raise failed_elsewhere()
     return bytes.fromhex(job_hex), blob or None

@@ -17,7 +17,6 @@ however long the wait, not O(N) a second.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 from ..core.communicator import Communicator
@@ -39,21 +38,19 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
     rank, n = comm.rank, comm.world_size
     if n == 1:
         return
-    store.set(f"init/done/{rank}", "1")
-    if int(store.add("init/done", 1)) == n:
-        store.set("init/all", _DONE)
+    _, done = store.batch([("set", f"init/done/{rank}", "1"), ("add", "init/done", 1)])
+    # the last one in knows the verdict it sets: no read back
+    if int(done) == n and store.compare_set("init/all", "", _DONE) == _DONE:
+        count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+        return
     deadline = time.monotonic() + timeout_s
     others = [r for r in range(n) if r != rank]
     watched = callable(getattr(store, "watched", None)) and store.watched()
     slice_s = _SLICE if rank == 0 or not watched else _SLICE_OTHERS
     while True:
         remaining = deadline - time.monotonic()
-        try:
-            store.wait(["init/all"], timedelta(seconds=max(0.05, min(slice_s, remaining))))
-        except DistTimeout:
-            pass
-        else:
-            verdict = store.get("init/all")
+        verdict = store.wait_get("init/all", max(0.05, min(slice_s, remaining)))  # one trip
+        if verdict is not None:
             if verdict != _DONE:
                 peer, _, how = verdict.decode("utf-8", "replace").partition(" ")
                 raise _gone(rank, int(peer), how)

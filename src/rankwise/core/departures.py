@@ -89,7 +89,7 @@ class Departures:
             f"rank {rank} died: its connection to rank {comm.rank} was lost "
             f"({reason or 'closed'}) without a goodbye — the process crashed, was killed "
             f"(SIGKILL, out of memory), or its machine went away. Last collective seen from "
-            f"rank {rank}: {last or 'none'}"
+            f"rank {rank}: {last or self._unrecorded()}"
             + (f"; rank {comm.rank} was in {mine}" if mine else ""),
             rank=rank, last_collective=last,
         )
@@ -144,6 +144,14 @@ class Departures:
         if self.suffered is None:
             self.suffered = (rank, where)
         return self.departed_error(rank, where, getattr(failure, "departed_via", None))
+
+    def _unrecorded(self) -> str:
+        """What to say when no frame of the peer's named a collective: "none" only when
+        this rank finished none either (an engine that moves data without frames, such as
+        shared memory, records no peer's calls)."""
+        mine = self._comm.last_call
+        return f"not recorded (rank {self._comm.rank}'s last finished: {mine})" if mine \
+            else "none"
 
     def last_from(self, rank: int) -> str:
         """The last collective ``rank`` was seen in (its frames, or an engine's view)."""

@@ -64,7 +64,7 @@ class Round:
 
 def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
                min_nodes: int, max_nodes: int, rdzv_id: str, node_rank: int,
-               timeout: float) -> Round:
+               timeout: float, say: Callable[[str], None] | None = None) -> Round:
     """Meet the other nodes in round ``number`` (0: the job's first rendezvous).
 
     ``client(t)``: a fresh store client whose calls time out after ``t`` seconds (None: the
@@ -80,19 +80,23 @@ def join_round(number: int, client: Callable[[float | None], Store], nproc: int,
         me = NodeInfo(host=socket.gethostname(), pid=os.getpid(), nproc=nproc,
                       node_rank=node_rank, min_nodes=min_nodes, max_nodes=max_nodes,
                       rdzv_id=rdzv_id)
-        assignment = rendezvous(store, me, timeout=timeout)
-    finally:
+        assignment = rendezvous(store, me, timeout=timeout, say=say)
+    except BaseException:
         _close(store)
-    # after the rendezvous, store calls are short: none may hold up the job's end
+        raise
+    # after the rendezvous, store calls are short: none may hold up the job's end. The
+    # same client goes on (a new one costs its connection's round trips on a slow link)
     short = min(timeout, 5.0)
-    peers = StorePeers(view(short), lambda: view(short), assignment.node_rank)
+    store.set_timeout(short)
+    peers = StorePeers(store, lambda: view(short), assignment.node_rank)
     watch = NodeWatch(lambda: view(2.0), assignment.node_rank,
                       [n.host for n in assignment.nodes], nproc)
     return Round(number, assignment.node_rank, assignment.nnodes, peers, watch)
 
 
 def await_round(client: Callable[[float | None], Store], nproc: int, min_nodes: int,
-                max_nodes: int, rdzv_id: str, max_restarts: int, timeout: float) -> Round | None:
+                max_nodes: int, rdzv_id: str, max_restarts: int, timeout: float,
+                say: Callable[[str], None] | None = None) -> Round | None:
     """Wait (at most ``timeout`` s) for the job's next rendezvous round and join it; None
     when the job ended, or no round this node may still join is left, before that.
 
@@ -115,7 +119,7 @@ def await_round(client: Callable[[float | None], Store], nproc: int, min_nodes: 
             return None
         try:
             return join_round(number, client, nproc, min_nodes, max_nodes, rdzv_id, -1,
-                              max(left, 1.0))
+                              max(left, 1.0), say)
         except RendezvousClosed:
             continue
     return None

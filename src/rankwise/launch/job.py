@@ -25,10 +25,11 @@ from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .elastic import Round, await_round, close_rounds, join_round
 from .foreign_alarm import ForeignAlarm
-from .nodewatch import Detached, DetachedPeers, NodeWatch
+from .nodewatch import Detached, DetachedPeers, NodeWatch, as_death
 from .rendezvous import RendezvousClosed, StorePeers
 from .summary import (
     WorkerOutcome,
+    blamed_elsewhere,
     cause_line,
     exit_status_text,
     format_summary,
@@ -332,7 +333,7 @@ def _clients(opts: JobOptions, port: int) -> Callable[[float | None], Any]:
 
 def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
     return join_round(number, _clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                      opts.rdzv_id or "none", node_rank, opts.timeout)
+                      opts.rdzv_id or "none", node_rank, opts.timeout, _say)
 
 
 def _first_round(opts: JobOptions, port: int) -> Round | None:
@@ -346,7 +347,7 @@ def _first_round(opts: JobOptions, port: int) -> Round | None:
         _say(f"rankwise run: {exc}; waiting (up to --timeout {opts.timeout:g}s) to join at "
              f"the job's next restart")
     return await_round(_clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout)
+                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout, _say)
 
 
 def _release_waiting_nodes(opts: JobOptions, port: int, current: int) -> None:
@@ -371,6 +372,29 @@ def _may_restart(result: AttemptResult, opts: JobOptions, rnd: Round | None) -> 
     if result.aborted and not (lost and opts.min_nodes < opts.max_nodes):
         return False
     return rnd is None or rnd.watch.store_answers()
+
+
+def _too_few_left(result: AttemptResult, opts: JobOptions, rnd: Round | None,
+                  attempt: int) -> str:
+    """Why a restart cannot gather MIN nodes ("" when it may): the watch knows a node is
+    gone and the others are too few, so a next round would only wait out --rdzv-timeout
+    for it. The watch is asked only when one lost node breaks MIN and no rank here failed
+    on its own (then the cause is here, not a lost node)."""
+    if rnd is None or rnd.nnodes - 1 >= opts.min_nodes:
+        return ""
+    local = root_cause(result.outcomes)
+    lost = rnd.watch.lost
+    if not lost and (local is None or local.secondary) and not result.remote_failure \
+            and rnd.peers.remote_outcome(attempt) is None:  # no node said why: one vanished?
+        lost = rnd.watch.await_suspect()
+    if not lost:
+        return ""
+    lost = as_death(rnd.watch, lost, result.outcomes)
+    nnodes = str(opts.min_nodes) if opts.min_nodes == opts.max_nodes else \
+        f"{opts.min_nodes}:{opts.max_nodes}"
+    return (f"rankwise run: not restarting: {lost}. Without it {rnd.nnodes - 1} node(s) "
+            f"remain and --nnodes {nnodes} needs {opts.min_nodes}; a restart would only wait "
+            f"out --rdzv-timeout ({opts.timeout:g} s) for it")
 
 
 def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: int,
@@ -403,7 +427,10 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
                 return _went_on(result, dropped) \
                     if result.lost or result.lost_nodes or dropped else 0
             rnd = rounds[-1] if rounds else None
-            if attempt < opts.max_restarts and _may_restart(result, opts, rnd):
+            short = _too_few_left(result, opts, rnd, attempt) if attempt < opts.max_restarts else ""
+            if short:
+                _say(short)
+            elif attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
                 what = cause_line(cause) if cause else (result.remote_failure or result.aborted)
                 _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
@@ -472,6 +499,8 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
         # our ranks died of a peer, and no node said why: one that vanished (its launcher
         # killed, its host gone) shows as silent within three beats -- name it, not a victim
         lost = watch.await_suspect()
+    if lost and watch is not None:
+        lost = as_death(watch, lost, result.outcomes)
     if lost:  # a lost node is the root cause of whatever failed after it
         _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
         return 1
@@ -479,6 +508,8 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
     if not remote_line and result.remote_failure and local is None:
         remote_line = result.remote_failure
+    if not result.aborted:  # the first failure was a victim: name the rank it blamed
+        remote_line = blamed_elsewhere(cause, result.outcomes) or remote_line
     # the launcher's own reason, unless a rank failed on its own before it
     launcher_line = result.aborted if local is None or local.secondary else ""
     restarts = f"{attempt} of {opts.max_restarts} restarts used" if opts.max_restarts else ""

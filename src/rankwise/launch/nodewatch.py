@@ -24,9 +24,10 @@ from typing import Any
 from ..core.heartbeat import heartbeat_timeout
 from ..errors import DistError
 from ..store.base import Store
+from .rendezvous import PREFIX
 from .summary import WorkerOutcome
 
-__all__ = ["Detached", "DetachedPeers", "NodeWatch", "describe_node"]
+__all__ = ["Detached", "DetachedPeers", "NodeWatch", "as_death", "describe_node"]
 
 _KEY = "rankwise/nodebeat/"
 
@@ -58,19 +59,27 @@ class NodeWatch:
         self._post: Callable[[str], None] = lambda text: None
         #: why a node counts as lost ("" while none is): the launcher's root cause
         self.lost = ""
+        self.lost_node: int | None = None  #: the node the last verdict named
         self.store_lost = False  #: this node cannot reach the store
+        #: the beat and judge threads run: one node, or a timeout of 0, judges nobody, and
+        #: then no silence may be read as a lost node or a lost store
+        self.watching = False
 
     def start(self, post: Callable[[str], None]) -> None:
         """Start watching (a no-op for one node or a timeout of 0); ``post`` gets the verdict."""
         if len(self.hosts) < 2 or self.timeout == 0:
             return
+        self.watching = True
         self._post = post
         for fn, what in ((self._beat_loop, "beat"), (self._judge_loop, "judge")):
             threading.Thread(target=fn, name=f"rankwise-node-{what}", daemon=True).start()
 
     def store_answers(self) -> bool:
         """Did the store answer lately (within three beats)? When not, the launcher skips
-        what it would still ask the store at the end: it would only wait on a cut link."""
+        what it would still ask the store at the end: it would only wait on a cut link.
+        True when not watching: nothing was measured, so nothing says the store is gone."""
+        if not self.watching:
+            return True
         return not self.store_lost and time.monotonic() - self.store_ok_at < 3 * self.interval + 0.5
 
     def stop(self) -> None:
@@ -90,7 +99,7 @@ class NodeWatch:
                     if count != self._counts.get(n):
                         self._counts[n] = count
                         self._heard[n] = time.monotonic()
-                    if n not in self._ended and store.check([f"{_KEY}{n}/end"]):
+                    if n not in self._ended and self._has_ended(store, n):
                         self._ended.add(n)
                 self.store_ok_at = time.monotonic()
             except DistError:
@@ -104,6 +113,12 @@ class NodeWatch:
                 pass
             _close(store)
 
+    @staticmethod
+    def _has_ended(store: Store, node: int) -> bool:
+        """Did ``node`` say it is done (its beats' end, or its launcher's ``finish``)? A node
+        that finished is never reported as lost when it then stops beating."""
+        return store.check([f"{_KEY}{node}/end"]) or store.check([f"{PREFIX}end/{node}"])
+
     def _judge_loop(self) -> None:
         while not self._stop.wait(self.interval):
             verdict = self.verdict(time.monotonic())
@@ -115,6 +130,8 @@ class NodeWatch:
     def suspect(self) -> str:
         """After the job failed: a node silent for three beats already, though not yet for
         the timeout, named the same way -- the likely root cause the summary leads with."""
+        if not self.watching:
+            return ""
         return self.verdict(time.monotonic(), 3 * self.interval + 0.5)
 
     def await_suspect(self) -> str:
@@ -122,7 +139,7 @@ class NodeWatch:
         node does not watch: one node, or a timeout of 0). Four, not three: the beat
         thread notes a node's last beat up to one beat after it was made, so a node that
         vanished just now may have been heard less than a beat ago."""
-        if len(self.hosts) < 2 or self.timeout == 0:
+        if not self.watching:
             return ""
         deadline = time.monotonic() + 4 * self.interval + 1.0
         while not (found := self.suspect()) and time.monotonic() < deadline:
@@ -133,17 +150,36 @@ class NodeWatch:
         """The lost node's description, or "" while every node answers."""
         limit = self.timeout if limit is None else limit
         silent = now - self.store_ok_at
-        if self.node != 0 and silent > limit:
+        if self.node != 0 and silent > limit and 0 not in self._ended:
             self.store_lost = limit == self.timeout
+            self.lost_node = 0
             return (f"{describe_node(0, self.hosts[0], self.nproc)} stopped answering "
                     f"{silent:.1f} s ago: this node cannot reach the job's store there "
                     "(network partition, host down or its launcher was killed)")
         for n, heard in sorted(self._heard.items()):
             if n not in self._ended and now - heard > limit:
+                self.lost_node = n
                 return (f"{describe_node(n, self.hosts[n], self.nproc)} stopped answering "
                         f"{now - heard:.1f} s ago: its launcher no longer reaches the store "
                         "(network partition, host down or its launcher was killed)")
         return ""
+
+
+def as_death(watch: NodeWatch, verdict: str, outcomes: Sequence[WorkerOutcome]) -> str:
+    """``verdict`` said as "node N ... died" when this node's ranks all lost their
+    connections to that node's ranks (closed, not silent: its processes were killed or its
+    host went down, not a partition), else ``verdict`` as it is."""
+    n = watch.lost_node
+    blamed = [o for o in outcomes if o.blames is not None and o.error is not None]
+    if not verdict or n is None or not blamed:
+        return verdict
+    ranks = range(n * watch.nproc, (n + 1) * watch.nproc)
+    if any(o.blames not in ranks or "died:" not in str(o.error and o.error.get("message"))
+           for o in blamed):
+        return verdict
+    return (f"{describe_node(n, watch.hosts[n], watch.nproc)} died: its ranks' connections "
+            "closed without a goodbye and its launcher stopped beating (its processes were "
+            "killed, or its host went down)")
 
 
 def _close(store: Store | None) -> None:

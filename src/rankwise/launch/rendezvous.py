@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -34,6 +35,7 @@ from .summary import WorkerOutcome, cause_line
 __all__ = ["Assignment", "NodeInfo", "RendezvousClosed", "StorePeers", "rendezvous"]
 
 PREFIX = "rankwise/rdzv/"
+PROGRESS_EVERY = 30.0  #: seconds between a waiting launcher's progress lines
 
 
 class RendezvousClosed(RendezvousError):
@@ -117,8 +119,11 @@ def assign_ranks(infos: list[NodeInfo]) -> list[int]:
     return [info.node_rank if info.node_rank >= 0 else next(free) for info in infos]
 
 
-def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.0) -> Assignment:
+def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.0,
+               say: Callable[[str], None] | None = None) -> Assignment:
     """Join the job described by ``me``; block (bounded by ``timeout``) until it is complete.
+    ``say`` is told, after a second of waiting and then every ``PROGRESS_EVERY`` seconds,
+    who is here, who is missing and when the wait ends.
 
     Raises ``RendezvousError`` naming both nodes on mismatched settings or a duplicate node
     rank, or when the job is already full or closed.
@@ -127,49 +132,90 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
     first = NodeInfo.loads(first_raw)
     if first.settings() != me.settings():
         _refuse_mismatch(me, first)
-    if me.node_rank >= 0:
-        holder = store.compare_set(_key(f"rank/{me.node_rank}"), "", me.dumps())
-        if holder != me.dumps().encode():
-            raise RendezvousError(
-                f"duplicate node rank {me.node_rank}: already claimed by the "
-                f"{NodeInfo.loads(holder).describe()}; refusing this {me.describe()}. Give each "
-                f"node a distinct --node-rank, or leave it out to have one assigned."
-            )
-    if store.check([_key("closed")]):
+    # each batch is one round trip (a slow link pays per round trip, docs/heartbeats.md)
+    claim = [("compare_set", _key(f"rank/{me.node_rank}"), "", me.dumps())] \
+        if me.node_rank >= 0 else []
+    *held, closed = store.batch([*claim, ("read", _key("closed"))])
+    if held and held[0] != me.dumps().encode():
+        raise RendezvousError(
+            f"duplicate node rank {me.node_rank}: already claimed by the "
+            f"{NodeInfo.loads(held[0]).describe()}; refusing this {me.describe()}. Give each "
+            f"node a distinct --node-rank, or leave it out to have one assigned."
+        )
+    if closed is not None:
         raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already closed its rendezvous with "
-            f"{int(store.get(_key('closed')))} nodes"
+            f"{int(closed)} nodes"
         )
     arrival = store.add(_key("joined"), 1)
     if arrival > me.max_nodes:
         raise RendezvousClosed(
             f"refusing this {me.describe()}: the job already has its {me.max_nodes} nodes"
         )
-    store.set(_key(f"node/{arrival}"), me.dumps())
-    if arrival == me.max_nodes:
-        store.compare_set(_key("closed"), "", str(arrival))
-    elif arrival >= me.min_nodes and arrival == me.min_nodes:
+    last = [("compare_set", _key("closed"), "", str(arrival))] if arrival == me.max_nodes \
+        else []
+    store.batch([("set", _key(f"node/{arrival}"), me.dumps()), *last])
+    if not last and arrival >= me.min_nodes and arrival == me.min_nodes:
         try:
             store.wait([_key("closed")], timeout=last_call)
         except DistTimeout:
             store.compare_set(_key("closed"), "", str(store.add(_key("joined"), 0)))
-    try:
-        store.wait([_key("closed")], timeout=timeout)
-    except DistTimeout as exc:
-        got = store.add(_key("joined"), 0)
-        raise RendezvousError(
-            f"rendezvous timed out after {timeout:g}s: {got} of {me.min_nodes} nodes joined. "
-            f"Start the other nodes' launchers with the same --rdzv-endpoint/--master-addr/"
-            f"--master-port, or raise --timeout."
-        ) from exc
-    n = int(store.get(_key("closed")))
+    n = _await_closed(store, me, timeout, say)
     if arrival > n:
         raise RendezvousClosed(f"refusing this {me.describe()}: the job closed with {n} nodes")
-    infos = [NodeInfo.loads(store.get(_key(f"node/{k}"))) for k in range(1, n + 1)]
+    keys = [_key(f"node/{k}") for k in range(1, n + 1)]
+    infos = [NodeInfo.loads(raw if raw is not None else store.get(key))  # (not set yet)
+             for key, raw in zip(keys, store.read_many(keys), strict=True)]
     ranks = assign_ranks(infos)
     by_rank = sorted(zip(ranks, infos, strict=True), key=lambda pair: pair[0])
     return Assignment(node_rank=ranks[arrival - 1], nnodes=n,
                       nodes=tuple(info for _, info in by_rank))
+
+
+def _await_closed(store: Store, me: NodeInfo, timeout: float,
+                  say: Callable[[str], None] | None) -> int:
+    """Wait for the rendezvous to close and return its node count, saying so
+    (``waiting_line``) when it takes more than a second; ``RendezvousError`` after
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
+    step = 1.0  # a quiet first second: nodes started together meet within it
+    while True:
+        closed = store.wait_get(_key("closed"), max(min(step, deadline - time.monotonic()),
+                                                    0.01))  # the wait and the read in one
+        if closed is not None:
+            return int(closed)
+        if time.monotonic() >= deadline:
+            got = store.add(_key("joined"), 0)
+            raise RendezvousError(
+                f"rendezvous timed out after {timeout:g}s: {got} of {me.min_nodes} nodes "
+                f"joined. Start the other nodes' launchers with the same --rdzv-endpoint/"
+                f"--master-addr/--master-port, or raise --rdzv-timeout.")
+        if say is not None:
+            waited = timeout - (deadline - time.monotonic())
+            try:
+                say(waiting_line(store, me, waited, until, timeout))
+            except DistError:
+                pass  # a line we could not make; the wait itself goes on, bounded
+        step = PROGRESS_EVERY
+
+
+def waiting_line(store: Store, me: NodeInfo, waited: float, until: str, timeout: float) -> str:
+    """``rankwise run: waiting for 1 more node (...): here: h0; missing: node rank 1; ...``"""
+    joined = int(store.add(_key("joined"), 0))
+    here = [NodeInfo.loads(store.get(_key(f"node/{k}"))) for k in range(1, joined + 1)
+            if store.check([_key(f"node/{k}")])]
+    claimed = {info.node_rank for info in here if info.node_rank >= 0}
+    missing = [r for r in range(me.min_nodes) if r not in claimed]
+    need = max(me.min_nodes - joined, 0)
+    names = ", ".join(f"{info.host} (launcher pid {info.pid}"
+                      + (f", node rank {info.node_rank})" if info.node_rank >= 0 else ")")
+                      for info in here)
+    ranks = f"; missing: node rank{'s' if len(missing) > 1 else ''} " \
+        f"{', '.join(map(str, missing))}" if claimed and missing else ""
+    return (f"rankwise run: waiting for {need} more node{'s' if need != 1 else ''} "
+            f"({joined} of {me.min_nodes} needed joined, waited {waited:.0f} s; here: {names}"
+            f"{ranks}); giving up at {until} (--rdzv-timeout {timeout:g} s)")
 
 
 class StorePeers:

@@ -20,6 +20,7 @@ from .worker import one_line
 
 __all__ = [
     "WorkerOutcome",
+    "blamed_elsewhere",
     "exit_status_text",
     "format_summary",
     "read_error_file",
@@ -77,6 +78,12 @@ class WorkerOutcome:
                 return True
         return False
 
+    @property
+    def blames(self) -> int | None:
+        """The rank this one's ``PeerFailure`` names as the one that failed, if any."""
+        peer = self.error.get("peer") if self.error is not None else None
+        return peer if isinstance(peer, int) and self.secondary else None
+
     def to_json(self) -> str:
         """Serialised for other nodes' launchers (multi-node summaries)."""
         return json.dumps(self.__dict__)
@@ -123,12 +130,28 @@ def exit_status_text(returncode: int | None) -> str:
 
 
 def root_cause(outcomes: Iterable[WorkerOutcome]) -> WorkerOutcome | None:
-    """The failure that came first on its own; if every failure is secondary, the first one."""
+    """The failure that came first on its own; if every failure is secondary, a rank that
+    was stopped (SIGSTOP: frozen ranks blame the others when they wake), else the rank the
+    ``PeerFailure``s blame when it is among ``outcomes``, else the first one."""
     failed = [o for o in outcomes if o.failed]
     if not failed:
         return None
     primary = [o for o in failed if not o.secondary]
-    return min(primary or failed, key=lambda o: (o.failed_at, o.rank))
+    stopped = [o for o in failed if o.stopped_at is not None]
+    blamed = {o.blames for o in failed}
+    return min(primary or stopped or [o for o in failed if o.rank in blamed] or failed,
+               key=lambda o: (o.failed_at, o.rank))
+
+
+def blamed_elsewhere(cause: WorkerOutcome | None, here: Iterable[WorkerOutcome]) -> str:
+    """When ``cause`` only died of another rank (``PeerFailure``) that is not one of
+    ``here``: a line naming that rank as the root cause, as ``cause`` reported it."""
+    if cause is None or not cause.secondary or cause.blames is None or cause.error is None:
+        return ""
+    if any(o.rank == cause.blames for o in here):
+        return ""
+    return (f"rank {cause.blames}, as rank {cause.rank} (node {cause.node_rank}) reported it: "
+            f"{_one_line_of(cause.error)}")
 
 
 def _clock(stamp: float) -> str:

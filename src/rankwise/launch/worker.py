@@ -75,6 +75,9 @@ def write_error_file(
         "thread": thread_name or threading.current_thread().name,
         "where": raised_at(tb),
     }
+    peer = getattr(exc, "rank", None)
+    if "PeerFailure" in record["exc_mro"] and isinstance(peer, int):
+        record["peer"] = peer  # the rank it blames: the summary's root cause when it is here
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DistTimeout, InvalidArgument, StoreError
 from .protocol import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, Limits
@@ -72,6 +72,16 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+#: an expected value no store key ever holds (``Store.read_many``)
+_NEVER = b"\x00rankwise: absent\x00"
+
+
+def _reads_absent(ops: Sequence[tuple[Any, ...]], results: list[Any]) -> list[Any]:
+    """A "read" whose compare_set answered the never-stored value found no key: None."""
+    return [None if op[0] == "read" and value == _NEVER else value
+            for op, value in zip(ops, results, strict=True)]
+
+
 class Store(abc.ABC):
     """Key-value store used for rendezvous, with the API of torch.distributed's stores.
 
@@ -113,6 +123,26 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _num_keys(self) -> int: ...
+
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        """``ops`` (``("set"|"add"|"compare_set", args)``, keys already namespaced) in
+        order; a network store sends them all before reading a reply (``TCPStore``)."""
+        out: list[bytes | int | None] = []
+        for name, args in ops:
+            if name == "set":
+                self._set(args[0], args[1])
+                out.append(None)
+            elif name == "add":
+                out.append(self._add(args[0], int(args[1])))
+            else:
+                out.append(self._compare_set(args[0], args[1], args[2]))
+        return out
+
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
+        """``_batch(ops)``, then ``_get(key, timeout_s)``; a network store sends them all
+        in one write (``TCPStore``)."""
+        return self._batch(ops), self._get(key, timeout_s)
 
     def auth_failures(self) -> str:
         """What the server noted about connections that failed the token check ("" if
@@ -216,15 +246,8 @@ class Store(abc.ABC):
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, blocking until it is set; ``DistTimeout`` after ``timeout``."""
-        raw = self._key(key)
         timeout_s = self._timeout_seconds()
-        got: list[bytes | None] = [None]
-
-        def step(seconds: float) -> bool:
-            got[0] = self._get(raw, seconds)
-            return got[0] is not None
-        self._blocking(step, timeout_s)
-        value = got[0]
+        value = self.wait_get(key, timeout_s)
         if value is None:
             raise DistTimeout(
                 f"store get({key!r}) on {self._describe()} timed out after "
@@ -233,6 +256,18 @@ class Store(abc.ABC):
                 f"raise the timeout."
             )
         return value
+
+    def wait_get(self, key: str, timeout: timedelta | float) -> bytes | None:
+        """``key``'s value once it is set, None when ``timeout`` passed first: a wait and
+        a read in one round trip (a blocking get), as init's waits use it."""
+        raw = self._key(key)
+        got: list[bytes | None] = [None]
+
+        def step(seconds: float) -> bool:
+            got[0] = self._get(raw, seconds)
+            return got[0] is not None
+        self._blocking(step, to_seconds(timeout))
+        return got[0]
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0)."""
@@ -254,6 +289,59 @@ class Store(abc.ABC):
         return self._compare_set(
             raw, self._value(expected, "expected value"), self._value(desired, "desired value")
         )
+
+    def batch(self, ops: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Run ``ops`` in order, each ``("set", key, value)``, ``("add", key, amount)``,
+        ``("compare_set", key, expected, desired)`` or ``("read", key)``; their results
+        (None for a set, and for a read of a missing key). Why:
+        on a network store they cost one round trip together, not one each -- what init
+        pays per request on a slow link (docs/scale.md)."""
+        return _reads_absent(ops, self._batch(self._raw_ops(ops)))
+
+    def batch_then_wait_get(self, ops: Sequence[tuple[Any, ...]], key: str,
+                            timeout: timedelta | float) -> tuple[list[Any], bytes | None]:
+        """``batch(ops)`` and ``wait_get(key, timeout)`` in one round trip: what a member
+        of a store round does (publish, then wait for the verdict). The watcher, if
+        any, is asked as during ``wait_get``."""
+        raw, raw_key = self._raw_ops(ops), self._key(key)
+        results: list[Any] = []
+        got: list[bytes | None] = [None]
+
+        def step(seconds: float) -> bool:  # the batch goes with the first look only
+            if results:
+                got[0] = self._get(raw_key, seconds)
+            else:
+                done, got[0] = self._batch_then_get(raw, raw_key, seconds)
+                results.extend(done)
+            return got[0] is not None
+        self._blocking(step, to_seconds(timeout))
+        return _reads_absent(ops, results), got[0]
+
+    def _raw_ops(self, ops: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[bytes]]]:
+        """``batch``'s ops with their keys namespaced and values encoded, checked before
+        any I/O."""
+        raw: list[tuple[str, list[bytes]]] = []
+        for op in ops:
+            name, key, *rest = op
+            if name == "add":
+                amount = rest[0]
+                if not isinstance(amount, int) or isinstance(amount, bool) \
+                        or not INT64_MIN <= amount <= INT64_MAX:
+                    raise InvalidArgument(f"add amount must be a 64-bit int, got {amount!r}")
+                raw.append((name, [self._key(key), str(amount).encode()]))
+            elif name in ("set", "compare_set"):
+                raw.append((name, [self._key(key), *(self._value(v) for v in rest)]))
+            elif name == "read":  # a compare_set that changes nothing (``read_many``)
+                raw.append(("compare_set", [self._key(key), _NEVER, _NEVER]))
+            else:
+                raise InvalidArgument(f"batch: unknown store op {name!r}")
+        return raw
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of ``keys`` (None where missing) in one ``batch``, without waiting:
+        each is a ``compare_set`` whose expected value no one stores, which changes
+        nothing and answers what the key holds."""
+        return self.batch([("read", key) for key in keys])
 
     def wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
         """Block until every key exists; ``DistTimeout`` naming the missing ones."""

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ..errors import DistTimeout
+
 __all__ = ["KEYS_PER_WAIT", "gather"]
 
 KEYS_PER_WAIT = 512  #: keys per wait request, so that one request stays small
@@ -25,18 +27,24 @@ def gather(store: Any, key: str, value: str, size: int, rank: int, timeout: floa
     """Publish ``value`` as ``<key>/<rank>``; return ``digest`` of every rank's value in
     rank order (default: the values joined as a JSON list), as rank 0 computed it.
     A value that does not come raises the store's ``DistTimeout``."""
-    store.set(f"{key}/{rank}", value)
     deadline = time.monotonic() + timeout
     done = f"{key}/all"
     if rank == 0:
+        store.set(f"{key}/{rank}", value)
         keys = [f"{key}/{r}" for r in range(size)]
         for start in range(0, size, KEYS_PER_WAIT):
             left = max(deadline - time.monotonic(), 0.001)
             store.wait(keys[start:start + KEYS_PER_WAIT], timedelta(seconds=left))
-        values = [store.get(k) for k in keys]
+        values = [v if v is not None else store.get(k)  # (read_many: one round trip)
+                  for k, v in zip(keys, store.read_many(keys), strict=True)]
         blob = digest(values) if digest is not None else json.dumps(
             [v.decode("utf-8", "replace") for v in values])
         store.set(done, blob)
         return blob
-    store.wait([done], timedelta(seconds=timeout))
-    return str(store.get(done).decode("utf-8", "replace"))
+    # publish, wait and read in one round trip
+    _, blob_b = store.batch_then_wait_get([("set", f"{key}/{rank}", value)], done, timeout)
+    if blob_b is None:
+        raise DistTimeout(f"store wait for {done!r} timed out after {timeout:g} s: rank 0 of "
+                          "this round did not publish every member's value (a member may "
+                          "have crashed or be stuck earlier)")
+    return str(blob_b.decode("utf-8", "replace"))

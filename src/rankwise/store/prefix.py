@@ -86,6 +86,13 @@ class PrefixStore(Store):
     def _add(self, key: bytes, amount: int) -> int:
         return self._base._add(key, amount)
 
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        return self._base._batch(ops)
+
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
+        return self._base._batch_then_get(ops, key, timeout_s)
+
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         return self._base._compare_set(key, expected, desired)
 

@@ -30,6 +30,7 @@ from datetime import timedelta
 
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
 from ..transport.keepalive import heartbeat_timeout, keep_alive
+from ..transport.resources import exhausted
 from ..wire.auth import client_handshake, resolve_token
 from .base import DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
 from .protocol import (
@@ -47,7 +48,7 @@ from .protocol import (
 )
 from .tcp_server import PURPOSE, TCPStoreServer
 
-__all__ = ["TCPStore", "connect_store_socket", "requests_sent"]
+__all__ = ["TCPStore", "connect_store_socket", "requests_sent", "round_trips"]
 
 _REPLY_GRACE_S = 10.0  # how much longer than a server-side wait the socket may block
 _WORKERS_KEY = b"\x00rankwise/store/workers"
@@ -76,6 +77,9 @@ def connect_store_socket(
         try:
             sock = socket.create_connection((host, port), timeout=max(0.05, min(remaining, 10.0)))
         except OSError as exc:
+            if exhausted(exc):  # this host ran out of something: retrying cannot help
+                raise DistNetworkError(f"could not connect to the rankwise store at {peer}: "
+                                       f"{exhausted(exc)} ({exc})") from exc
             last: Exception = exc
         else:
             try:
@@ -104,6 +108,13 @@ def connect_store_socket(
 
 #: requests this process sent to any store server (read by ``benchmarks/scale.py``)
 _SENT = [0]
+#: of those, the round trips: a batch (``Store.batch``) is one, however many it holds
+_ROUNDS = [0]
+
+
+def round_trips() -> int:
+    """How many store round trips this process has waited for (a batch counts once)."""
+    return _ROUNDS[0]
 
 
 def requests_sent() -> int:
@@ -229,8 +240,38 @@ class TCPStore(Store):
 
         ``wait_s`` is how long the server may legitimately take (a blocking get/wait).
         """
-        frame = encode_request(op, fields, self._limits)  # InvalidArgument before any I/O
-        _SENT[0] += 1
+        return self._exchange([(op, fields)], what, wait_s)[0]
+
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        """Every request sent before the first reply is read: one round trip (the server
+        answers a connection's requests in order)."""
+        what = f"a batch of {len(ops)} requests"
+        return self._results(ops, self._exchange(_requests(ops), what), what)
+
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
+        """The batch and a blocking get in one write: the server answers the get once the
+        key is set (or at ``timeout_s``), after the batch."""
+        what = f"a batch of {len(ops)} requests and get({_show(key)})"
+        responses = self._exchange(
+            [*_requests(ops), (Op.GET, [key, encode_int(_ms(timeout_s))])], what, timeout_s)
+        last = responses[-1]
+        value = None if last.status is Status.TIMEOUT else self._one(last, what)
+        return self._results(ops, responses[:-1], what), value
+
+    def _results(self, ops: list[tuple[str, list[bytes]]], responses: list[Response],
+                 what: str) -> list[bytes | int | None]:
+        return [None if name == "set" else decode_int(self._one(response, what))
+                if name == "add" else self._one(response, what)
+                for (name, _), response in zip(ops, responses, strict=True)]
+
+    def _exchange(self, requests: list[tuple[Op, list[bytes]]], what: str,
+                  wait_s: float = 0.0) -> list[Response]:
+        """Send ``requests`` in one write and read their replies, translating failures."""
+        frame = b"".join(encode_request(op, fields, self._limits)  # before any I/O
+                         for op, fields in requests)
+        _SENT[0] += len(requests)
+        _ROUNDS[0] += 1
         with self._lock:
             if self._closed:
                 raise StoreError(f"{what} on a closed TCPStore ({self._peer})")
@@ -243,10 +284,13 @@ class TCPStore(Store):
             try:
                 sock.settimeout(reply_s)
                 sock.sendall(frame)
+                # only the last request may block (a get or wait after a batch)
+                responses = [read_response(sock, self._limits, self._peer)
+                             for _ in requests[:-1]]
                 watch: Watcher | None = getattr(self._watching_here, "watch", None)
                 if wait_s > 0 and watch is not None:
                     _await_reply(sock, reply_s, watch)
-                response = read_response(sock, self._limits, self._peer)
+                responses.append(read_response(sock, self._limits, self._peer))
             except _WatcherRaised as raised:
                 self._drop()  # a reply is still due on this stream: reconnect on the next call
                 raise raised.error from None
@@ -271,15 +315,16 @@ class TCPStore(Store):
                         f"have exited."
                     ) from exc
                 raise
-            if response.status is Status.CLOSED:
+            if any(response.status is Status.CLOSED for response in responses):
                 self._drop()
                 raise StoreError(
                     f"the store at {self._peer} went away during {what}: its server shut down"
                 )
-        if response.status is Status.ERROR:
-            message = response.fields[0].decode("utf-8", "replace") if response.fields else ""
-            raise StoreError(f"store at {self._peer} refused {what}: {message}")
-        return response
+        for response in responses:
+            if response.status is Status.ERROR:
+                message = response.fields[0].decode("utf-8", "replace") if response.fields else ""
+                raise StoreError(f"store at {self._peer} refused {what}: {message}")
+        return responses
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -372,6 +417,13 @@ def _dead_connection(exc: BaseException) -> bool:
     which Python also raises as ``TimeoutError``, unlike a socket timeout (no errno)."""
     return any(isinstance(e, OSError) and e.errno == errno.ETIMEDOUT
                for e in (exc, exc.__cause__))
+
+
+def _requests(ops: list[tuple[str, list[bytes]]]) -> list[tuple[Op, list[bytes]]]:
+    """``Store.batch``'s ops as wire requests."""
+    codes = {"set": Op.SET, "add": Op.ADD, "compare_set": Op.COMPARE_SET}
+    return [(codes[name], args if name != "add" else [args[0], encode_int(int(args[1]))])
+            for name, args in ops]
 
 
 def _show(key: bytes) -> str:

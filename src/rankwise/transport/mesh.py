@@ -20,9 +20,10 @@ from typing import Protocol
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
 from . import crowding
 from .hello import Hello
+from .resources import exhausted, retryable
 
 __all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "address_of", "exited_peers", "gather_addresses",
-           "local_address_for", "open_listener"]
+           "local_address_for", "open_listener", "out_of_resource"]
 
 
 class Exits(Protocol):
@@ -44,6 +45,8 @@ HANDSHAKE_TIMEOUT = float(os.environ.get("RANKWISE_HANDSHAKE_TIMEOUT", "10"))
 _CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
 _CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
 _KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``
+_QUIET = 1.0  #: seconds the higher ranks get to connect before the first look for ended ones
+_NOTICE_WAIT = 2.0  #: how long a cut handshake waits for the launcher to say the peer ended
 
 
 def exited_peers(store: Exits, ranks: list[int]) -> dict[int, str]:
@@ -81,7 +84,7 @@ def local_address_for(master_addr: str) -> str:
 
 def open_listener(rank: int, world_size: int, bind_host: str) -> socket.socket:
     """The socket ``rank`` takes its data connections on (an ephemeral port)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = _open_listener_socket(rank)
     try:
         listener.bind((bind_host, 0))
     except OSError as exc:
@@ -94,22 +97,39 @@ def open_listener(rank: int, world_size: int, bind_host: str) -> socket.socket:
     return listener
 
 
+def _open_listener_socket(rank: int) -> socket.socket:
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise out_of_resource(exc, f"rank {rank} could not open its listening socket") from exc
+
+
+def out_of_resource(exc: OSError, doing: str) -> DistNetworkError:
+    """``doing`` failed with ``exc``: the error to raise at once on this rank, naming the
+    local resource that ran out and its limit when it is one (``resources``)."""
+    what = exhausted(exc)
+    return DistNetworkError(f"{doing}: {what} ({exc})" if what else f"{doing}: {exc}")
+
+
 def address_of(listener: socket.socket) -> str:
     """``listener``'s entry in the address blob: ``host:port cpus`` (``crowding``)."""
     host, port = listener.getsockname()[:2]
     return crowding.entry(host, port)
 
 
-def gather_addresses(store: _KV, world_size: int) -> str | None:
+class _ManyReads(Protocol):
+    def read_many(self, keys: list[str]) -> list[bytes | None]: ...
+
+
+def gather_addresses(store: _ManyReads, world_size: int) -> str | None:
     """The address blob (every rank's entry, in rank order), read by the last rank to
     join a rendezvous in which each rank published its entry before counting itself in;
     None when some rank published none (it asked for another transport: its own mesh
     then gathers them, as without a rendezvous)."""
-    keys = [f"mesh/addr/{r}" for r in range(world_size)]
-    if not all(store.check(keys[i:i + _KEYS_PER_WAIT])
-               for i in range(0, world_size, _KEYS_PER_WAIT)):
+    values = store.read_many([f"mesh/addr/{r}" for r in range(world_size)])  # one trip
+    if any(value is None for value in values):
         return None
-    return "\n".join(store.get(key).decode() for key in keys)
+    return "\n".join(value.decode() for value in values if value is not None)
 
 
 class Mesh:
@@ -220,9 +240,21 @@ class Mesh:
                 f"rank {self.rank}: rank {peer} {how} before it opened its data connections "
                 f"(during init_process_group); the job cannot be formed without it")
 
+    def _await_exit_notice(self, peer: int) -> None:
+        """``peer`` cut the handshake: if it is dying, raise naming it, not our broken
+        connection. Its launcher's notice comes within milliseconds; the wait is bounded
+        (``_NOTICE_WAIT``), so a live peer's error is raised as it was, a moment later."""
+        limit = time.monotonic() + _NOTICE_WAIT
+        while True:
+            self._raise_if_exited([peer])
+            if time.monotonic() >= limit:
+                return
+            self._stop.wait(_CHECK_EVERY / 5)
+
     def _await_higher(self, deadline: float) -> None:
         """Wait until every higher rank has connected, an error, an ended peer, or the
         deadline."""
+        quiet = time.monotonic() + _QUIET  # a store round trip per look: none at first
         with self._changed:
             while True:
                 if self._errors or not self._missing():
@@ -231,7 +263,8 @@ class Mesh:
                 if left <= 0:
                     return
                 self._changed.wait(min(left, _CHECK_EVERY))
-                if not self._pending:  # no handshake in flight could still be one of them
+                # no handshake in flight could still be one of them
+                if not self._pending and time.monotonic() >= quiet:
                     self._raise_if_exited(self._missing())
 
     def _listen(self) -> socket.socket:
@@ -291,6 +324,9 @@ class Mesh:
                 sock = socket.create_connection((host, int(port_s)), timeout=max(remaining, 0.1))
                 break
             except OSError as exc:
+                if not retryable(exc):  # this host ran out of something: retrying cannot help
+                    raise out_of_resource(exc, f"rank {self.rank} could not connect to rank "
+                                               f"{peer} at {addr}") from exc
                 if time.monotonic() - checked > _CHECK_EVERY:
                     self._raise_if_exited([peer])
                     checked = time.monotonic()
@@ -302,6 +338,10 @@ class Mesh:
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             self.hello.as_client(sock, peer, addr)
+        except DistNetworkError:
+            sock.close()
+            self._await_exit_notice(peer)
+            raise
         except BaseException:
             sock.close()
             raise
@@ -332,10 +372,11 @@ class Mesh:
                     sock, addr = listener.accept()
                 except TimeoutError:
                     continue
-                except OSError:
+                except OSError as exc:
                     if self._stop.is_set():
                         return  # the listener was closed: connect() is done
-                    raise
+                    raise out_of_resource(exc, f"rank {self.rank} could not accept a data "
+                                               "connection") from exc
                 limit = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
                 with self._changed:
                     self._pending.add(sock)

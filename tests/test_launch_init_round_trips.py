@@ -1,0 +1,104 @@
+"""Serial store round trips of init's rendezvous and last step, counted in-process.
+
+Why counted, not timed: on a slow link (300 ms each way) init costs about one round trip
+per serial store request; ``Store.batch`` sends several as one. Ranks are threads sharing a
+``HashStore`` that counts, per thread, the requests a network store would wait for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rankwise.api.init import _rendezvous
+from rankwise.api.init_done import wait_all_initialized
+from rankwise.errors import InvalidArgument
+from rankwise.store import HashStore, PrefixStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _CountingStore(HashStore):
+    """A round trip per primitive request, and one per batch (not per request in it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trips: Counter[int] = Counter()
+        self._in_batch = threading.local()
+
+    def _count(self) -> None:
+        if not getattr(self._in_batch, "on", False):
+            self.trips[threading.get_ident()] += 1
+
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        self._count()
+        self._in_batch.on = True
+        try:
+            return super()._batch(ops)
+        finally:
+            self._in_batch.on = False
+
+
+for _name in ("_set", "_get", "_add", "_compare_set", "_wait", "_check"):
+    def _counted(self: _CountingStore, *args: Any, _name: str = _name) -> Any:
+        self._count()
+        return getattr(HashStore, _name)(self, *args)
+    setattr(_CountingStore, _name, _counted)
+
+
+def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
+    """Before batching: 11 per rank in the rendezvous (9 requests, a wait and a read; the
+    last rank to join N + 1 more to read the addresses) and 5-6 in the last step; now 3
+    (5 for the last: it reads the addresses and sets the verdict) and 3-4."""
+    store = _CountingStore()
+    store.set_watcher(lambda err: None)  # "watched": ranks but 0 look for ended peers rarely
+    n = 3
+    trips: dict[int, tuple[int, int]] = {}
+
+    def rank(r: int) -> None:
+        scoped = PrefixStore("rankwise/0", store)
+        me = threading.get_ident()
+        _rendezvous(scoped, r, n, 30.0, address=f"127.0.0.1:{1000 + r} 1")
+        joined = store.trips[me]
+        comm = SimpleNamespace(rank=r, world_size=n, router=SimpleNamespace(failure=None))
+        wait_all_initialized(scoped, comm, 30.0)
+        trips[r] = (joined, store.trips[me] - joined)
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(trips) == n, trips
+    # rank 0 also looks for ended peers every 0.5 s while it waits: not counted here
+    joined = sorted(trips[r][0] for r in range(1, n))
+    assert joined[:-1] == [3] * (n - 2), trips
+    assert joined[-1] <= 5, trips  # the last to join reads every address and sets the verdict
+    assert all(trips[r][1] <= 4 for r in range(1, n)), trips
+
+
+def test_a_batch_is_one_round_trip_on_a_tcp_store() -> None:
+    """``Store.batch`` and ``read_many`` over a real server: results in order, one round
+    trip (``round_trips``) for the lot, the namespace of a ``PrefixStore`` kept."""
+    from rankwise.store import TCPStore
+    from rankwise.store.tcp import requests_sent, round_trips
+
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=10.0) as master:
+        store = PrefixStore("ns", master)
+        trips, sent = round_trips(), requests_sent()
+        got = store.batch([("set", "a", "1"), ("add", "n", 5), ("compare_set", "c", "", "x"),
+                           ("compare_set", "c", "", "y")])
+        assert (round_trips() - trips, requests_sent() - sent) == (1, 4)
+        assert got == [None, 5, b"x", b"x"]
+        assert store.read_many(["a", "missing", "c"]) == [b"1", None, b"x"]
+        assert master.get("ns/a") == b"1" and not master.check(["missing"])
+        with pytest.raises(InvalidArgument):
+            store.batch([("delete", "a")])
+        trips = round_trips()
+        assert store.batch_then_wait_get([("set", "v/1", "x")], "a", 5.0) == ([None], b"1")
+        assert store.batch_then_wait_get([("add", "n", 1)], "never", 0.05) == ([6], None)
+        assert round_trips() - trips == 2  # one each: the batch and the get in one write
