@@ -30,7 +30,7 @@ def _departures(passes_on: bool) -> tuple[Departures, list[dict[str, Any]]]:
     comm: Any = SimpleNamespace(rank=1, world_size=4, closed=False, router=_Router(),
                                 transport=SimpleNamespace(passes_on=lambda: passes_on),
                                 calls=SimpleNamespace(doing=lambda: "barrier() #2"),
-                                peer_call_sources=[])
+                                peer_call_sources=[], last_call=None)
     dep = Departures(comm)
     sent: list[dict[str, Any]] = []
     dep.broadcast_abort = (  # type: ignore[method-assign]
