@@ -220,7 +220,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         buf = as_buffer(tensor, "tensor", writable=True)
         rop = _reduce_op(op, buf, "all_reduce")
         body = all_reduce_body(buf, rop)
-    return launch(g, Op.all_reduce, buf.dtype, len(buf.array), rop, 0, body, async_op,
+    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, async_op,
                   shape=buf.shape, outputs=[tensor])
 
 
