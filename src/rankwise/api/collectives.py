@@ -109,7 +109,7 @@ def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op:
     if runner.serial and group.queued is not None:
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
-    device, error = inline(call, lambda: _run(runner, call, body, op, ev))
+    device, error = inline(call, _run, runner, call, body, op, ev)
     return Work.ended(lambda: f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}",
                       outputs, device, error)
 

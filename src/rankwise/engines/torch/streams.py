@@ -278,14 +278,15 @@ class DeviceWaits:
                 return
         self.order(call, p)
 
-    def run_inline(self, call: Call, job: Callable[[], None]
+    def run_inline(self, call: Call, job: Callable[..., None], *args: Any
                    ) -> tuple[InlineWork, BaseException | None]:
-        """Run ``job`` (an ``async_op`` call) here, on the caller's thread and stream;
-        its device side, and the error it raised (for ``Work.wait``)."""
+        """Run ``job(*args)`` (an ``async_op`` call) here, on the caller's thread and
+        stream; its device side, and the error it raised (for ``Work.wait``). ``args``
+        rather than a closure: one function call less per async call."""
         holder = InlineWork(self, call)
         _local.holder = holder
         try:
-            job()
+            job(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             return holder, exc
         finally:
