@@ -31,7 +31,6 @@ class Work:
         self._error: BaseException | None = None
         self._result = result
         self._description: str | Callable[[], str] = description
-        self._on_done: list[Callable[[], None]] = []
         self._future: Future | None = None
         self._future_lock = threading.Lock()
         self.device = device
@@ -48,7 +47,6 @@ class Work:
         work._error = error
         work._result = result
         work._description = description
-        work._on_done = []
         work._future = None
         work._future_lock = _ENDED_LOCK
         work.device = device
@@ -97,16 +95,15 @@ class Work:
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; re-raise its error in this thread."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self._done.is_set() and not self._done.wait(seconds):
-            raise DistTimeout(f"{self.description} did not complete within {seconds}s")
+        done = self._done
+        if done is not _ENDED and not done.is_set():  # an inline call's has ended: no ask
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            if not done.wait(seconds):
+                raise DistTimeout(f"{self.description} did not complete within {seconds}s")
         if self._error is not None:
             raise self._error
         if self.device is not None:
             self.device.wait()
-        for fn in self._on_done:
-            fn()
-        self._on_done.clear()
         return True
 
     def is_completed(self) -> bool:

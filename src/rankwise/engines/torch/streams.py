@@ -279,9 +279,9 @@ class DeviceWaits:
         async call (``run_inline``) orders it only when waited for, unless ``then``
         says the caller's stream reads the result next (a post-step)."""
         p = self.watchdog.watch(call, work)
-        holder = current_holder()
+        holder = _local.holder  # current_holder(), written out: every device call
         if holder is not None:
-            holder.add(p)
+            holder.pendings.append(p)
             if holder.inline and not then:
                 return
         self.order(call, p)
