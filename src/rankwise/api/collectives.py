@@ -115,9 +115,9 @@ def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op:
     if runner.serial and group.queued is not None:
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
-    device, error = inline(call, lambda: _run(runner, call, body, op, ev))
-    return Work.ended(f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}", outputs,
-                      device, error)
+    device, error = inline(call, _run, runner, call, body, op, ev)
+    return Work.ended(lambda: f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}",
+                      outputs, device, error)
 
 
 def _run(engine: Engine, call: Call, body: Body, op: Op,
@@ -226,7 +226,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         buf = as_buffer(tensor, "tensor", writable=True)
         rop = _reduce_op(op, buf, "all_reduce")
         body = all_reduce_body(buf, rop)
-    return launch(g, Op.all_reduce, buf.dtype, len(buf.array), rop, 0, body, async_op,
+    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, async_op,
                   shape=buf.shape, outputs=[tensor])
 
 

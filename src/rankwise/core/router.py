@@ -50,7 +50,9 @@ class Router(Parking):
         self._p2p_posted: dict[int, list[Pending]] = {Kind.P2P: [], Kind.OBJ: []}
         self._p2p_arrived: dict[int, deque[Arrival]] = {Kind.P2P: deque(), Kind.OBJ: deque()}
         self._groups: dict[int, GroupState] = {}
-        self._failed: BaseException | None = None
+        #: the first failure (set once, under the lock); a plain attribute, not a property:
+        #: every call reads it two or three times
+        self.failure: BaseException | None = None
         self._gone: dict[int, BaseException] = {}  #: peers that left or died
         #: told (once, outside the lock) of the first failure: engines whose data plane
         #: rankwise does not own (a torch group) abort it so no rank stays blocked there
@@ -60,10 +62,6 @@ class Router(Parking):
 
     # --- state shared with callers ---------------------------------------------------
 
-    @property
-    def failure(self) -> BaseException | None:
-        return self._failed
-
     def peer_gone(self, rank: int) -> BaseException | None:
         return self._gone.get(rank)
 
@@ -72,15 +70,15 @@ class Router(Parking):
         ``rank`` broke: what the peer sent before it closed (an abort it relays, its
         goodbye) names the real cause better than the broken pipe does."""
         with self._news:
-            self._news.wait_for(lambda: self._failed is not None or rank in self._gone,
+            self._news.wait_for(lambda: self.failure is not None or rank in self._gone,
                                 timeout)
-            return self._failed or self._gone.get(rank)
+            return self.failure or self._gone.get(rank)
 
     def wait_for_any_cause(self, ranks: list[int], timeout: float) -> BaseException | None:
         """Like ``wait_for_cause``, for whichever of ``ranks`` is noted gone first (or a
         failure of the whole job): what explains a foreign engine's broken op."""
         def cause() -> BaseException | None:  # the first to go (dicts keep order)
-            return self._failed or next((exc for r, exc in self._gone.items() if r in ranks),
+            return self.failure or next((exc for r, exc in self._gone.items() if r in ranks),
                                         None)
         with self._news:
             self._news.wait_for(lambda: cause() is not None, timeout)
@@ -122,8 +120,8 @@ class Router(Parking):
 
     def check_alive(self, peers: list[int] | range | None = None) -> None:
         """Raise the failure that makes communication pointless, if there is one."""
-        if self._failed is not None:
-            raise self._failed
+        if self.failure is not None:
+            raise self.failure
         if peers is not None and self._gone:
             for p in peers:
                 exc = self._gone.get(p)
@@ -136,8 +134,8 @@ class Router(Parking):
         pending = Pending(buffer, key[2])
         copy_from: Arrival | None = None
         with self._lock:
-            if self._failed is not None:
-                pending.finish(None, self._failed)
+            if self.failure is not None:
+                pending.finish(None, self.failure)
                 return pending
             gone = self._gone.get(key[2])
             arrival = self._coll_arrived.pop(key, None)
@@ -174,8 +172,8 @@ class Router(Parking):
 
     def _match_p2p_locked(self, kind: int, pending: Pending) -> Arrival | None:
         """Post ``pending`` (lock held); the complete arrival to copy from, if one matched."""
-        if self._failed is not None:
-            pending.finish(None, self._failed)
+        if self.failure is not None:
+            pending.finish(None, self.failure)
             return None
         src, tag, group = pending.src, pending.tag, pending.group
         queue = self._p2p_arrived[kind]
@@ -387,10 +385,10 @@ class Router(Parking):
             with self._lock:
                 state = self._groups.get(frame.group)
                 fp = state.calls.get(frame.seq) if state is not None else None
-                if self._failed is None:
+                if self.failure is None:
                     self._coll_posted[key] = pending
-            if self._failed is not None:
-                pending.finish(None, self._failed)
+            if self.failure is not None:
+                pending.finish(None, self.failure)
             self._on_mismatch(frame, fp, f"rank {frame.src} sent {frame.payload_len} bytes "
                               f"where {pending.nbytes} were expected (uneven split sizes?)")
             return
@@ -408,13 +406,13 @@ class Router(Parking):
     def fail_all(self, exc: BaseException) -> None:
         """Poison the router: every waiter and every later post raises ``exc``."""
         with self._lock:
-            first = self._failed is None
+            first = self.failure is None
             if first:
                 # raised again from every wait of every thread: whatever exception one of
                 # them happened to be handling is not its context (a job-wide DeadlockError
                 # printed under a "PeerFailure ... during handling" header misleads)
                 exc.__suppress_context__ = True
-                self._failed = exc
+                self.failure = exc
             self._news.notify_all()
             waiters = list(self._coll_posted.values())
             self._coll_posted.clear()
@@ -439,7 +437,7 @@ class Router(Parking):
             self._parked_total = 0
             held = self._take_held()
         for p in waiters:
-            p.finish(None, self._failed)
+            p.finish(None, self.failure)
         self._resume_all(held)
         if first:
             for listener in list(self.on_failure):

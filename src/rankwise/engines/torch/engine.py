@@ -151,7 +151,7 @@ class TorchEngine:
         self.device: DeviceWaits | None = None
         #: ``async_op`` calls run on the caller's thread (``streams.DeviceWaits.run_inline``)
         #: where there is a device; None: on the async worker
-        self.run_inline: Callable[[Call, Callable[[], None]], Any] | None = None
+        self.run_inline: Callable[..., Any] | None = None
         if streams is not None:
             plane = CommPlane(self.waiter, self._flush)
             watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
