@@ -32,7 +32,7 @@ from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, 
 from ..transport.keepalive import heartbeat_timeout, keep_alive
 from ..transport.resources import exhausted
 from ..wire.auth import client_handshake, resolve_token
-from .base import DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
+from .base import _NEVER, DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
 from .protocol import (
     DEFAULT_LIMITS,
     INT64_MAX,
@@ -259,6 +259,23 @@ class TCPStore(Store):
         value = None if last.status is Status.TIMEOUT else self._one(last, what)
         return self._results(ops, responses[:-1], what), value
 
+    def _batch_wait_read(self, ops: list[tuple[str, list[bytes]]], keys: list[bytes],
+                         timeout_s: float) -> tuple[list[bytes | int | None], list[bytes],
+                                                    list[bytes | None]]:
+        """The batch, a blocking wait on ``keys`` and a read of each, in one write: the
+        server answers the wait once every key is set (or at ``timeout_s``), then the reads,
+        which see what the wait saw."""
+        what = f"a batch of {len(ops)} requests, wait({len(keys)} keys) and their reads"
+        reads = [(Op.COMPARE_SET, [key, _NEVER, _NEVER]) for key in keys]
+        responses = self._exchange(
+            [*_requests(ops), (Op.WAIT, [encode_int(_ms(timeout_s)), *keys]), *reads], what,
+            timeout_s, block_at=len(ops))
+        waited = responses[len(ops)]
+        missing = list(waited.fields) if waited.status is Status.TIMEOUT else []
+        values: list[bytes | None] = [] if missing else \
+            [self._one(response, what) for response in responses[len(ops) + 1:]]
+        return self._results(ops, responses[:len(ops)], what), missing, values
+
     def _results(self, ops: list[tuple[str, list[bytes]]], responses: list[Response],
                  what: str) -> list[bytes | int | None]:
         return [None if name == "set" else decode_int(self._one(response, what))
@@ -266,8 +283,10 @@ class TCPStore(Store):
                 for (name, _), response in zip(ops, responses, strict=True)]
 
     def _exchange(self, requests: list[tuple[Op, list[bytes]]], what: str,
-                  wait_s: float = 0.0) -> list[Response]:
-        """Send ``requests`` in one write and read their replies, translating failures."""
+                  wait_s: float = 0.0, block_at: int = -1) -> list[Response]:
+        """Send ``requests`` in one write and read their replies, translating failures.
+        ``block_at``: the one request that may block (a get or wait; default the last),
+        whose reply is awaited with the watcher asked meanwhile."""
         frame = b"".join(encode_request(op, fields, self._limits)  # before any I/O
                          for op, fields in requests)
         _SENT[0] += len(requests)
@@ -284,13 +303,15 @@ class TCPStore(Store):
             try:
                 sock.settimeout(reply_s)
                 sock.sendall(frame)
-                # only the last request may block (a get or wait after a batch)
+                # only one request may block (a get or wait after a batch)
+                blocking = block_at % len(requests)
                 responses = [read_response(sock, self._limits, self._peer)
-                             for _ in requests[:-1]]
+                             for _ in requests[:blocking]]
                 watch: Watcher | None = getattr(self._watching_here, "watch", None)
                 if wait_s > 0 and watch is not None:
                     _await_reply(sock, reply_s, watch)
-                responses.append(read_response(sock, self._limits, self._peer))
+                responses += [read_response(sock, self._limits, self._peer)
+                              for _ in requests[blocking:]]
             except _WatcherRaised as raised:
                 self._drop()  # a reply is still due on this stream: reconnect on the next call
                 raise raised.error from None
