@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class _CountingStore(HashStore):
-    """A round trip per primitive request, and one per batch (not per request in it)."""
+    """A round trip per primitive request, and one per batch (not per request in it), as
+    ``TCPStore`` pipelines them: a batch, a batch with a blocking get, a batch with a wait
+    on several keys and their reads."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,13 +37,26 @@ class _CountingStore(HashStore):
         if not getattr(self._in_batch, "on", False):
             self.trips[threading.get_ident()] += 1
 
-    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+    def _one_trip(self, call: Any) -> Any:
         self._count()
-        self._in_batch.on = True
+        outer, self._in_batch.on = getattr(self._in_batch, "on", False), True
         try:
-            return super()._batch(ops)
+            return call()
         finally:
-            self._in_batch.on = False
+            self._in_batch.on = outer
+
+    def _batch(self, ops: list[tuple[str, list[bytes]]]) -> list[bytes | int | None]:
+        return self._one_trip(lambda: super(_CountingStore, self)._batch(ops))  # type: ignore[no-any-return]
+
+    def _batch_then_get(self, ops: list[tuple[str, list[bytes]]], key: bytes,
+                        timeout_s: float) -> Any:
+        return self._one_trip(lambda: super(_CountingStore, self)._batch_then_get(
+            ops, key, timeout_s))
+
+    def _batch_wait_read(self, ops: list[tuple[str, list[bytes]]], keys: list[bytes],
+                         timeout_s: float) -> Any:
+        return self._one_trip(lambda: super(_CountingStore, self)._batch_wait_read(
+            ops, keys, timeout_s))
 
 
 for _name in ("_set", "_get", "_add", "_compare_set", "_wait", "_check"):
@@ -102,3 +118,79 @@ def test_a_batch_is_one_round_trip_on_a_tcp_store() -> None:
         assert store.batch_then_wait_get([("set", "v/1", "x")], "a", 5.0) == ([None], b"1")
         assert store.batch_then_wait_get([("add", "n", 1)], "never", 0.05) == ([6], None)
         assert round_trips() - trips == 2  # one each: the batch and the get in one write
+
+
+def test_the_rendezvous_hands_every_rank_all_host_identities() -> None:
+    """The engine choice's host round rides on the rendezvous (one round trip fewer on a
+    slow link): every rank gets every rank's ``host_identity()``, in rank order."""
+    from rankwise.shmem.host import host_identity
+
+    store = _CountingStore()
+    n = 3
+    got: dict[int, Any] = {}
+
+    def rank(r: int) -> None:
+        got[r] = _rendezvous(PrefixStore("rankwise/0", store), r, n, 30.0,
+                             address=f"127.0.0.1:{1000 + r} 1")
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == list(range(n)), got
+    assert all(j.hosts == [host_identity()] * n for j in got.values()), got
+    assert all(j.blob is not None and j.blob.count("\n") == n - 1 for j in got.values()), got
+
+
+def _open_segments(store: Any, nranks: int) -> dict[int, int]:
+    """Each rank's round trips in ``open_segment`` (ranks are threads)."""
+    from rankwise.shmem.layout import Layout
+    from rankwise.shmem.segment import open_segment
+
+    trips: dict[int, int] = {}
+
+    def rank(r: int) -> None:
+        me = threading.get_ident()
+        before = store.trips[me]
+        seg = open_segment(store, "seg", r, nranks, slot_bytes=65536, method="memfd",
+                           timeout=20.0, kind=Layout)
+        trips[r] = store.trips[me] - before
+        seg.mm.close()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(nranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return trips
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_shared_memory_setup_takes_two_round_trips_per_rank(nranks: int) -> None:
+    """Before: rank 0 set, waited, read each answer and set the verdict (3 + n - 1); each
+    peer waited and read the description, set its answer, waited and read the verdict
+    (5). Now 2 each: the description out with every answer back, and the answer out with
+    the verdict back."""
+    trips = _open_segments(_CountingStore(), nranks)
+    assert trips == {r: 2 for r in range(nranks)}, trips
+
+
+def test_a_batch_then_a_wait_on_several_keys_is_one_round_trip_on_a_tcp_store() -> None:
+    """``batch_then_wait_read`` over a real server: the batch's results, then every waited
+    key's value once all are set (None at the timeout), in one round trip each."""
+    from rankwise.store import TCPStore
+    from rankwise.store.tcp import round_trips
+
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10)) as master, \
+            TCPStore("127.0.0.1", master.port, timeout=timedelta(seconds=10)) as other:
+        store = PrefixStore("ns", master)
+        late = threading.Timer(0.2, lambda: other.set("ns/b", "2"))
+        late.start()
+        trips = round_trips()
+        got = store.batch_then_wait_read([("set", "a", "1"), ("add", "n", 2)], ["a", "b"], 5.0)
+        late.join()
+        assert got == ([None, 2], [b"1", b"2"])
+        assert store.batch_then_wait_read([], ["a", "never"], 0.05) == ([], None)
+        assert round_trips() - trips == 3  # one each, and the other client's set
+        assert store.batch_then_wait_read([("add", "n", 1)], ["b"], 1.0) == ([3], [b"2"])
