@@ -66,10 +66,14 @@ for _name in ("_set", "_get", "_add", "_compare_set", "_wait", "_check"):
     setattr(_CountingStore, _name, _counted)
 
 
-def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
+@pytest.mark.parametrize("rank_hosts", [False, True], ids=["launcher-hosts", "rank0-hosts"])
+def test_init_rendezvous_and_last_step_take_few_serial_round_trips(rank_hosts: bool) -> None:
     """Before batching: 11 per rank in the rendezvous (9 requests, a wait and a read; the
-    last rank to join N + 1 more to read the addresses) and 5-6 in the last step; now 3
-    (5 for the last: it reads the addresses and sets the verdict) and 3-4."""
+    last rank to join N + 1 more to read the addresses) and 5-6 in the last step; then 3
+    (5 for the last: it read the addresses, set the verdict and waited for it) and 3-4.
+    Now the last to join takes 4 (its verdict is the one it set), and when no rank hosts
+    the store (a launcher does) the last step takes 2: nobody holds the store for the
+    others, so they do not count themselves in."""
     store = _CountingStore()
     store.set_watcher(lambda err: None)  # "watched": ranks but 0 look for ended peers rarely
     n = 3
@@ -78,10 +82,13 @@ def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
     def rank(r: int) -> None:
         scoped = PrefixStore("rankwise/0", store)
         me = threading.get_ident()
-        _rendezvous(scoped, r, n, 30.0, address=f"127.0.0.1:{1000 + r} 1")
+        hosting = rank_hosts and r == 0
+        got = _rendezvous(scoped, r, n, 30.0, hosting=hosting,
+                          address=f"127.0.0.1:{1000 + r} 1")
+        assert got.hosted == rank_hosts
         joined = store.trips[me]
         comm = SimpleNamespace(rank=r, world_size=n, router=SimpleNamespace(failure=None))
-        wait_all_initialized(scoped, comm, 30.0)
+        wait_all_initialized(scoped, comm, 30.0, hosting=hosting, held=got.hosted)
         trips[r] = (joined, store.trips[me] - joined)
 
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(n)]
@@ -93,8 +100,8 @@ def test_init_rendezvous_and_last_step_take_few_serial_round_trips() -> None:
     # rank 0 also looks for ended peers every 0.5 s while it waits: not counted here
     joined = sorted(trips[r][0] for r in range(1, n))
     assert joined[:-1] == [3] * (n - 2), trips
-    assert joined[-1] <= 5, trips  # the last to join reads every address and sets the verdict
-    assert all(trips[r][1] <= 4 for r in range(1, n)), trips
+    assert joined[-1] <= 4, trips  # the last to join reads every address and sets the verdict
+    assert all(trips[r][1] <= (4 if rank_hosts else 2) for r in range(1, n)), trips
 
 
 def test_a_batch_is_one_round_trip_on_a_tcp_store() -> None:

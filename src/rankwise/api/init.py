@@ -165,7 +165,7 @@ def init_process_group(
             generation, rank, world_size = ticket.generation, ticket.rank, ticket.world_size
             launch_ranks, admitted = ticket.launch_ranks, ticket.admitted
         scoped = generation_store(plan, generation)
-        transport, hosts = _connect(plan, scoped, rank, world_size)
+        transport, joined = _connect(plan, scoped, rank, world_size)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from ..doctor import explain_init_failure
@@ -173,7 +173,7 @@ def init_process_group(
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
-    world = start_world(plan, scoped, rank, world_size, transport, generation, hosts=hosts)
+    world = start_world(plan, scoped, rank, world_size, transport, generation, joined=joined)
     world.launch_ranks, world.admitted = launch_ranks, admitted
     world.joined = os.environ.get(JOIN_ENV) == "1"
 
@@ -192,11 +192,11 @@ def generation_store(plan: WorldSpec, generation: int) -> Any:
 
 
 def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
-             wait_s: float | None = None) -> tuple[Any, list[str] | None]:
+             wait_s: float | None = None) -> tuple[Any, Joined]:
     """The rendezvous, then the transport to every peer (tcp: listen first and publish
     the address in the rendezvous, whose last rank to join hands every rank the whole
-    address blob: one round of the job, not two); returns it and every rank's host
-    identity (``Joined.hosts``)."""
+    address blob: one round of the job, not two); returns it and what the rendezvous
+    brought (``Joined``)."""
     listener = open_listener(rank, world_size, plan.bind) \
         if world_size > 1 and requested_transport() == "tcp" else None
     try:
@@ -205,7 +205,7 @@ def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
                              hosting=getattr(plan.store, "server", None) is not None,
                              address=None if listener is None else address_of(listener))
         return open_transport(rank, world_size, scoped, joined.job, plan.secret, plan.bind,
-                              limit, listener, joined.blob), joined.hosts
+                              limit, listener, joined.blob), joined
     except BaseException:
         if listener is not None:
             listener.close()
@@ -214,10 +214,10 @@ def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
 
 def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transport: Any,
                 generation: int = 0, wait_s: float | None = None,
-                hosts: list[str] | None = None) -> World:
+                joined: Joined | None = None) -> World:
     """Put this process's world together on a connected ``transport`` and make it the
     current one; returns when every rank got this far (``wait_all_initialized``).
-    ``hosts``: every rank's host identity, when the rendezvous brought them."""
+    ``joined``: what the rendezvous brought (hosts, whether a rank hosts the store)."""
     # diagnosis builds on api: imported here, not at module level
     from ..diagnosis.dump import install_signal_dumps
     from ..diagnosis.recorders import attach_recorders
@@ -238,10 +238,12 @@ def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transp
         _start_live(comm)
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
-    default.engine = choose_engine(default, scoped, plan.timeout, hosts, plan.device)
+    default.engine = choose_engine(default, scoped, plan.timeout,
+                                   None if joined is None else joined.hosts, plan.device)
     # no rank leaves a peer still in init (nor the store's host a peer still reading it)
     wait_all_initialized(scoped, comm, plan.timeout if wait_s is None else wait_s,
-                         hosting=getattr(plan.store, "server", None) is not None)
+                         hosting=getattr(plan.store, "server", None) is not None,
+                         held=joined is None or joined.hosted)
     return world
 
 
@@ -274,8 +276,8 @@ def connect_world(plan: WorldSpec, generation: int, rank: int, world_size: int,
     what ``shrink`` and ``grow`` build, with init's own rendezvous and engines (their
     waits bounded by ``wait_s``; the new world's calls by init's timeout)."""
     scoped = generation_store(plan, generation)
-    transport, hosts = _connect(plan, scoped, rank, world_size, wait_s)
-    return start_world(plan, scoped, rank, world_size, transport, generation, wait_s, hosts)
+    transport, joined = _connect(plan, scoped, rank, world_size, wait_s)
+    return start_world(plan, scoped, rank, world_size, transport, generation, wait_s, joined)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:
@@ -352,6 +354,8 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                    "its own RANK (0..world_size-1)")
     # the address before counting in: the last to join finds every one
     addressed = [] if address is None else [("set", f"mesh/addr/{rank}", address)]
+    if hosting:  # the others then count themselves in for its hold (``init_done``)
+        addressed.append(("set", "hosted", str(rank)))
     *_, job_b, count = store.batch([
         ("compare_set", "build/by", "", f"rank {rank} ({me})"), ("set", f"joined/{rank}", me),
         ("set", f"host/{rank}", host_identity()),
@@ -362,13 +366,15 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     # only rank 0 looks for ended ranks often (it wakes the others through this key; the
     # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
     # costs O(1) requests per second for the job, not O(N). Its value is the verdict:
-    # "error" (see ``fail``), or "ok" followed by the address blob when there is one
-    if int(count) == world_size:
-        store.compare_set("joined/all", "", _verdict(store, world_size, address is not None))
+    # "error" (see ``fail``), or "ok" followed by what every rank needs (``_verdict``).
+    # The last to join knows it (its own, or an error set meanwhile): no wait there
+    verdict_b: bytes | None = store.compare_set(
+        "joined/all", "", _verdict(store, world_size, address is not None)) \
+        if int(count) == world_size else None
     poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
-    while True:
+    while verdict_b is None:
         remaining = deadline - time.monotonic()
         # the wait and the read in one round trip; if not yet: a failure, an ended peer?
         verdict_b = store.wait_get("joined/all", max(0.05, min(poll, remaining)))
@@ -400,10 +406,12 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     verdict, _, rest = verdict_b.decode().partition("\n")
     if verdict != _OK:  # "error": ``fail`` set the reason first
         raise failed_elsewhere()
-    hosts_json, _, blob = rest.partition("\n")
-    hosts = json.loads(hosts_json)
+    about_json, _, blob = rest.partition("\n")
+    about = json.loads(about_json)
+    hosts = about.get("hosts") if isinstance(about, dict) else None
     return Joined(bytes.fromhex(job_hex), blob or None,
-                  [str(h) for h in hosts] if isinstance(hosts, list) else None)
+                  [str(h) for h in hosts] if isinstance(hosts, list) else None,
+                  bool(about.get("hosted", True)) if isinstance(about, dict) else True)
 
 
 _OK = "ok"  #: ``joined/all`` when every rank joined without a conflict
@@ -411,23 +419,29 @@ _OK = "ok"  #: ``joined/all`` when every rank joined without a conflict
 
 class Joined(NamedTuple):
     """What the rendezvous hands every rank: the job's id, every rank's data address
-    (the blob, when each gave one) and every rank's ``host_identity()`` in rank order
-    (the engine choice's first round, carried here: one round trip fewer on a slow link)."""
+    (the blob, when each gave one), every rank's ``host_identity()`` in rank order (the
+    engine choice's first round, carried here: one round trip fewer on a slow link), and
+    whether a rank hosts the store (else no rank holds it at the end of init, and the
+    others need not count themselves in for that: ``init_done``)."""
 
     job: bytes
     blob: str | None
     hosts: list[str] | None
+    hosted: bool
 
 
 def _verdict(store: Any, world_size: int, addressed: bool) -> str:
-    """``joined/all``'s value, set by the last rank to join: "ok", every rank's host
-    identity as a JSON list, and the address blob, each on its own line (one read)."""
-    keys = [f"host/{r}" for r in range(world_size)]
+    """``joined/all``'s value, set by the last rank to join: "ok", a JSON object (every
+    rank's host identity, whether a rank hosts the store) and the address blob, each on
+    its own line (one read)."""
+    keys = [f"host/{r}" for r in range(world_size)] + ["hosted"]
     values = store.read_many(keys + (address_keys(world_size) if addressed else []))
     hosts = values[:world_size]
-    blob = address_blob(values[world_size:]) if addressed else None
-    listed = None if any(h is None for h in hosts) else [h.decode() for h in hosts if h is not None]
-    return f"{_OK}\n{json.dumps(listed)}\n{blob or ''}"
+    blob = address_blob(values[world_size + 1:]) if addressed else None
+    listed = None if any(h is None for h in hosts) else \
+        [h.decode() for h in hosts if h is not None]
+    about = {"hosts": listed, "hosted": values[world_size] is not None}
+    return f"{_OK}\n{json.dumps(about)}\n{blob or ''}"
 
 
 def _build() -> str:
