@@ -201,3 +201,29 @@ def test_a_batch_then_a_wait_on_several_keys_is_one_round_trip_on_a_tcp_store() 
         assert store.batch_then_wait_read([], ["a", "never"], 0.05) == ([], None)
         assert round_trips() - trips == 3  # one each, and the other client's set
         assert store.batch_then_wait_read([("add", "n", 1)], ["b"], 1.0) == ([3], [b"2"])
+
+
+def test_the_launchers_rendezvous_takes_five_round_trips() -> None:
+    """Each launcher's rendezvous (``launch.rendezvous``) on a fixed-size job: before, 6
+    (the job, the claim, the arrival, its entry, the wait for "closed", the entries);
+    now 5, its entry going out with the first look at "closed". Launchers are threads."""
+    from rankwise.launch.rendezvous import NodeInfo, rendezvous
+
+    store = _CountingStore()
+    trips: dict[int, int] = {}
+    ranks: dict[int, int] = {}
+
+    def node(r: int) -> None:
+        me = threading.get_ident()
+        ranks[r] = rendezvous(store, NodeInfo(host=f"h{r}", pid=r, nproc=2, node_rank=r,
+                                              min_nodes=2, max_nodes=2, rdzv_id="x"),
+                              20.0).node_rank
+        trips[r] = store.trips[me]
+
+    threads = [threading.Thread(target=node, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert ranks == {0: 0, 1: 1}
+    assert trips == {0: 5, 1: 5}, trips
