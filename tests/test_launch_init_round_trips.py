@@ -227,3 +227,58 @@ def test_the_launchers_rendezvous_takes_five_round_trips() -> None:
         t.join(30)
     assert ranks == {0: 0, 1: 1}
     assert trips == {0: 5, 1: 5}, trips
+
+
+def test_the_token_proof_goes_with_the_first_request_and_still_guards_both_sides() -> None:
+    """``prove_with_first_request`` (init's store): the connection is ready after the
+    first exchange of the handshake, the proof travels with the first request (a round
+    trip less). A wrong token is still refused, and the server carried out nothing of
+    what came with the refused proof."""
+    from rankwise.errors import AuthError
+    from rankwise.store import TCPStore
+
+    ten = timedelta(seconds=10)
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=ten, token="right") as master:
+        with TCPStore("127.0.0.1", master.port, timeout=ten, token="wrong",
+                      prove_with_first_request=True) as intruder, \
+                pytest.raises(AuthError, match="rejected our token"):
+            intruder.set("planted", "x")
+        assert not master.check(["planted"])
+        with TCPStore("127.0.0.1", master.port, timeout=ten, token="right",
+                      prove_with_first_request=True) as client:
+            client.set("k", "v")
+            assert master.get("k") == b"v" and client.get("k") == b"v"
+
+
+def test_a_server_that_cannot_prove_the_token_is_not_believed() -> None:
+    """With the proof sent ahead, the client still reads the server's proof before any
+    reply: a listener that says "ok" without knowing the token gets an ``AuthError``,
+    not its forged answer trusted."""
+    import socket
+
+    from rankwise.errors import AuthError
+    from rankwise.store import TCPStore
+    from rankwise.wire import auth
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def impostor() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            auth.recv_exact(conn, len(auth._MAGIC) + 1 + len(b"store") + 1 + auth._NONCE, "")
+            conn.sendall(auth._MAGIC + bytes([0]) + bytes(auth._NONCE))
+            auth.recv_exact(conn, auth._MAC, "")  # the proof (and the request behind it)
+            conn.sendall(bytes([0]) + bytes(auth._MAC) + b"forged reply")
+            conn.recv(1)  # until the client hangs up
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    try:
+        with TCPStore("127.0.0.1", port, timeout=timedelta(seconds=5), token="t",
+                      prove_with_first_request=True) as client, \
+                pytest.raises(AuthError, match="could not prove"):
+            client.get("anything")
+    finally:
+        listener.close()
+        thread.join(5)

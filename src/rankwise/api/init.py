@@ -151,7 +151,8 @@ def init_process_group(
     stage = "store"  # what init was doing when it failed: the doctor's hint for the port
     try:
         if store is None:
-            store = _open_store(spec, timeout_s, secret)
+            # the token's proof goes with the rendezvous's first request: a round trip less
+            store = _open_store(spec, timeout_s, secret, prove_with_first_request=True)
         stage = "rendezvous"
         base = PrefixStore(f"rankwise/{restart}", store)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
