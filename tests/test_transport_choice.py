@@ -6,6 +6,7 @@ factory uses to tell hosts apart), so a mixed-host job runs on one machine.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -113,15 +114,17 @@ def w_blob(rank: int, size: int, port: int) -> Any:
 @pytest.mark.procs
 @pytest.mark.parametrize("connect", ["eager", "lazy"])
 def test_tcp_ranks_learn_every_address_in_the_rendezvous(connect: str) -> None:
-    """Each rank publishes its data address before counting itself in; the last to join
-    hands all of them out with the verdict, so no rank gathers them again."""
+    """Each rank publishes its data address (and host identity) before counting itself
+    in; the last to join hands all of them out with the verdict, so no rank gathers them
+    again."""
     out = run_ranks(w_blob, 3, args=(free_port(),), init=False, timeout=TIMEOUT,
                     env={"RANKWISE_TRANSPORT": "tcp", "RANKWISE_ENGINE": "tcp",
                          "RANKWISE_CONNECT": connect})
     assert all(r.ok for r in out), [r.traceback or r.message for r in out]
     for verdict, gathered_again, total in (r.value for r in out):
-        assert verdict[0] == "ok" and len(verdict) == 4, verdict
-        assert all(":" in line for line in verdict[1:]), verdict
+        assert verdict[0] == "ok" and len(verdict) == 5, verdict
+        assert len(json.loads(verdict[1])["hosts"]) == 3, verdict  # every rank's host
+        assert all(":" in line for line in verdict[2:]), verdict
         assert not gathered_again
         assert total == 6
 

@@ -6,13 +6,16 @@ and why: docs/design.md, "init_process_group".
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._version import __version__
 from ..checks.groups import GroupEntry, agree_on_group
@@ -35,9 +38,10 @@ from ..store.seen import HOLD_LIMIT, count_seen_and_hold
 from ..transport.factory import open_transport, requested_transport
 from ..transport.keepalive import heartbeat_timeout
 from ..transport.mesh import (
+    address_blob,
+    address_keys,
     address_of,
     exited_peers,
-    gather_addresses,
     local_address_for,
     open_listener,
 )
@@ -147,7 +151,8 @@ def init_process_group(
     stage = "store"  # what init was doing when it failed: the doctor's hint for the port
     try:
         if store is None:
-            store = _open_store(spec, timeout_s, secret)
+            # the token's proof goes with the rendezvous's first request: a round trip less
+            store = _open_store(spec, timeout_s, secret, prove_with_first_request=True)
         stage = "rendezvous"
         base = PrefixStore(f"rankwise/{restart}", store)
         bind = os.environ.get("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
@@ -161,7 +166,7 @@ def init_process_group(
             generation, rank, world_size = ticket.generation, ticket.rank, ticket.world_size
             launch_ranks, admitted = ticket.launch_ranks, ticket.admitted
         scoped = generation_store(plan, generation)
-        transport = _connect(plan, scoped, rank, world_size)
+        transport, joined = _connect(plan, scoped, rank, world_size)
     except DistError as exc:
         if not isinstance(exc, InvalidArgument):
             from ..doctor import explain_init_failure
@@ -169,7 +174,7 @@ def init_process_group(
             explain_init_failure(exc, hosting=stage == "store" and rank == 0 and not _agent(),
                                  token=secret)
         raise
-    world = start_world(plan, scoped, rank, world_size, transport, generation)
+    world = start_world(plan, scoped, rank, world_size, transport, generation, joined=joined)
     world.launch_ranks, world.admitted = launch_ranks, admitted
     world.joined = os.environ.get(JOIN_ENV) == "1"
 
@@ -188,19 +193,20 @@ def generation_store(plan: WorldSpec, generation: int) -> Any:
 
 
 def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
-             wait_s: float | None = None) -> Any:
+             wait_s: float | None = None) -> tuple[Any, Joined]:
     """The rendezvous, then the transport to every peer (tcp: listen first and publish
     the address in the rendezvous, whose last rank to join hands every rank the whole
-    address blob: one round of the job, not two)."""
+    address blob: one round of the job, not two); returns it and what the rendezvous
+    brought (``Joined``)."""
     listener = open_listener(rank, world_size, plan.bind) \
         if world_size > 1 and requested_transport() == "tcp" else None
     try:
         limit = plan.timeout if wait_s is None else wait_s
-        job, blob = _rendezvous(scoped, rank, world_size, limit,
-                                hosting=getattr(plan.store, "server", None) is not None,
-                                address=None if listener is None else address_of(listener))
-        return open_transport(rank, world_size, scoped, job, plan.secret, plan.bind,
-                              limit, listener, blob)
+        joined = _rendezvous(scoped, rank, world_size, limit,
+                             hosting=getattr(plan.store, "server", None) is not None,
+                             address=None if listener is None else address_of(listener))
+        return open_transport(rank, world_size, scoped, joined.job, plan.secret, plan.bind,
+                              limit, listener, joined.blob), joined
     except BaseException:
         if listener is not None:
             listener.close()
@@ -208,9 +214,11 @@ def _connect(plan: WorldSpec, scoped: Any, rank: int, world_size: int,
 
 
 def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transport: Any,
-                generation: int = 0, wait_s: float | None = None) -> World:
+                generation: int = 0, wait_s: float | None = None,
+                joined: Joined | None = None) -> World:
     """Put this process's world together on a connected ``transport`` and make it the
-    current one; returns when every rank got this far (``wait_all_initialized``)."""
+    current one; returns when every rank got this far (``wait_all_initialized``).
+    ``joined``: what the rendezvous brought (hosts, whether a rank hosts the store)."""
     # diagnosis builds on api: imported here, not at module level
     from ..diagnosis.dump import install_signal_dumps
     from ..diagnosis.recorders import attach_recorders
@@ -228,16 +236,39 @@ def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transp
     set_world(world)
     _install_hooks()
     if os.environ.get("RANKWISE_LIVE") == "1":  # `rankwise run` serves the live page
-        from ..live.publisher import start_publisher
-
-        start_publisher(comm)
+        _start_live(comm)
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))
-    default.engine = choose_engine(default, scoped, plan.timeout, device=plan.device)
+    default.engine = choose_engine(default, scoped, plan.timeout,
+                                   None if joined is None else joined.hosts, plan.device)
     # no rank leaves a peer still in init (nor the store's host a peer still reading it)
     wait_all_initialized(scoped, comm, plan.timeout if wait_s is None else wait_s,
-                         hosting=getattr(plan.store, "server", None) is not None)
+                         hosting=getattr(plan.store, "server", None) is not None,
+                         held=joined is None or joined.hosted)
     return world
+
+
+def _start_live(comm: Communicator) -> None:
+    """Start this rank's live-page publisher beside init, not in it: its own store
+    connection and first snapshot are 5 round trips, seconds on a slow link, and the page
+    is best effort, never the job's. A process ending meanwhile waits (bounded) for it and
+    publishes its last state, as one that started it in line would."""
+    from ..live.publisher import current_publisher, start_publisher
+
+    starter = threading.Thread(target=start_publisher, args=(comm,), name="rankwise-live-start",
+                               daemon=True)
+    starter.start()
+
+    def at_exit() -> None:
+        if starter.is_alive():  # its own last snapshot at exit was not registered in time
+            starter.join(_LIVE_START_WAIT)
+            publisher = current_publisher()
+            if publisher is not None:
+                publisher.final()
+    atexit.register(at_exit)
+
+
+_LIVE_START_WAIT = 5.0  #: seconds an ending process waits for its publisher to start
 
 
 def connect_world(plan: WorldSpec, generation: int, rank: int, world_size: int,
@@ -246,8 +277,8 @@ def connect_world(plan: WorldSpec, generation: int, rank: int, world_size: int,
     what ``shrink`` and ``grow`` build, with init's own rendezvous and engines (their
     waits bounded by ``wait_s``; the new world's calls by init's timeout)."""
     scoped = generation_store(plan, generation)
-    transport = _connect(plan, scoped, rank, world_size, wait_s)
-    return start_world(plan, scoped, rank, world_size, transport, generation, wait_s)
+    transport, joined = _connect(plan, scoped, rank, world_size, wait_s)
+    return start_world(plan, scoped, rank, world_size, transport, generation, wait_s, joined)
 
 
 def _store_watcher(comm: Communicator) -> Watcher:
@@ -269,7 +300,7 @@ def _store_watcher(comm: Communicator) -> Watcher:
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
-                hosting: bool = False, address: str | None = None) -> tuple[bytes, str | None]:
+                hosting: bool = False, address: str | None = None) -> Joined:
     """Agree on world size and identities; return the job's id (shared by all ranks) and,
     when every rank gave its data ``address``, the address blob (else None)."""
     def failed(exc: RendezvousError, late_ones: bool = True) -> RendezvousError:
@@ -324,8 +355,11 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                    "its own RANK (0..world_size-1)")
     # the address before counting in: the last to join finds every one
     addressed = [] if address is None else [("set", f"mesh/addr/{rank}", address)]
+    if hosting:  # the others then count themselves in for its hold (``init_done``)
+        addressed.append(("set", "hosted", str(rank)))
     *_, job_b, count = store.batch([
         ("compare_set", "build/by", "", f"rank {rank} ({me})"), ("set", f"joined/{rank}", me),
+        ("set", f"host/{rank}", host_identity()),
         *addressed, ("compare_set", "job", "", secrets.token_hex(8)),
         ("add", "joined/count", 1)])
     job_hex = job_b.decode()
@@ -333,14 +367,15 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
     # only rank 0 looks for ended ranks often (it wakes the others through this key; the
     # others look every 10 s in case rank 0 itself is gone): the polling of a slow start
     # costs O(1) requests per second for the job, not O(N). Its value is the verdict:
-    # "error" (see ``fail``), or "ok" followed by the address blob when there is one
-    if int(count) == world_size:
-        blob = gather_addresses(store, world_size) if address is not None else None
-        store.compare_set("joined/all", "", _OK if blob is None else f"{_OK}\n{blob}")
+    # "error" (see ``fail``), or "ok" followed by what every rank needs (``_verdict``).
+    # The last to join knows it (its own, or an error set meanwhile): no wait there
+    verdict_b: bytes | None = store.compare_set(
+        "joined/all", "", _verdict(store, world_size, address is not None)) \
+        if int(count) == world_size else None
     poll = 0.5 if rank == 0 else 10.0
     deadline = time.monotonic() + timeout_s
     auth_note = ""
-    while True:
+    while verdict_b is None:
         remaining = deadline - time.monotonic()
         # the wait and the read in one round trip; if not yet: a failure, an ended peer?
         verdict_b = store.wait_get("joined/all", max(0.05, min(poll, remaining)))
@@ -369,13 +404,45 @@ def _rendezvous(store: Any, rank: int, world_size: int, timeout_s: float,
                 f"{timeout_s:.0f}s; missing ranks {missing}. Check that every process "
                 f"was started, with WORLD_SIZE={world_size} and its own RANK, and that it "
                 f"reaches MASTER_ADDR:MASTER_PORT.{hint}", late_ones=False) from None
-    verdict, _, blob = verdict_b.decode().partition("\n")
+    verdict, _, rest = verdict_b.decode().partition("\n")
     if verdict != _OK:  # "error": ``fail`` set the reason first
         raise failed_elsewhere()
-    return bytes.fromhex(job_hex), blob or None
+    about_json, _, blob = rest.partition("\n")
+    about = json.loads(about_json)
+    hosts = about.get("hosts") if isinstance(about, dict) else None
+    return Joined(bytes.fromhex(job_hex), blob or None,
+                  [str(h) for h in hosts] if isinstance(hosts, list) else None,
+                  bool(about.get("hosted", True)) if isinstance(about, dict) else True)
 
 
 _OK = "ok"  #: ``joined/all`` when every rank joined without a conflict
+
+
+class Joined(NamedTuple):
+    """What the rendezvous hands every rank: the job's id, every rank's data address
+    (the blob, when each gave one), every rank's ``host_identity()`` in rank order (the
+    engine choice's first round, carried here: one round trip fewer on a slow link), and
+    whether a rank hosts the store (else no rank holds it at the end of init, and the
+    others need not count themselves in for that: ``init_done``)."""
+
+    job: bytes
+    blob: str | None
+    hosts: list[str] | None
+    hosted: bool
+
+
+def _verdict(store: Any, world_size: int, addressed: bool) -> str:
+    """``joined/all``'s value, set by the last rank to join: "ok", a JSON object (every
+    rank's host identity, whether a rank hosts the store) and the address blob, each on
+    its own line (one read)."""
+    keys = [f"host/{r}" for r in range(world_size)] + ["hosted"]
+    values = store.read_many(keys + (address_keys(world_size) if addressed else []))
+    hosts = values[:world_size]
+    blob = address_blob(values[world_size + 1:]) if addressed else None
+    listed = None if any(h is None for h in hosts) else \
+        [h.decode() for h in hosts if h is not None]
+    about = {"hosts": listed, "hosted": values[world_size] is not None}
+    return f"{_OK}\n{json.dumps(about)}\n{blob or ''}"
 
 
 def _build() -> str:

@@ -32,16 +32,21 @@ _DONE = b"1"  # ``init/all`` when every rank got there; else why not
 
 
 def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
-                         hosting: bool = False) -> None:
+                         hosting: bool = False, held: bool = True) -> None:
     """Count this rank in and wait until every rank of ``comm`` finished init; then, when
-    ``hosting`` the store, hold it until every rank has read that (``store.seen``)."""
+    ``hosting`` the store, hold it until every rank has read that (``store.seen``).
+    ``held``: whether a rank hosts the store (the rendezvous says); when none does (a
+    launcher does), nobody holds it for the others, and counting in is a round trip
+    (two for the last) that nobody reads."""
     rank, n = comm.rank, comm.world_size
     if n == 1:
         return
     _, done = store.batch([("set", f"init/done/{rank}", "1"), ("add", "init/done", 1)])
     # the last one in knows the verdict it sets: no read back
     if int(done) == n and store.compare_set("init/all", "", _DONE) == _DONE:
-        count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+        if held or hosting:
+            count_seen_and_hold(store, "init/seen", lambda: n, hosting,
+                                min(HOLD_LIMIT, timeout_s))
         return
     deadline = time.monotonic() + timeout_s
     others = [r for r in range(n) if r != rank]
@@ -54,7 +59,9 @@ def wait_all_initialized(store: Any, comm: Communicator, timeout_s: float,
             if verdict != _DONE:
                 peer, _, how = verdict.decode("utf-8", "replace").partition(" ")
                 raise _gone(rank, int(peer), how)
-            count_seen_and_hold(store, "init/seen", lambda: n, hosting, min(HOLD_LIMIT, timeout_s))
+            if held or hosting:
+                count_seen_and_hold(store, "init/seen", lambda: n, hosting,
+                                    min(HOLD_LIMIT, timeout_s))
             return
         failure = comm.router.failure
         if failure is not None:

@@ -106,16 +106,19 @@ def _resolve_store(init_method: str, rank: int, world_size: int) -> _StoreSpec:
                           "tcp://host:port or file:///path")
 
 
-def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None) -> Any:
+def _open_store(spec: _StoreSpec, timeout_s: float, secret: bytes | None,
+                prove_with_first_request: bool = False) -> Any:
     """The job's store as ``spec`` names it (rank 0 hosts a TCP one unless a launcher
-    already serves it)."""
+    already serves it). ``prove_with_first_request``: for a caller whose first request
+    follows at once (``TCPStore``'s option of that name)."""
     if spec.scheme == "file":
         return FileStore(spec.path, spec.world_size)
     if spec.scheme == "torchrun":
         return _open_torchrun_store(spec, timeout_s)
     return TCPStore(spec.host, spec.port, world_size=None,
                     is_master=(spec.rank == 0 and not _agent()),
-                    timeout=timedelta(seconds=timeout_s), token=secret)
+                    timeout=timedelta(seconds=timeout_s), token=secret,
+                    prove_with_first_request=prove_with_first_request)
 
 
 def _under_torchrun_agent() -> bool:

@@ -154,13 +154,20 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
         )
     last = [("compare_set", _key("closed"), "", str(arrival))] if arrival == me.max_nodes \
         else []
-    store.batch([("set", _key(f"node/{arrival}"), me.dumps()), *last])
+    publish = [("set", _key(f"node/{arrival}"), me.dumps()), *last]
+    closed_b: bytes | None = None
     if not last and arrival >= me.min_nodes and arrival == me.min_nodes:
+        store.batch(publish)
         try:
             store.wait([_key("closed")], timeout=last_call)
         except DistTimeout:
             store.compare_set(_key("closed"), "", str(store.add(_key("joined"), 0)))
-    n = _await_closed(store, me, timeout, say)
+    else:  # this node's entry out and the first look at "closed" in one round trip
+        _, closed_b = store.batch_then_wait_get(publish, _key("closed"),
+                                                min(_QUIET, timeout))
+        publish = []  # sent, and the quiet second spent
+    n = int(closed_b) if closed_b is not None else \
+        _await_closed(store, me, timeout, say, quiet=0.0 if publish else _QUIET)
     if arrival > n:
         raise RendezvousClosed(f"refusing this {me.describe()}: the job closed with {n} nodes")
     keys = [_key(f"node/{k}") for k in range(1, n + 1)]
@@ -172,14 +179,17 @@ def rendezvous(store: Store, me: NodeInfo, timeout: float, last_call: float = 3.
                       nodes=tuple(info for _, info in by_rank))
 
 
+_QUIET = 1.0  #: a quiet first second: nodes started together meet within it
+
+
 def _await_closed(store: Store, me: NodeInfo, timeout: float,
-                  say: Callable[[str], None] | None) -> int:
+                  say: Callable[[str], None] | None, quiet: float = _QUIET) -> int:
     """Wait for the rendezvous to close and return its node count, saying so
-    (``waiting_line``) when it takes more than a second; ``RendezvousError`` after
-    ``timeout``."""
+    (``waiting_line``) when it takes more than ``quiet`` seconds (what is left of the
+    first second); ``RendezvousError`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
-    step = 1.0  # a quiet first second: nodes started together meet within it
+    step = quiet
     while True:
         closed = store.wait_get(_key("closed"), max(min(step, deadline - time.monotonic()),
                                                     0.01))  # the wait and the read in one

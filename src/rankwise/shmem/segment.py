@@ -26,8 +26,9 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import DistTimeout
 from .errors import ShmUnavailable
@@ -46,9 +47,13 @@ class StoreLike(Protocol):
     """The part of ``rankwise.store.Store`` the rendezvous uses."""
 
     def set(self, key: str, value: bytes | str) -> None: ...
-    def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
-    def wait(self, keys: list[str], timeout: float | None = None) -> None: ...
+    def batch(self, ops: Sequence[tuple[Any, ...]]) -> list[Any]: ...
+    def wait_get(self, key: str, timeout: float) -> bytes | None: ...
+    def batch_then_wait_get(self, ops: Sequence[tuple[Any, ...]], key: str,
+                            timeout: float) -> tuple[list[Any], bytes | None]: ...
+    def batch_then_wait_read(self, ops: Sequence[tuple[Any, ...]], keys: Sequence[str],
+                             timeout: float) -> tuple[list[Any], list[bytes] | None]: ...
 
 
 @dataclass(slots=True)
@@ -213,13 +218,16 @@ def open_segment(store: StoreLike, prefix: str, rank: int, nranks: int, *,
     return _join(store, prefix, rank, nranks, timeout, kind)
 
 
+def _timed_out(timeout: float, what: str, key: str) -> DistTimeout:
+    return DistTimeout(f"shared-memory setup: timed out after {timeout:g}s waiting for "
+                       f"{what} (store key {key!r})")
+
+
 def _wait_key(store: StoreLike, key: str, timeout: float, what: str) -> bytes:
-    try:
-        store.wait([key], timeout)
-    except DistTimeout as exc:
-        raise DistTimeout(f"shared-memory setup: timed out after {timeout:g}s waiting for "
-                          f"{what} (store key {key!r})") from exc
-    return store.get(key)
+    value = store.wait_get(key, timeout)  # the wait and the read: one round trip
+    if value is None:
+        raise _timed_out(timeout, what, key)
+    return value
 
 
 def _create(store: StoreLike, prefix: str, nranks: int, slot_bytes: int,
@@ -245,16 +253,15 @@ def _create(store: StoreLike, prefix: str, nranks: int, slot_bytes: int,
             w[H_SLOT_BYTES], w[H_TOTAL] = layout.slot_bytes, layout.total
             w.release()
             desc = f"memfd {os.getpid()} {fd}" if method == "memfd" else f"file {path}"
-            store.set(f"{prefix}/seg{attempt}", desc.encode())
             acks = [f"{prefix}/ack{attempt}/{r}" for r in range(1, nranks)]
-            if acks:
-                try:
-                    store.wait(acks, max(0.0, deadline - time.monotonic()))
-                except DistTimeout as exc:
-                    raise DistTimeout(f"shared-memory setup: not every rank mapped the segment "
-                                      f"within {timeout:g}s (store keys {acks})") from exc
-            failed = [store.get(k).decode("utf-8", "replace") for k in acks]
-            failed = [f for f in failed if f != "ok"]
+            # the description out and every peer's answer back: one round trip
+            _, answers = store.batch_then_wait_read(
+                [("set", f"{prefix}/seg{attempt}", desc.encode())], acks,
+                max(0.0, deadline - time.monotonic()))
+            if answers is None:
+                raise DistTimeout(f"shared-memory setup: not every rank mapped the segment "
+                                  f"within {timeout:g}s (store keys {acks})")
+            failed = [a.decode("utf-8", "replace") for a in answers if a != b"ok"]
             if not failed:
                 store.set(f"{prefix}/result{attempt}", b"ok")
                 seg = Segment(mm, layout, method)
@@ -298,9 +305,15 @@ def _join(store: StoreLike, prefix: str, rank: int, nranks: int, timeout: float,
         if mapping is not None and desc.startswith("file ") \
                 and store.add(f"{prefix}/mapped{attempt}", 1) == nranks - 1:
             _unlink(desc[5:])
-        store.set(f"{prefix}/ack{attempt}/{rank}", ack)
         left = max(0.0, deadline - time.monotonic())
-        result = _wait_key(store, f"{prefix}/result{attempt}", left, "rank 0's verdict")
+        verdict = f"{prefix}/result{attempt}"
+        # the answer out and rank 0's verdict back: one round trip
+        _, result = store.batch_then_wait_get([("set", f"{prefix}/ack{attempt}/{rank}", ack)],
+                                              verdict, left)
+        if result is None:
+            if mapping is not None:
+                mapping[0].close()
+            raise _timed_out(left, "rank 0's verdict", verdict)
         if result == b"ok" and mapping is not None:
             return Segment(mapping[0], mapping[1], desc.split(" ", 1)[0])
         if mapping is not None:

@@ -144,6 +144,17 @@ class Store(abc.ABC):
         in one write (``TCPStore``)."""
         return self._batch(ops), self._get(key, timeout_s)
 
+    def _batch_wait_read(self, ops: list[tuple[str, list[bytes]]], keys: list[bytes],
+                         timeout_s: float) -> tuple[list[bytes | int | None], list[bytes],
+                                                    list[bytes | None]]:
+        """``_batch(ops)``, ``_wait(keys, timeout_s)`` and, when none is missing, every
+        key's value: (results, missing keys, values); a network store sends them all in
+        one write (``TCPStore``)."""
+        results = self._batch(ops)
+        missing = self._wait(keys, timeout_s)
+        return results, missing, [] if missing else \
+            [self._compare_set(key, _NEVER, _NEVER) for key in keys]
+
     def auth_failures(self) -> str:
         """What the server noted about connections that failed the token check ("" if
         none): a rank started with a different RANKWISE_TOKEN shows up here, so waiting
@@ -316,6 +327,38 @@ class Store(abc.ABC):
             return got[0] is not None
         self._blocking(step, to_seconds(timeout))
         return _reads_absent(ops, results), got[0]
+
+    def batch_then_wait_read(self, ops: Sequence[tuple[Any, ...]], keys: Sequence[str],
+                             timeout: timedelta | float) -> tuple[list[Any], list[bytes] | None]:
+        """``batch(ops)``, then wait until every one of ``keys`` is set and read them, in one
+        round trip: what a round's leader does (publish, collect every member's answer).
+        The values are None when ``timeout`` passed first; the watcher is asked as during
+        ``wait``."""
+        raw, raw_keys = self._raw_ops(ops), self._keys(list(keys))
+        results: list[Any] = []
+        values: list[bytes | None] = []
+        missing = raw_keys
+        first = [True]
+
+        def step(seconds: float) -> bool:  # the batch goes with the first look only
+            nonlocal missing
+            done, missing, got = self._batch_wait_read(raw if first[0] else [], missing,
+                                                       seconds)
+            if first[0]:
+                results.extend(done)
+                first[0] = False
+            if not missing:
+                values.extend(None if v == _NEVER else v for v in got)
+            return not missing
+        self._blocking(step, to_seconds(timeout))
+        if missing:
+            return _reads_absent(ops, results), None
+        if len(values) != len(raw_keys):  # the keys came over several looks: read them all
+            values[:] = self.read_many(list(keys))
+        if any(v is None for v in values):
+            raise StoreError(f"batch_then_wait_read on {self._describe()}: a key waited for "
+                             "was deleted before it was read")
+        return _reads_absent(ops, results), [v for v in values if v is not None]
 
     def _raw_ops(self, ops: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[bytes]]]:
         """``batch``'s ops with their keys namespaced and values encoded, checked before

@@ -93,6 +93,11 @@ class PrefixStore(Store):
                         timeout_s: float) -> tuple[list[bytes | int | None], bytes | None]:
         return self._base._batch_then_get(ops, key, timeout_s)
 
+    def _batch_wait_read(self, ops: list[tuple[str, list[bytes]]], keys: list[bytes],
+                         timeout_s: float) -> tuple[list[bytes | int | None], list[bytes],
+                                                    list[bytes | None]]:
+        return self._base._batch_wait_read(ops, keys, timeout_s)
+
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         return self._base._compare_set(key, expected, desired)
 

@@ -7,7 +7,11 @@ Why it is built this way:
   connection broke, tries once: the server is then known to have gone away and
   waiting the full timeout again would only hide that.
 * A wrong or missing token ends in ``AuthError`` on the first attempt; it is never
-  retried, so it surfaces in milliseconds, not after the timeout.
+  retried, so it surfaces in milliseconds, not after the timeout. With
+  ``prove_with_first_request`` (``init_process_group``'s store) the token's proof goes
+  out in one write with the first request, a round trip less on a slow link; a wrong
+  token then raises from that request. The server handles nothing before the proof
+  passed, and the client reads no reply before the server proved itself.
 * One lock serialises request/response pairs, so one client object may be shared by
   threads (a thread blocked in ``get`` holds it; use one client per thread for
   independent blocking waits).
@@ -31,8 +35,8 @@ from datetime import timedelta
 from ..errors import AuthError, DistNetworkError, DistTimeout, InvalidArgument, StoreError
 from ..transport.keepalive import heartbeat_timeout, keep_alive
 from ..transport.resources import exhausted
-from ..wire.auth import client_handshake, resolve_token
-from .base import DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
+from ..wire.auth import PendingProof, client_handshake, client_hello, resolve_token
+from .base import _NEVER, DEFAULT_TIMEOUT, WATCH_SLICE, Store, Watcher
 from .protocol import (
     DEFAULT_LIMITS,
     INT64_MAX,
@@ -48,7 +52,8 @@ from .protocol import (
 )
 from .tcp_server import PURPOSE, TCPStoreServer
 
-__all__ = ["TCPStore", "connect_store_socket", "requests_sent", "round_trips"]
+__all__ = ["TCPStore", "connect_store_socket", "open_store_socket", "requests_sent",
+           "round_trips"]
 
 _REPLY_GRACE_S = 10.0  # how much longer than a server-side wait the socket may block
 _WORKERS_KEY = b"\x00rankwise/store/workers"
@@ -65,6 +70,15 @@ def connect_store_socket(
     ``timeout_s`` has passed when ``retry``; raises ``DistNetworkError`` saying what to
     check, or ``AuthError`` as soon as the handshake is refused.
     """
+    return open_store_socket(host, port, token, timeout_s, retry)[0]
+
+
+def open_store_socket(
+    host: str, port: int, token: bytes | None, timeout_s: float, retry: bool = True,
+    defer_proof: bool = False,
+) -> tuple[socket.socket, PendingProof | None]:
+    """``connect_store_socket``; with ``defer_proof`` the token's proof is left to go out
+    with the first request (``PendingProof``; None when there is no token)."""
     peer = f"{host}:{port}"
     keepalive_s = heartbeat_timeout()  # a bad value is refused before any I/O
     start = time.monotonic()
@@ -86,8 +100,10 @@ def connect_store_socket(
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 keep_alive(sock, keepalive_s)  # a cut-off store host: an error, not a hang
                 sock.settimeout(max(remaining, 1.0))
+                if defer_proof:
+                    return sock, client_hello(sock, token, PURPOSE, f"the store at {peer}")
                 client_handshake(sock, token, PURPOSE, f"the store at {peer}")
-                return sock
+                return sock, None
             except AuthError:
                 sock.close()
                 raise
@@ -130,6 +146,9 @@ class TCPStore(Store):
     ``world_size`` every client counts itself in on connect, and a master with
     ``wait_for_workers=True`` blocks until ``world_size`` clients have joined.
     ``token`` (else ``RANKWISE_TOKEN``) must match on every side.
+    ``prove_with_first_request``: the token's proof goes with the first request (a round
+    trip less; a wrong token raises there, not here). Make that request soon: the server
+    drops a handshake left unfinished for 30 s.
     """
 
     def __init__(
@@ -143,6 +162,7 @@ class TCPStore(Store):
         token: str | bytes | None = None,
         *,
         limits: Limits = DEFAULT_LIMITS,
+        prove_with_first_request: bool = False,
     ) -> None:
         super().__init__(timeout, limits)
         if not isinstance(host_name, str) or not host_name:
@@ -164,6 +184,7 @@ class TCPStore(Store):
         self._lock = threading.Lock()
         self._watching_here = threading.local()  # the watcher of this thread's blocking call
         self._sock: socket.socket | None = None
+        self._pending: PendingProof | None = None  #: the token proof the first request carries
         self._closed = False
         self._server: TCPStoreServer | None = None
         if is_master:
@@ -175,9 +196,9 @@ class TCPStore(Store):
         self._connect_host = _LOCAL_FOR_WILDCARD.get(host_name, host_name)
         self._peer = f"{host_name}:{port}"
         try:
-            self._sock = connect_store_socket(
-                self._connect_host, port, self._token, self._timeout_s
-            )
+            self._sock, self._pending = open_store_socket(
+                self._connect_host, port, self._token, self._timeout_s,
+                defer_proof=prove_with_first_request)
             if world_size is not None:
                 self._join(world_size, is_master and wait_for_workers)
         except BaseException:
@@ -259,6 +280,23 @@ class TCPStore(Store):
         value = None if last.status is Status.TIMEOUT else self._one(last, what)
         return self._results(ops, responses[:-1], what), value
 
+    def _batch_wait_read(self, ops: list[tuple[str, list[bytes]]], keys: list[bytes],
+                         timeout_s: float) -> tuple[list[bytes | int | None], list[bytes],
+                                                    list[bytes | None]]:
+        """The batch, a blocking wait on ``keys`` and a read of each, in one write: the
+        server answers the wait once every key is set (or at ``timeout_s``), then the reads,
+        which see what the wait saw."""
+        what = f"a batch of {len(ops)} requests, wait({len(keys)} keys) and their reads"
+        reads = [(Op.COMPARE_SET, [key, _NEVER, _NEVER]) for key in keys]
+        responses = self._exchange(
+            [*_requests(ops), (Op.WAIT, [encode_int(_ms(timeout_s)), *keys]), *reads], what,
+            timeout_s, block_at=len(ops))
+        waited = responses[len(ops)]
+        missing = list(waited.fields) if waited.status is Status.TIMEOUT else []
+        values: list[bytes | None] = [] if missing else \
+            [self._one(response, what) for response in responses[len(ops) + 1:]]
+        return self._results(ops, responses[:len(ops)], what), missing, values
+
     def _results(self, ops: list[tuple[str, list[bytes]]], responses: list[Response],
                  what: str) -> list[bytes | int | None]:
         return [None if name == "set" else decode_int(self._one(response, what))
@@ -266,8 +304,10 @@ class TCPStore(Store):
                 for (name, _), response in zip(ops, responses, strict=True)]
 
     def _exchange(self, requests: list[tuple[Op, list[bytes]]], what: str,
-                  wait_s: float = 0.0) -> list[Response]:
-        """Send ``requests`` in one write and read their replies, translating failures."""
+                  wait_s: float = 0.0, block_at: int = -1) -> list[Response]:
+        """Send ``requests`` in one write and read their replies, translating failures.
+        ``block_at``: the one request that may block (a get or wait; default the last),
+        whose reply is awaited with the watcher asked meanwhile."""
         frame = b"".join(encode_request(op, fields, self._limits)  # before any I/O
                          for op, fields in requests)
         _SENT[0] += len(requests)
@@ -280,17 +320,22 @@ class TCPStore(Store):
                     self._connect_host, self._port, self._token, self._timeout_s, retry=False
                 )
             sock = self._sock
+            pending, self._pending = self._pending, None
             reply_s = max(wait_s, self._timeout_s) + _REPLY_GRACE_S
             try:
                 sock.settimeout(reply_s)
-                sock.sendall(frame)
-                # only the last request may block (a get or wait after a batch)
+                sock.sendall(frame if pending is None else pending.proof + frame)
+                if pending is not None:  # the server proves itself before any reply is read
+                    pending.finish(sock)
+                # only one request may block (a get or wait after a batch)
+                blocking = block_at % len(requests)
                 responses = [read_response(sock, self._limits, self._peer)
-                             for _ in requests[:-1]]
+                             for _ in requests[:blocking]]
                 watch: Watcher | None = getattr(self._watching_here, "watch", None)
                 if wait_s > 0 and watch is not None:
                     _await_reply(sock, reply_s, watch)
-                responses.append(read_response(sock, self._limits, self._peer))
+                responses += [read_response(sock, self._limits, self._peer)
+                              for _ in requests[blocking:]]
             except _WatcherRaised as raised:
                 self._drop()  # a reply is still due on this stream: reconnect on the next call
                 raise raised.error from None
@@ -327,6 +372,7 @@ class TCPStore(Store):
         return responses
 
     def _drop(self) -> None:
+        self._pending = None  # a proof owed on a closed connection: void
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -28,6 +28,7 @@ from typing import Protocol
 from ..errors import DistError, DistNetworkError, InvalidArgument
 from ..shmem.errors import ShmUnavailable
 from ..shmem.host import host_identity
+from ..shmem.segment import StoreLike
 from .base import Transport
 from .links import Links
 from .mesh import Mesh
@@ -47,11 +48,9 @@ CONNECTS = ("auto", "eager", "lazy")
 LAZY_FROM = 32
 
 
-class _Store(Protocol):
-    def set(self, key: str, value: bytes | str) -> None: ...
+class _Store(StoreLike, Protocol):
     def get(self, key: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
-    def add(self, key: str, amount: int) -> int: ...
     def wait(self, keys: list[str], timeout: float | None = None) -> None: ...
 
 

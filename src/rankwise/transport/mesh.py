@@ -22,8 +22,9 @@ from . import crowding
 from .hello import Hello
 from .resources import exhausted, retryable
 
-__all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "address_of", "exited_peers", "gather_addresses",
-           "local_address_for", "open_listener", "out_of_resource"]
+__all__ = ["HANDSHAKE_TIMEOUT", "Exits", "Mesh", "address_blob", "address_keys", "address_of",
+           "exited_peers", "gather_addresses", "local_address_for", "open_listener",
+           "out_of_resource"]
 
 
 class Exits(Protocol):
@@ -126,7 +127,16 @@ def gather_addresses(store: _ManyReads, world_size: int) -> str | None:
     join a rendezvous in which each rank published its entry before counting itself in;
     None when some rank published none (it asked for another transport: its own mesh
     then gathers them, as without a rendezvous)."""
-    values = store.read_many([f"mesh/addr/{r}" for r in range(world_size)])  # one trip
+    return address_blob(store.read_many(address_keys(world_size)))  # one trip
+
+
+def address_keys(world_size: int) -> list[str]:
+    """The keys of every rank's address entry, in rank order (``gather_addresses``)."""
+    return [f"mesh/addr/{r}" for r in range(world_size)]
+
+
+def address_blob(values: list[bytes | None]) -> str | None:
+    """The address blob of the entries read at ``address_keys``; None when one is missing."""
     if any(value is None for value in values):
         return None
     return "\n".join(value.decode() for value in values if value is not None)

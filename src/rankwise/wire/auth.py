@@ -28,11 +28,12 @@ import hmac
 import os
 import secrets
 import socket
+from dataclasses import dataclass
 
 from ..errors import AuthError, DistNetworkError
 
-__all__ = ["NotRankwiseEndpoint", "ServerHandshake", "client_handshake", "read_token_file",
-           "recv_exact", "resolve_token", "server_handshake"]
+__all__ = ["NotRankwiseEndpoint", "PendingProof", "ServerHandshake", "client_handshake",
+           "client_hello", "read_token_file", "recv_exact", "resolve_token", "server_handshake"]
 
 _MAGIC = b"RWAUTH01"
 _NONCE = 16
@@ -106,6 +107,42 @@ def _mac(token: bytes, side: bytes, purpose: bytes, a: bytes, b: bytes) -> bytes
 
 def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, peer: str) -> None:
     """Prove our token to the server at ``peer`` and check its proof in return."""
+    pending = client_hello(sock, token, purpose, peer)
+    if pending is not None:
+        _send(sock, pending.proof, "token proof")
+        pending.finish(sock)
+
+
+@dataclass(frozen=True)
+class PendingProof:
+    """A client handshake's last step: ``proof`` still to send, the server's verdict and
+    proof still to read (``finish``). Why held back: the proof may go out in one write
+    with the client's first request, a round trip less on a slow link (``TCPStore``).
+    Still safe: the server handles no request before the proof passed, and the client
+    reads no reply before the server proved itself."""
+
+    proof: bytes
+    expected: bytes
+    peer: str
+
+    def finish(self, sock: socket.socket) -> None:
+        """Read the server's verdict on our proof and check its own; ``AuthError`` if
+        either fails."""
+        answer = recv_exact(sock, 1 + _MAC, f"token verdict from {self.peer}")
+        if answer[0] != _OK:
+            raise AuthError(
+                f"{self.peer} rejected our token: the shared token differs between processes. "
+                f"Give every process the same RANKWISE_TOKEN (or token= argument)."
+            )
+        if not hmac.compare_digest(answer[1:], self.expected):
+            raise AuthError(f"{self.peer} could not prove it holds the shared token; refusing "
+                            "to talk to it")
+
+
+def client_hello(sock: socket.socket, token: bytes | None, purpose: str,
+                 peer: str) -> PendingProof | None:
+    """The handshake's first exchange (settings and nonces); the proof still owed when
+    there is a token (``PendingProof``), else None: the connection is ready."""
     purpose_b = purpose.encode()
     if len(purpose_b) > 255:
         raise ValueError(f"handshake purpose must be at most 255 bytes, got {len(purpose_b)}")
@@ -133,17 +170,9 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: str, pee
     if status != _OK:
         raise AuthError(f"{peer} refused the handshake (status {status})")
     if token is None:
-        return
-    _send(sock, _mac(token, b"c", purpose_b, server_nonce, client_nonce), "token proof")
-    answer = recv_exact(sock, 1 + _MAC, f"token verdict from {peer}")
-    if answer[0] != _OK:
-        raise AuthError(
-            f"{peer} rejected our token: the shared token differs between processes. "
-            f"Give every process the same RANKWISE_TOKEN (or token= argument)."
-        )
-    expected = _mac(token, b"s", purpose_b, client_nonce, server_nonce)
-    if not hmac.compare_digest(answer[1:], expected):
-        raise AuthError(f"{peer} could not prove it holds the shared token; refusing to talk to it")
+        return None
+    return PendingProof(_mac(token, b"c", purpose_b, server_nonce, client_nonce),
+                        _mac(token, b"s", purpose_b, client_nonce, server_nonce), peer)
 
 
 class ForeignClient(AuthError):
