@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 PREFIX = "net-"
@@ -185,3 +185,14 @@ class SimHosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def two_hosts() -> Iterator[SimHosts]:
+    """Two fresh simulated hosts (stale ones of dead test processes removed first), closed
+    after the test: the body of the ``hosts`` fixture of every namespace test module."""
+    remove_stale()
+    sim = SimHosts(2)
+    try:
+        yield sim
+    finally:
+        sim.close()

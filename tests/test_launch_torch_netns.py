@@ -11,10 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-from _netns import SimHosts, remove_stale, unavailable
+from _netns import SimHosts, two_hosts, unavailable
 from launch_scripts.helpers import SCRIPTS
 
 _WHY = unavailable()
@@ -25,14 +24,7 @@ pytest.importorskip("torch.distributed")
 PORT = 29519
 
 
-@pytest.fixture
-def hosts() -> Iterator[SimHosts]:
-    remove_stale()
-    sim = SimHosts(2)
-    try:
-        yield sim
-    finally:
-        sim.close()
+hosts = pytest.fixture(two_hosts, name="hosts")
 
 
 class _Launchers:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
-from _netns import SimHosts, remove_stale, unavailable
+from _netns import SimHosts, two_hosts, unavailable
 from _netns_job import Job
 
 _WHY = unavailable()
@@ -23,14 +22,7 @@ pytestmark = [pytest.mark.procs, pytest.mark.skipif(bool(_WHY), reason=f"no simu
 FAST = {"RANKWISE_HEARTBEAT_TIMEOUT": "3"}
 
 
-@pytest.fixture
-def hosts() -> Iterator[SimHosts]:
-    remove_stale()
-    sim = SimHosts(2)
-    try:
-        yield sim
-    finally:
-        sim.close()
+hosts = pytest.fixture(two_hosts, name="hosts")
 
 
 def _ready(job: Job) -> dict[int, int]:

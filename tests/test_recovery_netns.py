@@ -8,10 +8,9 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
-from _netns import SimHosts, remove_stale, unavailable
+from _netns import SimHosts, two_hosts, unavailable
 from _netns_job import Job
 from _procs import ROOT
 
@@ -22,14 +21,7 @@ pytestmark = [pytest.mark.procs, pytest.mark.slow, pytest.mark.torch,
 EXAMPLE = str(ROOT / "examples" / "recovery_ddp.py")
 
 
-@pytest.fixture
-def hosts() -> Iterator[SimHosts]:
-    remove_stale()
-    sim = SimHosts(2)
-    try:
-        yield sim
-    finally:
-        sim.close()
+hosts = pytest.fixture(two_hosts, name="hosts")
 
 
 def test_a_lost_node_leaves_the_other_node_training_in_the_same_processes(
