@@ -62,15 +62,38 @@ class DoneWork(tdist.Work):
         return self._future
 
 
-class AsyncWork(tdist.Work):
+class _RankwiseBacked(tdist.Work):
+    """A torch ``Work`` answered by a rankwise ``Work`` (``_inner``) over ``_tensors``."""
+
+    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
+        super().__init__()
+        self._inner, self._tensors = inner, tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return bool(self._inner.wait(timeout if timeout else None))
+
+    def is_completed(self) -> bool:
+        return bool(self._inner.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._inner.is_success())
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception()
+
+    def result(self) -> Any:
+        self.wait()
+        return self._tensors
+
+
+class AsyncWork(_RankwiseBacked):
     """A call running on rankwise's async worker (``launch(..., async_op=True)``): its
     torch future completes on that worker when the call has run, so what torch chains
     on it (DDP's bucket callbacks, a comm hook's ``then``) runs there, beside backward,
     as on gloo's worker thread."""
 
     def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
-        super().__init__()
-        self._inner, self._tensors = inner, tensors
+        super().__init__(inner, tensors)
         self._future: Future[Any] = Future()
         inner.get_future().add_done_callback(self._settle)
 
@@ -81,22 +104,6 @@ class AsyncWork(tdist.Work):
         else:
             self._future.set_result(self._tensors)
 
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return bool(self._inner.wait(timeout if timeout else None))
-
-    def is_completed(self) -> bool:
-        return bool(self._inner.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._inner.is_success())
-
-    def exception(self) -> BaseException | None:
-        return self._inner.exception()
-
-    def result(self) -> Any:
-        self.wait()
-        return self._tensors
-
     def synchronize(self) -> None:
         self.wait()
 
@@ -104,28 +111,8 @@ class AsyncWork(tdist.Work):
         return self._future
 
 
-class RecvWork(tdist.Work):
+class RecvWork(_RankwiseBacked):
     """A pending receive: ``wait`` finishes it (bounded by the group's timeout)."""
-
-    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
-        super().__init__()
-        self._inner, self._tensors = inner, tensors
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return bool(self._inner.wait(timeout if timeout else None))
-
-    def is_completed(self) -> bool:
-        return bool(self._inner.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._inner.is_success())
-
-    def exception(self) -> BaseException | None:
-        return self._inner.exception()
-
-    def result(self) -> Any:
-        self.wait()
-        return self._tensors
 
     def source_rank(self) -> int:
         return int(self._inner.source_rank())  # type: ignore[attr-defined]
