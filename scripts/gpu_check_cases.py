@@ -212,14 +212,22 @@ def _steps(rank: int, world: int, impl: str, steps: int, width: int) -> list[flo
     else:
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
         ddp = TorchDDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    return _timed_steps(ddp, width, steps)
+
+
+def _timed_steps(model: Any, width: int, steps: int) -> list[float]:
+    """SGD steps on one fixed batch, each timed between device syncs; the first 5 are
+    warm-up and not returned."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, width, device=DEV)
     times = []
     for i in range(steps + 5):
         _sync()
         start = time.perf_counter()
         opt.zero_grad()
-        ddp(x).square().mean().backward()
+        model(x).square().mean().backward()
         opt.step()
         _sync()
         if i >= 5:
@@ -412,18 +420,7 @@ def _stack_steps(rank: int, world: int, backend: str, port: int, wrap: str, step
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer)
             fully_shard(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(64, width, device=DEV)
-        times = []
-        for i in range(steps + 5):
-            _sync()
-            start = time.perf_counter()
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-            _sync()
-            if i >= 5:
-                times.append(time.perf_counter() - start)
+        times = _timed_steps(model, width, steps)
         digest = hashlib.sha256()
         for p in model.parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
