@@ -28,7 +28,10 @@ def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
 
 def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
     res = run_launcher("-n", "2", PLAIN, "fail", "1", "1", timeout=200)
-    assert res.returncode == 1, res.stdout + res.stderr
+    # the launcher exits with the root cause's status: 1 from the ValueError, or 134 when
+    # torch's gloo threads abort the interpreter's exit after it (a plain script that raised
+    # never destroyed its group; seen about 1 run in 8)
+    assert res.returncode in (1, 134), res.stdout + res.stderr
     summary = res.stderr[res.stderr.index("rankwise run: job failed"):]
     assert "rank       : 1 (local_rank 1" in summary, summary
     assert "exception  : ValueError: bad batch on rank 1 in attempt 0" in summary, summary

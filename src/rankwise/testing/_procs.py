@@ -6,6 +6,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import random
 import socket
 import sys
 import threading
@@ -20,8 +21,36 @@ from ..errors import DistTimeout
 __all__ = ["RankResult", "free_port", "run_ranks"]
 
 
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_handed_out: set[int] = set()
+_pick = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port() -> int:
-    """A port that was free a moment ago on loopback."""
+    """A port that was free a moment ago on loopback, chosen below the kernel's ephemeral
+    range: a port from that range, once released, can be taken by any socket bound to
+    port 0 or any outgoing connection before its user binds it (CI saw gloo's clients
+    reach a rankwise listener that had taken the port a test handed torch)."""
+    floor = _ephemeral_floor()
+    if floor > 20000:
+        for _ in range(200):
+            port = _pick.randrange(15000, floor)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

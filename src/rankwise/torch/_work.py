@@ -12,6 +12,7 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -95,14 +96,29 @@ class AsyncWork(_RankwiseBacked):
     def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
         super().__init__(inner, tensors)
         self._future: Future[Any] = Future()
+        self._settling = threading.RLock()  # a callback may wait() on it
+        self._settled = False
         inner.get_future().add_done_callback(self._settle)
 
-    def _settle(self, done: Any) -> None:
-        error = self._inner.exception()
-        if error is not None:
-            self._future.set_exception(error)
-        else:
-            self._future.set_result(self._tensors)
+    def _settle(self, done: Any = None) -> None:
+        with self._settling:  # the worker's callback and wait() may both get here
+            if self._settled:
+                return
+            self._settled = True
+            error = self._inner.exception()
+            if error is not None:
+                self._future.set_exception(error)
+            else:
+                self._future.set_result(self._tensors)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Also settles the torch future: the worker's callback may not have run yet when
+        the rankwise work is done, and ``wait(); get_future().value()`` must not fail."""
+        try:
+            return super().wait(timeout)
+        finally:
+            if self._inner.is_completed():
+                self._settle()
 
     def synchronize(self) -> None:
         self.wait()
