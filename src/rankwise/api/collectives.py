@@ -48,6 +48,7 @@ __all__ = [
 Body = Callable[[Engine, Call], None]
 #: ``Op.name`` is an enum property (~0.3 us); this runs once per call
 _OP_NAMES = {op: op.name for op in Op}
+_activity = Activity.of_call
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
@@ -125,7 +126,7 @@ def _run(engine: Engine, call: Call, body: Body, op: Op,
     """Run one call's body on ``engine``, with who-is-where state around it."""
     group = call.group
     comm = group.comm
-    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
+    comm.activity = _activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
     except EngineFact as fact:  # the failure seam: one wording for every engine
