@@ -125,6 +125,9 @@ class Call:
     patient: bool = False
     quiet: bool = False
     label: str | None = None  #: ``record_comm``'s name for it (traces, async ``Work``)
+    #: while an ``async_op`` call runs on the caller's thread (a device engine's
+    #: ``run_inline``): its device records, ordered when the ``Work`` is waited for
+    inline: list[Any] | None = None
 
     @property
     def record(self) -> Call:

@@ -262,6 +262,11 @@ class InlineWork(OrderedWork):
         self._waits = waits
         self._call = call
 
+    def wait(self) -> None:  # ``OrderedWork.wait`` with its lookups out of the loop
+        order, call = self._waits.order, self._call
+        for p in self.pendings:
+            order(call, p)
+
 
 class DeviceWaits:
     """How the device engine waits for a torch work: the watchdog watches it, the
@@ -279,11 +284,15 @@ class DeviceWaits:
         async call (``run_inline``) orders it only when waited for, unless ``then``
         says the caller's stream reads the result next (a post-step)."""
         p = self.watchdog.watch(call, work)
-        holder = _local.holder  # current_holder(), written out: every device call
-        if holder is not None:
-            holder.pendings.append(p)
-            if holder.inline and not then:
+        inline = call.inline
+        if inline is not None:  # ``run_inline``'s call: ordered by ``Work.wait()``
+            inline.append(p)
+            if not then:
                 return
+        else:
+            holder = _local.holder  # current_holder(), written out: every device call
+            if holder is not None:
+                holder.pendings.append(p)
         self.order(call, p)
 
     def run_inline(self, call: Call, job: Callable[..., None], *args: Any
@@ -292,21 +301,25 @@ class DeviceWaits:
         stream; its device side, and the error it raised (for ``Work.wait``). ``args``
         rather than a closure: one function call less per async call."""
         holder = InlineWork(self, call)
-        _local.holder = holder
+        call.inline = holder.pendings  # the call carries it: no thread-local per call
         try:
             job(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             return holder, exc
         finally:
-            _local.holder = None
+            call.inline = None  # the call stays in the group's history: not its works
         return holder, None
 
     def watch(self, call: Call, work: Any) -> Pending:
         """Hand ``work`` to the watchdog (and to the async call running here, if any)."""
         p = self.watchdog.watch(call, work)
-        holder = current_holder()
-        if holder is not None:
-            holder.add(p)
+        inline = call.inline
+        if inline is not None:
+            inline.append(p)
+        else:
+            holder = current_holder()
+            if holder is not None:
+                holder.add(p)
         return p
 
     def order(self, call: Call, p: Pending) -> None:
