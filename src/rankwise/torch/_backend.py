@@ -229,12 +229,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
         buf, memo = self._views.view(tensors[0], "tensor")
         plan = coll.memo_plan(buf, memo, rop)  # a view's checked body per op
         if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
-            coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, plan.body, False,
+            coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, False,
                         shape=buf.shape, inputs=tensors, plan=plan)
             return None
         # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
         # goes on while the bucket is reduced (torch's callbacks run on that worker)
-        work = coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, plan.body, True,
+        work = coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, True,
                            shape=buf.shape, outputs=tensors, inputs=tensors, plan=plan)
         assert work is not None
         return AsyncWork(work, tensors)
