@@ -127,8 +127,7 @@ def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op:
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
     device, error = inline(call, _run, runner, call, body, op, ev)
-    return Work.ended(lambda: f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}",
-                      outputs, device, error)
+    return Work.ended(call.title, outputs, device, error)
 
 
 def _run(engine: Engine, call: Call, body: Body, op: Op,
