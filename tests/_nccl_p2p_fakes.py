@@ -178,6 +178,7 @@ class Call:
     site: str
     patient: bool = False
     quiet: bool = False
+    inline: list[Any] | None = None  #: ``engines.base.Call.inline``
 
     def describe(self, site: bool = True) -> str:
         name = Op(self.fp.op).name

@@ -48,6 +48,7 @@ class FakeCall:
     deadline: float
     patient: bool = False
     quiet: bool = False
+    inline: list[Any] | None = None  #: ``engines.base.Call.inline``
 
     def describe(self, site: bool = True) -> str:
         return "all_reduce(float32 x 4, op=SUM)"

@@ -48,13 +48,14 @@ __all__ = [
 Body = Callable[[Engine, Call], None]
 #: ``Op.name`` is an enum property (~0.3 us); this runs once per call
 _OP_NAMES = {op: op.name for op in Op}
+_activity = Activity.of_call
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            reduce_op: ReduceOp | None, root: int, body: Body, async_op: bool,
            engine: Engine | None = None, shape: tuple[int, ...] | None = None,
            outputs: list[Any] | None = None, flags: int = 0,
-           inputs: list[Any] | None = None) -> Work | None:
+           inputs: list[Any] | None = None, plan: Plan | None = None) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
@@ -63,7 +64,8 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ``flags``: call flags (``wire.frames.CALL_FLAGS``) that set this call apart from a plain one
     of the same op (``Flag.SYNC``: a rank-0-first block's barrier).
     ``inputs``: the user's input tensors where they are not ``outputs``, for the
-    profiler event's shapes (``api.profiling``; none is made without a profiler)."""
+    profiler event's shapes (``api.profiling``; none is made without a profiler).
+    ``plan``: a kept view's (``memo_plan``): its fingerprint is made once, not per call."""
     ev = profiling.Event(_OP_NAMES[op], outputs if inputs is None else inputs) \
         if profiling.on() else None
     site = capture(3)  # skips launch and the public function: both rankwise's own
@@ -71,10 +73,19 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         if dtype is None or not dtype.tensor:
             engine = group.engine
         else:
-            engine, plane = device_engine(group)
-            flags |= plane
-    fp = Fingerprint(int(op), dtype.code if dtype else 0, reduce_op.code if reduce_op else 0,
-                     root, count, flags)
+            route = group.device_route
+            if route is None or route[0] is not group.engine:
+                route = group.device_route = (group.engine, *device_engine(group))
+            engine = route[1]
+            flags |= route[2]
+    if plan is None:
+        fp = Fingerprint(int(op), dtype.code if dtype else 0,
+                         reduce_op.code if reduce_op else 0, root, count, flags)
+    else:
+        fp = plan.fp  # type: ignore[assignment]
+        if fp is None or fp.flags != flags:
+            fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
+                                       reduce_op.code if reduce_op else 0, root, count, flags)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
@@ -116,8 +127,7 @@ def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op:
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
     device, error = inline(call, _run, runner, call, body, op, ev)
-    return Work.ended(lambda: f"{call.label or _OP_NAMES[op]} #{call.seq} on {group.name}",
-                      outputs, device, error)
+    return Work.ended(call.title, outputs, device, error)
 
 
 def _run(engine: Engine, call: Call, body: Body, op: Op,
@@ -125,7 +135,7 @@ def _run(engine: Engine, call: Call, body: Body, op: Op,
     """Run one call's body on ``engine``, with who-is-where state around it."""
     group = call.group
     comm = group.comm
-    comm.activity = Activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
+    comm.activity = _activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
     except EngineFact as fact:  # the failure seam: one wording for every engine
@@ -221,13 +231,13 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         # a training loop's tensors come again and again: their view and body are kept
         buf, memo = tensor_view(tensor)
         rop = coerce_reduce_op(op)
-        body = memo_body(buf, memo, rop)
-    else:
-        buf = as_buffer(tensor, "tensor", writable=True)
-        rop = _reduce_op(op, buf, "all_reduce")
-        body = all_reduce_body(buf, rop)
-    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, async_op,
-                  shape=buf.shape, outputs=[tensor])
+        plan = memo_plan(buf, memo, rop)
+        return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
+                      shape=buf.shape, outputs=[tensor], plan=plan)
+    buf = as_buffer(tensor, "tensor", writable=True)
+    rop = _reduce_op(op, buf, "all_reduce")
+    return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, all_reduce_body(buf, rop),
+                  async_op, shape=buf.shape, outputs=[tensor])
 
 
 #: the API's views of the small torch tensors it has seen (``api.views``, which imports
@@ -246,13 +256,27 @@ def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any]]:
     return buf, memo
 
 
-def memo_body(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Body:
-    """The all_reduce body of a kept view (``memo``) for ``rop``, checked and made on its
-    first use; PREMUL_SUM's factor may change between calls, so its body is made anew."""
-    body: Body | None = memo.get(rop)
-    if body is None or rop.factor is not None:
-        body = memo[rop] = all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce"))
-    return body
+class Plan:
+    """A kept view's all_reduce for one reduce op (``memo_plan``): its checked body, its
+    element count (a flat tensor's ``shape[0]`` is a torch call, ~0.25 us) and its
+    fingerprint once ``launch`` made it: the same on every call of the view."""
+
+    __slots__ = ("body", "count", "fp")
+
+    def __init__(self, body: Body, count: int) -> None:
+        self.body = body
+        self.count = count
+        self.fp: Fingerprint | None = None
+
+
+def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
+    """The all_reduce plan of a kept view (``memo``) for ``rop``, checked and made on its
+    first use; PREMUL_SUM's factor may change between calls, so its plan is made anew."""
+    plan: Plan | None = memo.get(rop)
+    if plan is None or rop.factor is not None:
+        plan = memo[rop] = Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")),
+                                buf.numel)
+    return plan
 
 
 def all_reduce_body(buf: Buffer, rop: ReduceOp) -> Body:

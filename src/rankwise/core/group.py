@@ -36,6 +36,9 @@ class ProcessGroup:
 
     #: why the group may no longer be used: its world was replaced (``api.recovery``)
     retired: str | None = None
+    #: (``engine`` when made, the engine for tensors that stay tensors, its call flags):
+    #: ``engines.device.device_engine`` kept by the API while ``engine`` is the same
+    device_route: tuple[Engine, Engine, int] | None = None
 
     def __init__(self, comm: Communicator, group_id: int, ranks: list[int], timeout: float,
                  backend: str, name: str, register: bool = True) -> None:

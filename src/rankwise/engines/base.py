@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy.typing as npt
 
 from ..errors import DistError, InvalidArgument
-from ..identity.calls import describe
+from ..identity.calls import describe, op_name
 from ..wire.buffers import DType, ReduceOp
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class Call:
     patient: bool = False
     quiet: bool = False
     label: str | None = None  #: ``record_comm``'s name for it (traces, async ``Work``)
+    #: while an ``async_op`` call runs on the caller's thread (a device engine's
+    #: ``run_inline``): its device records, ordered when the ``Work`` is waited for
+    inline: list[Any] | None = None
 
     @property
     def record(self) -> Call:
@@ -141,6 +144,11 @@ class Call:
     def describe(self, site: bool = True) -> str:
         """``all_reduce(float32 x 4, op=SUM) at train.py:42 in step`` (slow path only)."""
         return describe(self.fp, self.site if site else None, self.shape)
+
+    def title(self) -> str:
+        """``all_reduce #5 on default_pg`` (``record_comm``'s label for the op): an
+        async call's ``Work`` description, made when asked for (slow path only)."""
+        return f"{self.label or op_name(self.fp.op)} #{self.seq} on {self.group.name}"
 
 
 class Engine(Protocol):

@@ -78,6 +78,11 @@ class CallFields(Protocol):
     def flags(self) -> int: ...
 
 
+def op_name(op: int) -> str:
+    """The name of op code ``op`` (``all_reduce``), as messages show it."""
+    return Op(op).name if op in Op._value2member_map_ else f"op#{op}"
+
+
 def describe(call: CallFields, site: CallSite | None = None,
              shape: tuple[int, ...] | None = None) -> str:
     """``describe_call`` of a fingerprint or a frame header."""
@@ -93,7 +98,7 @@ def describe_call(op: int, dtype: int, count: int, reduce: int, root: int,
     Shapes are only shown: ranks agree when their element counts do. ``flags``: the
     call's header flags (``Flag.SYNC``: the barrier of a rank-0-first block; ``Flag.DEVICE``:
     CUDA tensors on a group whose NCCL plane moves them, shown as "on CUDA")."""
-    name = Op(op).name if op in Op._value2member_map_ else f"op#{op}"
+    name = op_name(op)
     args = []
     if op == Op.barrier and count > 0:
         label = BARRIER_NAMES.get(count)

@@ -10,7 +10,10 @@ is cached per code location, so the hot path costs a frame walk and a dict looku
 The walk keys each frame by its instruction offset (``f_lasti``), never by its line:
 ``f_lineno`` scans the code's line table from the start (4 us for a frame near the end of
 a 300-line ``main``, per frame, per call); lines are looked up only when a new chain is
-seen and its text is built.
+seen and its text is built. The walk and the lookup of a chain seen before also exist in
+C (``_frames.c``, built by ``pip install`` where a compiler is found: ~0.3 us instead of
+~2 us for a stack of 8-10 frames); without it the Python walk serves alone, with the same
+results.
 """
 
 from __future__ import annotations
@@ -211,7 +214,12 @@ def capture(skip: int = 1) -> CallSite:
     each (the API's ``launch`` and the public function that called it: two per call)."""
     if not _enabled:
         return UNKNOWN
-    key, kept = _walk(sys._getframe(skip))
+    frame = sys._getframe(skip)
+    if _lookup is not None:  # the C walk: a chain seen before, or None
+        site: CallSite | None = _lookup(frame, _kinds, _cache, _DEPTH, _VIA, UNKNOWN)
+        if site is not None:
+            return site
+    key, kept = _walk(frame)
     if not kept:
         return UNKNOWN
     tkey = tuple(key)
@@ -219,6 +227,12 @@ def capture(skip: int = 1) -> CallSite:
     if site is None:
         site = _build(tkey, kept)
     return site
+
+
+try:  # the same walk and cache lookup in C (``_frames.c``), when it was built
+    from ._frames import lookup as _lookup
+except ImportError:  # no compiler at install time: the Python walk alone
+    _lookup = None  # type: ignore[assignment]
 
 
 _alive: list[object] = []  #: code objects whose ids are cache keys

@@ -227,15 +227,15 @@ class TorchProcessGroup(tdist.ProcessGroup):
         g = resolve_group(self.group)
         assert g is not None  # torch makes a group only on its members
         buf, memo = self._views.view(tensors[0], "tensor")
-        body = coll.memo_body(buf, memo, rop)  # a view's checked body per op
+        plan = coll.memo_plan(buf, memo, rop)  # a view's checked body per op
         if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
-            coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, False,
-                        shape=buf.shape, inputs=tensors)
+            coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, False,
+                        shape=buf.shape, inputs=tensors, plan=plan)
             return None
         # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
         # goes on while the bucket is reduced (torch's callbacks run on that worker)
-        work = coll.launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, body, True,
-                           shape=buf.shape, outputs=tensors, inputs=tensors)
+        work = coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, True,
+                           shape=buf.shape, outputs=tensors, inputs=tensors, plan=plan)
         assert work is not None
         return AsyncWork(work, tensors)
 

@@ -172,6 +172,8 @@ class DeviceWork:
     #: the call runs on the caller's thread (``DeviceWaits.run_inline``): its works are
     #: ordered when waited for, not at the call
     inline = False
+    #: one is made per async device call: slots make it ~0.15 us cheaper than a dict
+    __slots__ = ("event", "pendings", "streams")
 
     def __init__(self, streams: Streams) -> None:
         self.streams = streams
@@ -239,6 +241,8 @@ class OrderedWork(DeviceWork):
     thread (an NCCL ``isend``): ``wait`` orders the waiter's stream after each of them
     (torch's ``WorkNCCL.wait()``; the host waits only on the CPU stand-in)."""
 
+    __slots__ = ("_call", "_waits")
+
     def __init__(self, waits: DeviceWaits, call: Call, pendings: list[Pending]) -> None:
         super().__init__(waits.streams)
         self.pendings = pendings
@@ -254,6 +258,7 @@ class InlineWork(OrderedWork):
     """The device side of an ``async_op`` call run on the caller's thread."""
 
     inline = True
+    __slots__ = ()
 
     def __init__(self, waits: DeviceWaits, call: Call) -> None:  # once per call: flat
         self.streams = waits.streams
@@ -261,6 +266,11 @@ class InlineWork(OrderedWork):
         self.event = None
         self._waits = waits
         self._call = call
+
+    def wait(self) -> None:  # ``OrderedWork.wait`` with its lookups out of the loop
+        order, call = self._waits.order, self._call
+        for p in self.pendings:
+            order(call, p)
 
 
 class DeviceWaits:
@@ -279,11 +289,15 @@ class DeviceWaits:
         async call (``run_inline``) orders it only when waited for, unless ``then``
         says the caller's stream reads the result next (a post-step)."""
         p = self.watchdog.watch(call, work)
-        holder = _local.holder  # current_holder(), written out: every device call
-        if holder is not None:
-            holder.pendings.append(p)
-            if holder.inline and not then:
+        inline = call.inline
+        if inline is not None:  # ``run_inline``'s call: ordered by ``Work.wait()``
+            inline.append(p)
+            if not then:
                 return
+        else:
+            holder = _local.holder  # current_holder(), written out: every device call
+            if holder is not None:
+                holder.pendings.append(p)
         self.order(call, p)
 
     def run_inline(self, call: Call, job: Callable[..., None], *args: Any
@@ -292,21 +306,25 @@ class DeviceWaits:
         stream; its device side, and the error it raised (for ``Work.wait``). ``args``
         rather than a closure: one function call less per async call."""
         holder = InlineWork(self, call)
-        _local.holder = holder
+        call.inline = holder.pendings  # the call carries it: no thread-local per call
         try:
             job(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             return holder, exc
         finally:
-            _local.holder = None
+            call.inline = None  # the call stays in the group's history: not its works
         return holder, None
 
     def watch(self, call: Call, work: Any) -> Pending:
         """Hand ``work`` to the watchdog (and to the async call running here, if any)."""
         p = self.watchdog.watch(call, work)
-        holder = current_holder()
-        if holder is not None:
-            holder.add(p)
+        inline = call.inline
+        if inline is not None:
+            inline.append(p)
+        else:
+            holder = current_holder()
+            if holder is not None:
+                holder.add(p)
         return p
 
     def order(self, call: Call, p: Pending) -> None:

@@ -152,16 +152,24 @@ class Pending:
         book.kick(POLL)
 
     def settle(self, error: BaseException | None) -> None:
-        book = self.book
-        with book.lock:
-            if self.is_settled:
-                return
-            self.error = error
-            self.is_settled = True
-            callbacks, self._callbacks = self._callbacks, None
-            if callbacks:
-                book.waited -= 1
-        for fn in callbacks or ():
+        with self.book.lock:
+            callbacks = self._mark(error)
+        if callbacks:
+            self._fire(callbacks)
+
+    def _mark(self, error: BaseException | None) -> list[Callable[[Pending], None]] | None:
+        """Settled with ``error`` (under the book's lock); the callbacks to run then."""
+        if self.is_settled:
+            return None
+        self.error = error
+        self.is_settled = True
+        callbacks, self._callbacks = self._callbacks, None
+        if callbacks:
+            self.book.waited -= 1
+        return callbacks
+
+    def _fire(self, callbacks: list[Callable[[Pending], None]]) -> None:
+        for fn in callbacks:
             try:
                 fn(self)
             except Exception:  # the watchdog outlives a bad callback
@@ -272,22 +280,29 @@ class Watchdog:
         due = math.inf
         front = 0  #: settled records at the front: dropped
         running = False
+        finished: list[Pending] = []  #: done, settled together (one lock, not one each)
         for p in records:
             if not p.is_settled:
                 try:
-                    done = bool(p.work.is_completed())
+                    done = p.work.is_completed()
                 except RuntimeError as err:
+                    self._settle(finished)
                     self.fail(plane.op_failed(p.call, err))
                     return math.inf
                 if done:
-                    p.settle(None)
+                    finished.append(p)
                 else:
+                    if finished:  # before anything here may fail the rest
+                        self._settle(finished)
+                        finished = []
                     due = min(due, self._running(p, now))
                     if self.failed is not None:
                         return math.inf
                     running = True
             if not running:
                 front += 1
+        if finished:
+            self._settle(finished)
         for _ in range(front):
             self._records.popleft()
         if running:
@@ -296,6 +311,13 @@ class Watchdog:
             due = min(due, now + GRACE)
         self.due_at = due
         return max(0.0, due - now)
+
+    def _settle(self, finished: list[Pending]) -> None:
+        """Settle records whose work is done, under one taking of the lock."""
+        with self.lock:
+            fire = [(p, cbs) for p in finished if (cbs := p._mark(None))]
+        for p, cbs in fire:
+            p._fire(cbs)
 
     def _running(self, p: Pending, now: float) -> float:
         """A work still running at ``now``: its deadline, grace and slow-call hooks;
