@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -106,3 +107,69 @@ def test_sockets_get_keepalive_and_user_timeout() -> None:
             assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
         keep_alive(b, 0)  # heartbeats off: left as it is
         assert b.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+
+
+
+class _Clock:
+    """``time.monotonic`` and the watcher's stop event in one: each wait moves time on,
+    by ``freeze`` more seconds at wait ``freeze_at`` (the process stood still), calls
+    ``after`` (a beat read), and ends the loop after ``steps`` waits."""
+
+    def __init__(self, steps: int, freeze_at: int, freeze: float) -> None:
+        self.now, self.waits = 100.0, 0
+        self.steps, self.freeze_at, self.freeze = steps, freeze_at, freeze
+        self.after: Callable[[], None] = lambda: None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.waits += 1
+        self.now += seconds + (self.freeze if self.waits == self.freeze_at else 0.0)
+        self.after()
+        return self.waits > self.steps
+
+    def is_set(self) -> bool:
+        return False
+
+
+class _Router:
+    failure = None
+
+    @staticmethod
+    def peer_gone(peer: int) -> bool:
+        return False
+
+
+class _Comm:
+    rank, world_size, closed = 1, 2, False
+    router = _Router()
+    departures = type("Departures", (), {"bye": frozenset()})()
+
+
+@pytest.mark.parametrize("beats_after", [True, False])
+def test_a_watcher_that_stood_still_does_not_blame_its_predecessor(
+        monkeypatch: pytest.MonkeyPatch, beats_after: bool) -> None:
+    """A rank frozen for 5 s (SIGSTOP) wakes to a 5 s old beat: the silence was its own, so
+    it starts the window afresh; a predecessor still silent after that is reported one
+    timeout later."""
+    from rankwise.core import heartbeat as hb
+
+    clock = _Clock(steps=12, freeze_at=3, freeze=5.0)
+    monkeypatch.setattr(hb.time, "monotonic", clock.monotonic)
+    beat = hb.Heartbeat(_Comm(), timeout=1.0)  # type: ignore[arg-type]
+    beat._stop = clock  # type: ignore[assignment]
+    reported: list[float] = []
+    beat._report = reported.append  # type: ignore[method-assign]
+    beat.heard = clock.now
+
+    def hear() -> None:  # the beats that waited in the socket, read after the freeze
+        if clock.waits > clock.freeze_at:
+            beat.heard = clock.now
+    if beats_after:
+        clock.after = hear
+    beat._watch_loop()
+    if beats_after:
+        assert reported == []
+    else:
+        assert len(reported) == 1 and 1.0 < reported[0] < 1.5, reported

@@ -100,8 +100,17 @@ class Heartbeat:
             self._stop.wait(self.interval)
 
     def _watch_loop(self) -> None:
+        tick = time.monotonic()
         while not self._stop.wait(self.interval) and not self._done():
-            silent = time.monotonic() - self.heard
+            now = time.monotonic()
+            if now - tick > self.interval + self.timeout / 2:
+                # this process itself stood still (SIGSTOP, a debugger, a swapped-out
+                # host): the beats that came meanwhile sit unread in the socket, so the
+                # silence is ours. Start the predecessor's window afresh instead of
+                # blaming it (a resumed rank blamed its live predecessor before)
+                self.heard = now
+            tick = now
+            silent = now - self.heard
             if silent <= self.timeout:
                 continue
             comm = self._comm
