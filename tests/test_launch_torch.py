@@ -5,7 +5,7 @@ the traceback from torch's @record error file; --max-restarts restarts a plain t
 from __future__ import annotations
 
 import pytest
-from launch_scripts.helpers import SCRIPTS, run_launcher
+from launch_scripts.helpers import SCRIPTS, run_launcher, torch_ok
 
 pytestmark = [pytest.mark.procs, pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch.distributed")
@@ -20,7 +20,7 @@ SAID_ONCE = "rankwise run: ranks use torch.distributed without rankwise"
 ])
 def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
     res = run_launcher("-n", "4", str(SCRIPTS / script), timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert torch_ok(res.returncode, res.stderr), res.stdout + res.stderr
     assert all(done.format(rank) in res.stdout for rank in range(4)), res.stdout
     said = [line for line in res.stderr.splitlines() if line.startswith(SAID_ONCE)]
     assert len(said) == 1 and "import rankwise.torch" in said[0], res.stderr
@@ -40,7 +40,7 @@ def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
 
 def test_max_restarts_restarts_a_plain_torch_job_once() -> None:
     res = run_launcher("-n", "2", "--max-restarts", "1", PLAIN, "fail", "1", "1", timeout=200)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert torch_ok(res.returncode, res.stderr), res.stdout + res.stderr
     assert "attempt 0 failed (rank 1 (node 0) exit code 1: ValueError: bad batch on rank 1" \
         in res.stderr and "restart 1 of 1" in res.stderr, res.stderr
     assert "done 0 of 2" in res.stdout and "done 1 of 2" in res.stdout, res.stdout
