@@ -554,3 +554,49 @@ def test_the_ring_checks_batch_is_sent_once_whoever_flushes_it() -> None:
     got = b"".join(sent)
     assert sorted(got[i:i + 8] for i in range(0, len(got), 8)) == sorted(entries)
     assert check.deferred is None
+
+
+class CountedWork(FakeWork):
+    """A ``FakeWork`` that counts the event queries made of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries = 0
+
+    def is_completed(self) -> bool:
+        self.queries += 1
+        return super().is_completed()
+
+
+def test_a_pass_asks_a_few_of_one_streams_works_and_each_unordered_one() -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    works = [CountedWork() for _ in range(16)]
+    p2p = CountedWork()
+    for i, w in enumerate(works):
+        dog.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
+        if i == 3:
+            dog.watch(FakeCall(deadline=clock.now + 60.0), p2p)  # another stream: asked
+    for w in works[:11]:
+        w.completed = True
+    p2p.completed = True
+    dog.tick()
+    assert dog.in_flight() == 5 and len(dog._records) == 5, "the done front is dropped"
+    assert sum(w.queries for w in works) <= 6 and p2p.queries == 1, "a binary search"
+    for w in works:
+        w.completed = True
+        w.queries = 0
+    assert dog.pass_due() == float("inf") and not dog._records
+    assert sum(w.queries for w in works) == 1, "the newest done vouches for the rest"
+
+
+def test_an_ordered_works_error_still_fails_the_group() -> None:
+    clock = Clock()
+    dog, aborts = _watchdog(clock)
+    works = [FakeWork() for _ in range(4)]
+    for w in works:
+        dog.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
+    works[0].completed = True
+    works[3].error = RuntimeError("NCCL error: unhandled system error")
+    dog.tick()
+    assert aborts == [1] and dog.failed is not None and "unhandled system" in str(dog.failed)

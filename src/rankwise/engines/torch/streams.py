@@ -40,6 +40,10 @@ _MARGIN = 30.0
 class Streams:
     """The stream operations the device engine needs (CUDA: ``CudaStreams``)."""
 
+    #: a group's collectives finish in the order they were enqueued (NCCL: one stream
+    #: per communicator), so the watchdog need not ask each one (``Watchdog.watch``)
+    in_order = False
+
     def current(self) -> Any:
         """The calling thread's current stream (None: no streams here)."""
         return None
@@ -77,6 +81,8 @@ class Streams:
 class CudaStreams(Streams):
     """Real CUDA streams of ``device``; ``order`` is torch's ``WorkNCCL.wait()``: the
     current stream waits for the collective's end event, the host goes on."""
+
+    in_order = True
 
     def __init__(self, device: Any) -> None:
         import torch
@@ -283,12 +289,14 @@ class DeviceWaits:
         self.watchdog = watchdog
         self.streams = streams
         self._op_failed = op_failed
+        self._in_order = streams.in_order
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
         """Hand ``work`` to the watchdog and order what runs next after it; an inline
         async call (``run_inline``) orders it only when waited for, unless ``then``
-        says the caller's stream reads the result next (a post-step)."""
-        p = self.watchdog.watch(call, work)
+        says the caller's stream reads the result next (a post-step). Only the group's
+        own collectives come here (p2p works use ``watch``): they share one stream."""
+        p = self.watchdog.watch(call, work, self._in_order)
         inline = call.inline
         if inline is not None:  # ``run_inline``'s call: ordered by ``Work.wait()``
             inline.append(p)
