@@ -158,9 +158,15 @@ def test_seed_trap_names_the_validation_loader_barrier() -> None:
           f"rank 0 reached barrier() at barrier_trap.py:{release} in "
           "torch_distributed_zero_first <- barrier_trap.py:",
           f"in create_dataloader <- barrier_trap.py:{val} in main",
-          f"ranks 1-3 reached barrier() at barrier_trap.py:{end} in main",
           f"all_reduce(float32 x 8, op=SUM) at barrier_trap.py:{average}",
           "collective #4", within=15.0)
+    for res in ranks:  # a rank too busy to answer the report's query (2 s, seen under
+        # heavy load) is said so, and left out of the ranks named at #3
+        late = [r for r in (1, 2, 3) if f"rank {r}: did not answer" in res.message]
+        named = ", ".join(str(r) for r in (1, 2, 3) if r not in late)
+        side = "ranks 1-3" if not late else f"rank{'s' if len(late) < 2 else ''} {named}"
+        assert f"{side} reached barrier() at barrier_trap.py:{end} in main" in res.message, \
+            res.message[:4000]
 
 
 def test_seed_trap_under_the_launcher() -> None:
