@@ -86,6 +86,10 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         if fp is None or fp.flags != flags:
             fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
                                        reduce_op.code if reduce_op else 0, root, count, flags)
+        route = group.device_route
+        if route is not None and route[1] is engine and flags == route[2] \
+                and reduce_op is plan.rop:
+            plan.route, plan.inline = route, getattr(engine, "run_inline", None)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
@@ -114,6 +118,23 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
     _run(runner, call, body, op, ev)
+    return None
+
+
+def _device_all_reduce(group: ProcessGroup, plan: Plan, runner: Engine, tensor: Any,
+                       async_op: bool) -> Work | None:
+    """``launch`` of a kept view's all_reduce on the group's device engine, for the case
+    ``all_reduce`` checked: the plan's route is the group's (its engine, fingerprint and
+    flags hold), no async call is queued, no profiler records, and an async call runs
+    inline. The same steps as ``launch``'s, through the same functions, with the lookups
+    and branches that the plan already answered left out (docs/gpu.md)."""
+    call = group.begin(plan.fp, capture(3), plan.dtype, plan.rop,  # type: ignore[arg-type]
+                       runner.framed, plan.shape)
+    if async_op:
+        device, error = plan.inline(call, _run, runner, call, plan.body,  # type: ignore[misc]
+                                    Op.all_reduce, None)
+        return Work.ended(call.title, [tensor], device, error)
+    _run(runner, call, plan.body, Op.all_reduce)
     return None
 
 
@@ -232,6 +253,11 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         buf, memo = tensor_view(tensor)
         rop = coerce_reduce_op(op)
         plan = memo_plan(buf, memo, rop)
+        route = plan.route
+        if route is not None and route is g.device_route and route[0] is g.engine \
+                and g.queued is None and (not async_op or plan.inline is not None) \
+                and not profiling.on():
+            return _device_all_reduce(g, plan, route[1], tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
                       shape=buf.shape, outputs=[tensor], plan=plan)
     buf = as_buffer(tensor, "tensor", writable=True)
@@ -261,12 +287,20 @@ class Plan:
     element count (a flat tensor's ``shape[0]`` is a torch call, ~0.25 us) and its
     fingerprint once ``launch`` made it: the same on every call of the view."""
 
-    __slots__ = ("body", "count", "fp")
+    __slots__ = ("body", "count", "dtype", "fp", "inline", "rop", "route", "shape")
 
-    def __init__(self, body: Body, count: int) -> None:
+    def __init__(self, body: Body, buf: Buffer, rop: ReduceOp) -> None:
         self.body = body
-        self.count = count
+        self.count = buf.numel
+        self.dtype = buf.dtype
+        self.shape = buf.shape
+        self.rop = rop
         self.fp: Fingerprint | None = None
+        #: the group's ``device_route`` that ``fp`` was made for (its flags), and that
+        #: route's device engine's ``run_inline``: ``_device_all_reduce``'s per-call
+        #: lookups, made once by ``launch``; None until then
+        self.route: tuple[Engine, Engine, int] | None = None
+        self.inline: Callable[..., Any] | None = None
 
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
@@ -275,7 +309,7 @@ def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
     plan: Plan | None = memo.get(rop)
     if plan is None or rop.factor is not None:
         plan = memo[rop] = Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")),
-                                buf.numel)
+                                buf, rop)
     return plan
 
 
