@@ -6,6 +6,9 @@ engine is the NCCL engine's gloo stand-in, CPU tensors on the tensor path."""
 
 from __future__ import annotations
 
+import re
+import threading
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,7 +21,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 
-def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool) -> list[Any]:
+def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool,
+                     op_timeout: float = 5.0) -> list[Any]:
     """``fn(rank, counts)`` on two thread-ranks whose default group has the stand-in's
     device plane; ``counts["fast"]`` counts the fast path's calls. ``layered``: every
     call the fast path would take goes through ``launch`` instead, as before it."""
@@ -60,7 +64,7 @@ def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool) ->
             return fn(rank, counts)
         finally:
             engine.close()
-    return run_threads(body, 2, timeout=30.0, op_timeout=5.0)
+    return run_threads(body, 2, timeout=30.0, op_timeout=op_timeout)
 
 
 def _steps(rank: int, counts: dict[int, int]) -> Any:
@@ -76,10 +80,16 @@ def _steps(rank: int, counts: dict[int, int]) -> Any:
     work.wait()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    # int16: the engine's own body has no hot path for it, the plan keeps the API's
+    w = torch.full((2,), rank + 1, dtype=torch.int16)
+    dist.all_reduce(w)
+    dist.all_reduce(w)
+    assert counts[rank] == 4
     g = resolve_group(None)
     assert g is not None
-    calls = [(c.seq, c.fp, c.site.short, c.shape) for c in g.recent(4)]
-    return first, counts[rank], t.tolist(), calls, work.description, work.result()[0].tolist()
+    calls = [(c.seq, c.fp, c.site.short, c.shape) for c in g.recent(6)]
+    return (first, counts[rank], t.tolist(), w.tolist(), calls, work.description,
+            work.result()[0].tolist())
 
 
 def test_the_fast_path_gives_the_layered_paths_results_and_records(
@@ -88,8 +98,9 @@ def test_the_fast_path_gives_the_layered_paths_results_and_records(
     layered = _on_device_plane(monkeypatch, _steps, layered=True)
     for rank in (0, 1):
         assert fast[rank][0] == 0  # a cold plan falls back
-        assert fast[rank][1] == 3  # a warm one takes the fast path, async too (MAX: cold once)
+        assert fast[rank][1] == 4  # a warm one takes the fast path, async too (MAX: cold once)
         assert fast[rank][2] == [12.0] * 3
+        assert fast[rank][3] == [6, 6]
         assert fast[rank][2:] == layered[rank][2:]
 
 
@@ -131,7 +142,6 @@ def _stable(message: str) -> str:
 
 def _fallbacks(rank: int, counts: dict[int, int]) -> list[int]:
     import rankwise as dist
-    from rankwise.api import profiling
     from rankwise.api.world import resolve_group
 
     g = resolve_group(None)
@@ -152,19 +162,11 @@ def _fallbacks(rank: int, counts: dict[int, int]) -> list[int]:
     seen.append(counts[rank])
     assert g.queued is None
 
-    class _Event:
-        def __init__(self, op: str, inputs: Any) -> None:
-            pass
-
-        def end(self) -> None:
-            pass
-
-    on, event = profiling.on, profiling.Event
-    profiling.on, profiling.Event = (lambda: True), _Event  # type: ignore[assignment,misc]
+    _recording.on = True
     try:
         dist.all_reduce(t)  # a profiler records: layered (its event)
     finally:
-        profiling.on, profiling.Event = on, event  # type: ignore[misc]
+        _recording.on = False
     seen.append(counts[rank])
     u = torch.ones(2, 2)
     dist.all_reduce(u.view(4))  # another view: cold
@@ -172,7 +174,62 @@ def _fallbacks(rank: int, counts: dict[int, int]) -> list[int]:
     return seen
 
 
+class _Recording(threading.local):
+    """Per thread-rank: a (stand-in) profiler records now."""
+
+    on = False
+
+
+_recording = _Recording()
+
+
+class _Event:
+    """A stand-in profiler event (``api.profiling.Event``)."""
+
+    def __init__(self, op: str, inputs: Any) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
 def test_each_unmet_precondition_falls_back_to_the_layered_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwise.api import profiling
+
+    monkeypatch.setattr(profiling, "on", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "Event", _Event)
     for seen in _on_device_plane(monkeypatch, _fallbacks, layered=False):
         assert seen == [1, 1, 2, 2, 2, 2]
+
+
+def _timeout(rank: int, counts: dict[int, int], left: Any) -> str:
+    import rankwise as dist
+    from rankwise.errors import DistTimeout
+
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    if rank == 1:  # never makes the third call: rank 0's ends at its deadline
+        assert left.wait(30.0)
+        return ""
+    before = counts[rank]
+    try:
+        dist.all_reduce(t)
+    except DistTimeout as exc:
+        assert counts[rank] == before + 1
+        return str(exc)
+    finally:
+        left.set()
+    raise AssertionError("no timeout")
+
+
+def test_a_timeout_on_the_fast_path_says_what_the_layered_path_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    said = [_on_device_plane(monkeypatch, partial(_timeout, left=threading.Event()), layered,
+                             op_timeout=1.0)[0]
+            for layered in (False, True)]
+    assert "rank 0 timed out after 1s in all_reduce(float32 x 2, op=SUM) on CUDA at " \
+        "test_device_fast_path.py:" in said[0]
+    # how long each rank has been where it is differs by a few ms between runs
+    assert re.sub(r"\d+\.\d+ ?s", "_s", said[0]) == re.sub(r"\d+\.\d+ ?s", "_s", said[1])

@@ -89,7 +89,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         route = group.device_route
         if route is not None and route[1] is engine and flags == route[2] \
                 and reduce_op is plan.rop:
-            plan.route, plan.inline = route, getattr(engine, "run_inline", None)
+            plan.bind(route)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
@@ -131,10 +131,10 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, runner: Engine, tensor: 
     call = group.begin(plan.fp, capture(3), plan.dtype, plan.rop,  # type: ignore[arg-type]
                        runner.framed, plan.shape)
     if async_op:
-        device, error = plan.inline(call, _run, runner, call, plan.body,  # type: ignore[misc]
-                                    Op.all_reduce, None)
+        device, error = plan.inline(call, _run, runner, call,  # type: ignore[misc]
+                                    plan.device_body, Op.all_reduce, None)
         return Work.ended(call.title, [tensor], device, error)
-    _run(runner, call, plan.body, Op.all_reduce)
+    _run(runner, call, plan.device_body, Op.all_reduce)
     return None
 
 
@@ -287,10 +287,12 @@ class Plan:
     element count (a flat tensor's ``shape[0]`` is a torch call, ~0.25 us) and its
     fingerprint once ``launch`` made it: the same on every call of the view."""
 
-    __slots__ = ("body", "count", "dtype", "fp", "inline", "rop", "route", "shape")
+    __slots__ = ("array", "body", "count", "device_body", "dtype", "fp", "inline", "rop",
+                 "route", "shape")
 
     def __init__(self, body: Body, buf: Buffer, rop: ReduceOp) -> None:
         self.body = body
+        self.array = buf.array
         self.count = buf.numel
         self.dtype = buf.dtype
         self.shape = buf.shape
@@ -301,6 +303,18 @@ class Plan:
         #: lookups, made once by ``launch``; None until then
         self.route: tuple[Engine, Engine, int] | None = None
         self.inline: Callable[..., Any] | None = None
+        #: the route's device engine's own body for this view and op, where it has one
+        #: (``TorchEngine.all_reduce_body``: the same steps, its lookups made once)
+        self.device_body: Body = body
+
+    def bind(self, route: tuple[Engine, Engine, int]) -> None:
+        """Keep ``route`` (the group's ``device_route`` this plan's fingerprint was made
+        for) and what ``_device_all_reduce`` asks of its device engine."""
+        engine = route[1]
+        make = getattr(engine, "all_reduce_body", None)
+        body = make(self.array, self.rop.name) if make is not None else None
+        self.device_body = self.body if body is None else body
+        self.route, self.inline = route, getattr(engine, "run_inline", None)
 
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
