@@ -87,9 +87,9 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
             fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
                                        reduce_op.code if reduce_op else 0, root, count, flags)
         route = group.device_route
-        if route is not None and route[1] is engine and flags == route[2] \
-                and reduce_op is plan.rop:
-            plan.bind(route)
+        if route is not None and route is not plan.route and route[1] is engine \
+                and flags == route[2] and reduce_op is plan.rop:
+            plan.bind(route)  # once per route: the torch backend's calls come here each time
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
