@@ -41,13 +41,13 @@ def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool,
     fast = collectives._device_all_reduce
     counts: dict[int, int] = {0: 0, 1: 0}
 
-    def counted(group: Any, plan: Any, runner: Any, tensor: Any, async_op: bool) -> Any:
+    def counted(group: Any, plan: Any, bound: Any, tensor: Any, async_op: bool) -> Any:
         counts[group.group_rank] += 1
         if layered:
             return collectives.launch(group, Op.all_reduce, plan.dtype, plan.count, plan.rop,
                                       0, plan.body, async_op, shape=plan.shape,
                                       outputs=[tensor], plan=plan)
-        return fast(group, plan, runner, tensor, async_op)
+        return fast(group, plan, bound, tensor, async_op)
 
     monkeypatch.setattr(collectives, "_device_all_reduce", counted)
     store = HashStore()
