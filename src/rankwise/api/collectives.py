@@ -86,6 +86,11 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         if fp is None or fp.flags != flags:
             fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
                                        reduce_op.code if reduce_op else 0, root, count, flags)
+        route = group.device_route
+        bound = plan.bound
+        if route is not None and (bound is None or route is not bound[0]) \
+                and route[1] is engine and flags == route[2] and reduce_op is plan.rop:
+            plan.bind(route, fp)  # once per route: the torch backend's calls come each time
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
@@ -114,6 +119,25 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         group.queued.done_within(max(0.0, call.deadline - time.monotonic()))
         group.queued = None
     _run(runner, call, body, op, ev)
+    return None
+
+
+def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: Any,
+                       async_op: bool) -> Work | None:
+    """``launch`` of a kept view's all_reduce on the group's device engine, for the case
+    ``all_reduce`` checked: the plan's route is the group's (its engine, fingerprint and
+    flags hold), no async call is queued, no profiler records, and an async call runs
+    inline. The same steps as ``launch``'s, through the same functions, with the lookups
+    and branches that the plan already answered left out (docs/gpu.md). ``bound``: the
+    plan's ``Plan.bound``, read once by the caller."""
+    route, fp, body, inline = bound
+    runner = route[1]
+    call = group.begin(fp, capture(3), plan.dtype, plan.rop, runner.framed, plan.shape)
+    if async_op:
+        device, error = inline(call, _run, runner, call,  # type: ignore[misc]
+                               body, Op.all_reduce, None)
+        return Work.ended(call.title, [tensor], device, error)
+    _run(runner, call, body, Op.all_reduce)
     return None
 
 
@@ -232,6 +256,11 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         buf, memo = tensor_view(tensor)
         rop = coerce_reduce_op(op)
         plan = memo_plan(buf, memo, rop)
+        bound = plan.bound
+        if bound is not None and bound[0] is g.device_route and bound[0][0] is g.engine \
+                and g.queued is None and (not async_op or bound[3] is not None) \
+                and not profiling.on():
+            return _device_all_reduce(g, plan, bound, tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
                       shape=buf.shape, outputs=[tensor], plan=plan)
     buf = as_buffer(tensor, "tensor", writable=True)
@@ -261,12 +290,35 @@ class Plan:
     element count (a flat tensor's ``shape[0]`` is a torch call, ~0.25 us) and its
     fingerprint once ``launch`` made it: the same on every call of the view."""
 
-    __slots__ = ("body", "count", "fp")
+    __slots__ = ("array", "body", "bound", "count", "dtype", "fp", "rop", "shape")
 
-    def __init__(self, body: Body, count: int) -> None:
+    def __init__(self, body: Body, buf: Buffer, rop: ReduceOp) -> None:
         self.body = body
-        self.count = count
+        self.array = buf.array
+        self.count = buf.numel
+        self.dtype = buf.dtype
+        self.shape = buf.shape
+        self.rop = rop
         self.fp: Fingerprint | None = None
+        #: ``_device_all_reduce``'s per-call lookups, made once per route by ``launch``
+        #: (``bind``); None until then
+        self.bound: Bound | None = None
+
+    def bind(self, route: tuple[Engine, Engine, int], fp: Fingerprint) -> None:
+        """Keep, in one tuple (a thread sees all of one route's or none): ``route`` (the
+        group's ``device_route``), ``fp`` (made with its flags), the route's device
+        engine's own body for this view and op where it has one
+        (``TorchEngine.all_reduce_body``: the same steps, its lookups made once), and its
+        ``run_inline`` (None: async calls go to the async worker)."""
+        engine = route[1]
+        make = getattr(engine, "all_reduce_body", None)
+        body = make(self.array, self.rop.name) if make is not None else None
+        self.bound = (route, fp, self.body if body is None else body,
+                      getattr(engine, "run_inline", None))
+
+
+#: a plan bound to a route (``Plan.bind``): (route, fingerprint, body, ``run_inline``)
+Bound = tuple[tuple[Engine, Engine, int], Fingerprint, Body, "Callable[..., Any] | None"]
 
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
@@ -275,7 +327,7 @@ def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
     plan: Plan | None = memo.get(rop)
     if plan is None or rop.factor is not None:
         plan = memo[rop] = Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")),
-                                buf.numel)
+                                buf, rop)
     return plan
 
 
