@@ -127,18 +127,36 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
     """``launch`` of a kept view's all_reduce on the group's device engine, for the case
     ``all_reduce`` checked: the plan's route is the group's (its engine, fingerprint and
     flags hold), no async call is queued, no profiler records, and an async call runs
-    inline. The same steps as ``launch``'s, through the same functions, with the lookups
-    and branches that the plan already answered left out (docs/gpu.md). ``bound``: the
-    plan's ``Plan.bound``, read once by the caller."""
-    route, fp, body, inline = bound
+    inline. The same steps as ``launch``'s, with the lookups and branches that the plan
+    already answered left out, and the engine's own hot path where it has one
+    (``TorchEngine.hot_all_reduce``: an async call's ``Work`` holds its one record).
+    docs/gpu.md. ``bound``: the plan's ``Plan.bound``, read once by the caller."""
+    route, fp, body, inline, hot = bound
     runner = route[1]
     call = group.begin(fp, capture(3), plan.dtype, plan.rop, runner.framed, plan.shape)
-    if async_op:
-        device, error = inline(call, _run, runner, call,  # type: ignore[misc]
-                               body, Op.all_reduce, None)
-        return Work.ended(call.title, [tensor], device, error)
-    _run(runner, call, body, Op.all_reduce)
-    return None
+    if hot is None:
+        if async_op:
+            device, error = inline(call, _run, runner, call,  # type: ignore[misc]
+                                   body, Op.all_reduce, None)
+            return Work.ended(call.title, [tensor], device, error)
+        _run(runner, call, body, Op.all_reduce)
+        return None
+    comm = group.comm  # ``_run`` and ``run_inline``, written out
+    comm.activity = _activity("all_reduce", group.id, call.seq, call.site, call.started)
+    try:
+        p = hot(call, not async_op)
+    except EngineFact as fact:
+        failure = explain(comm, call, fact)
+        if not async_op:
+            raise failure from None
+        return Work.ended(call.title, [tensor], None, failure)
+    except BaseException as exc:
+        if not async_op:
+            raise
+        return Work.ended(call.title, [tensor], None, exc)
+    finally:
+        comm.call_done(call)
+    return Work.ended(call.title, [tensor], p, None) if async_op else None
 
 
 def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op: Op,
@@ -258,7 +276,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         plan = memo_plan(buf, memo, rop)
         bound = plan.bound
         if bound is not None and bound[0] is g.device_route and bound[0][0] is g.engine \
-                and g.queued is None and (not async_op or bound[3] is not None) \
+                and g.queued is None and (not async_op or bound[3] or bound[4]) \
                 and not profiling.on():
             return _device_all_reduce(g, plan, bound, tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
@@ -308,17 +326,22 @@ class Plan:
         """Keep, in one tuple (a thread sees all of one route's or none): ``route`` (the
         group's ``device_route``), ``fp`` (made with its flags), the route's device
         engine's own body for this view and op where it has one
-        (``TorchEngine.all_reduce_body``: the same steps, its lookups made once), and its
-        ``run_inline`` (None: async calls go to the async worker)."""
+        (``TorchEngine.all_reduce_body``: the same steps, its lookups made once), its
+        ``run_inline`` (None: async calls go to the async worker) and its hot path
+        (``TorchEngine.hot_all_reduce``; None: none)."""
         engine = route[1]
         make = getattr(engine, "all_reduce_body", None)
         body = make(self.array, self.rop.name) if make is not None else None
+        hot = getattr(engine, "hot_all_reduce", None)
         self.bound = (route, fp, self.body if body is None else body,
-                      getattr(engine, "run_inline", None))
+                      getattr(engine, "run_inline", None),
+                      hot(self.array, self.rop.name) if hot is not None else None)
 
 
-#: a plan bound to a route (``Plan.bind``): (route, fingerprint, body, ``run_inline``)
-Bound = tuple[tuple[Engine, Engine, int], Fingerprint, Body, "Callable[..., Any] | None"]
+#: a plan bound to a route (``Plan.bind``): (route, fingerprint, body, ``run_inline``,
+#: the engine's hot path ``hot(call, then)``)
+Bound = tuple[tuple[Engine, Engine, int], Fingerprint, Body, "Callable[..., Any] | None",
+              "Callable[[Call, bool], Any] | None"]
 
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:

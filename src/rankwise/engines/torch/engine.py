@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,10 +26,10 @@ from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
 from ..base import Array, Call, check_mode
 from .splits import check_splits
-from .streams import DeviceWaits, DeviceWork, Streams
+from .streams import DeviceWaits, DeviceWork, Streams, _local
 from .tensors import DeviceTensors, HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
-from .watchdog import Watchdog
+from .watchdog import Pending, Watchdog
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -299,33 +298,63 @@ class TorchEngine:
             self.check.after()
             return
         assert call.op is not None
-        self._hot_all_reduce(data, _ALLREDUCE_OPTS[call.op.name], self, call)
+        self._hot_path(data, _ALLREDUCE_OPTS[call.op.name])(call, True)
 
     def all_reduce_body(self, data: Array, op: str) -> Callable[[Any, Call], None] | None:
         """``all_reduce(call, data)`` with reduce op ``op`` as a body for the API
         (``body(engine, call)``), made once per kept tensor view: its dtype and torch
         options looked up now, not per call. None where ``all_reduce`` has no hot path."""
-        if self._hot is None or data.dtype not in _AS_IS or op == "PREMUL_SUM":
+        hot = self.hot_all_reduce(data, op)
+        if hot is None:
             return None
-        return partial(self._hot_all_reduce, data, _ALLREDUCE_OPTS[op])
 
-    def _hot_all_reduce(self, data: Any, opts: Any, engine: Any, call: Call) -> None:
-        """The device engine's hot path (a small NCCL all_reduce of a dtype torch reduces
-        as it is): ``_before``, ``_all_reduce`` and ``_wait`` written out, five calls less
-        per call. ``engine``: the API's body argument (this engine)."""
+        def body(engine: Any, call: Call) -> None:
+            hot(call, True)
+
+        return body
+
+    def hot_all_reduce(self, data: Any, op: str) -> Callable[[Call, bool], Pending] | None:
+        """The device engine's hot path for one tensor and reduce op (a small NCCL
+        all_reduce of a dtype torch reduces as it is): ``hot(call, then)`` runs the steps
+        of ``_before``, ``_all_reduce`` and ``_wait`` with every lookup made once, here,
+        and returns the work's record. ``then``: a blocking call (the caller's stream is
+        ordered after the work, then checked again); else an async call's ``Work``
+        orders it when waited for (``Pending.wait``). None: no hot path."""
+        if self._hot is None or data.dtype not in _AS_IS or op == "PREMUL_SUM":
+            return None  # PREMUL_SUM: the API's body multiplies first
+        return self._hot_path(data, _ALLREDUCE_OPTS[op])
+
+    def _hot_path(self, data: Any, opts: Any) -> Callable[[Call, bool], Pending]:
+        """``hot_all_reduce``'s ``hot`` with torch's options ``opts``."""
         device = self._hot
         assert device is not None
-        self.tensors.check(call, (data,))
-        failed = device.watchdog.failed
-        if failed is not None:
-            raise failed
-        check = self.check
-        check.before(call)
-        work = self.pg.allreduce([data], opts)
-        check.enqueued()
-        self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
-        device.wait(call, work, False)
-        check.after()
+        arrays = (data,)
+        tensors = [data]  # torch copies the list into its op: one list serves every call
+        watchdog, check, port, name = device.watchdog, self.check, self.group.port, self.name
+        check_device, watch, order = self.tensors.check, watchdog.watch, device.order
+        ordered, checking, local = device.in_order, check.mode != "off", _local
+
+        def hot(call: Call, then: bool) -> Pending:
+            check_device(call, arrays)
+            failed = watchdog.failed
+            if failed is not None:
+                raise failed
+            if checking:
+                check.before(call)
+            work = self.pg.allreduce(tensors, opts)
+            if checking:
+                check.enqueued()
+            port.busy(name, time.time())  # who-is-where: the kernel's now
+            p = watch(call, work, ordered)
+            if then:
+                holder = local.holder  # an async call running on this thread (a worker)
+                if holder is not None:
+                    holder.pendings.append(p)
+                order(call, p)
+                check.after()
+            return p
+
+        return hot
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result

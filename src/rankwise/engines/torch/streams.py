@@ -289,14 +289,15 @@ class DeviceWaits:
         self.watchdog = watchdog
         self.streams = streams
         self._op_failed = op_failed
-        self._in_order = streams.in_order
+        self.in_order = streams.in_order
+        watchdog.order = self.order  # ``Pending.wait``: an async call's one work
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
         """Hand ``work`` to the watchdog and order what runs next after it; an inline
         async call (``run_inline``) orders it only when waited for, unless ``then``
         says the caller's stream reads the result next (a post-step). Only the group's
         own collectives come here (p2p works use ``watch``): they share one stream."""
-        p = self.watchdog.watch(call, work, self._in_order)
+        p = self.watchdog.watch(call, work, self.in_order)
         inline = call.inline
         if inline is not None:  # ``run_inline``'s call: ordered by ``Work.wait()``
             inline.append(p)

@@ -138,6 +138,17 @@ class Pending:
         except RuntimeError:
             return True  # the op failed: done, its error comes with ``wait``
 
+    # --- the device side of an async ``Work`` with one torch work (``core.work``) ------
+
+    def wait(self) -> None:
+        """The waiter's stream is ordered after this work (its book's ``order``: the
+        engine's stream order); the watchdog's verdict known by now is raised."""
+        self.book.order(self.call, self)
+
+    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        """``fn(error)`` once settled (on the ledger's thread, or here if it is)."""
+        self.on_settled(lambda p: fn(p.error))
+
     def on_settled(self, fn: Callable[[Pending], None]) -> None:
         """Run ``fn(self)`` once the record is settled (at once if it is); the book is
         passed over every ``POLL`` s until then."""
@@ -179,6 +190,10 @@ class Pending:
                 log.exception("rankwise: a callback of %s failed", self.call.describe())
 
 
+def _no_order(call: Call, p: Pending) -> None:
+    raise RuntimeError(f"{call.describe()}: its book has no stream order to wait with")
+
+
 class Watchdog:
     """One torch group's book of works in flight; aborts the group past a deadline or on
     a control-plane failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
@@ -203,6 +218,9 @@ class Watchdog:
         self.waited = 0
         #: the first error that aborted the group: every later call raises it
         self.failed: BaseException | None = None
+        #: ``order(call, p)``: what runs next on this thread sees ``p``'s result (the
+        #: engine's ``DeviceWaits.order``; ``Pending.wait``)
+        self.order: Callable[[Call, Pending], None] = _no_order
         self.aborted = False
 
     # --- the caller's side ---------------------------------------------------------
