@@ -145,7 +145,7 @@ def retire(world: World, why: str) -> None:
 
 def resolve_group(group: Any) -> ProcessGroup | None:
     """The group a call refers to; None when this rank is not a member (no-op call)."""
-    world = current()
+    world = _thread_world.world or _world or current()  # ``current`` raises for none
     if group is None or group is GroupMember.WORLD:
         return world.default_group
     if group is GroupMember.NON_GROUP_MEMBER:

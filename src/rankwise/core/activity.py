@@ -81,6 +81,9 @@ class CallLog:
     def __init__(self, comm: Communicator) -> None:
         self._comm = comm
         self._last: Any = None  #: the last finished ``engines.base.Call``
+        #: the activity between calls, one for all of them (``since`` set at each end):
+        #: readers look at ``op`` first, and an idle one has none
+        self._idle = Activity()
 
     @property
     def last_call(self) -> str:
@@ -96,7 +99,9 @@ class CallLog:
         call.finished = now
         self._last = call
         comm = self._comm
-        comm.activity = Activity.idle(now)
+        idle = self._idle
+        idle.since = now
+        comm.activity = idle
         if comm.tracer is not None:
             comm.tracer.collective(call.group, call)
 

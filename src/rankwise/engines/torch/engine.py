@@ -298,6 +298,7 @@ class TorchEngine:
             self.check.after()
             return
         assert call.op is not None
+        self.tensors.check(call, (data,))
         self._hot_path(data, _ALLREDUCE_OPTS[call.op.name])(call, True)
 
     def all_reduce_body(self, data: Array, op: str) -> Callable[[Any, Call], None] | None:
@@ -320,22 +321,23 @@ class TorchEngine:
         and returns the work's record. ``then``: a blocking call (the caller's stream is
         ordered after the work, then checked again); else an async call's ``Work``
         orders it when waited for (``Pending.wait``). None: no hot path."""
-        if self._hot is None or data.dtype not in _AS_IS or op == "PREMUL_SUM":
-            return None  # PREMUL_SUM: the API's body multiplies first
+        if self._hot is None or data.dtype not in _AS_IS or op == "PREMUL_SUM" \
+                or not self.tensors.holds(data):  # PREMUL_SUM: the API multiplies first
+            return None  # a tensor elsewhere: the plain path names it on every call
         return self._hot_path(data, _ALLREDUCE_OPTS[op])
 
     def _hot_path(self, data: Any, opts: Any) -> Callable[[Call, bool], Pending]:
-        """``hot_all_reduce``'s ``hot`` with torch's options ``opts``."""
+        """``hot_all_reduce``'s ``hot`` with torch's options ``opts``, for ``data`` on the
+        group's device (checked by the caller: a kept view's tensor stays where it is,
+        and one moved gets another view, with a new plan)."""
         device = self._hot
         assert device is not None
-        arrays = (data,)
         tensors = [data]  # torch copies the list into its op: one list serves every call
         watchdog, check, port, name = device.watchdog, self.check, self.group.port, self.name
-        check_device, watch, order = self.tensors.check, watchdog.watch, device.order
+        watch, order = watchdog.watch, device.order
         ordered, checking, local = device.in_order, check.mode != "off", _local
 
         def hot(call: Call, then: bool) -> Pending:
-            check_device(call, arrays)
             failed = watchdog.failed
             if failed is not None:
                 raise failed

@@ -38,6 +38,10 @@ class Tensors:
     def check(self, call: Call, arrays: tuple[Any, ...]) -> None:
         """``InvalidArgument`` (before any I/O) for a buffer this engine cannot move."""
 
+    def holds(self, a: Any) -> bool:
+        """``check`` would pass ``a``."""
+        return True
+
 
 #: arrays whose torch view ``HostArrays.values`` keeps, at most, and their largest size
 _KEPT = 64
@@ -106,6 +110,13 @@ class DeviceTensors(Tensors):
                     self._refuse(call, arrays, a)
             elif a.get_device() != index if index is not None else a.device != self._device:
                 self._refuse(call, arrays, a)
+
+    def holds(self, a: Any) -> bool:
+        """``a`` is on the group's device (``check`` without a call to name)."""
+        index = self._index
+        if index == -1:
+            return bool(a.is_cpu)
+        return bool(a.get_device() == index if index is not None else a.device == self._device)
 
     def _refuse(self, call: Call, arrays: tuple[Any, ...], a: Any) -> None:
         i = next(i for i, b in enumerate(arrays) if b is a)
