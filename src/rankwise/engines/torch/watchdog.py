@@ -307,11 +307,13 @@ class Watchdog:
         done_below, running_from = _ordered_bounds(records)
         for i, p in enumerate(records):
             if not p.is_settled:
+                if i < done_below and p.ordered:  # known done from its stream's order
+                    finished.append(p)  # (the common case first: ~0.4 us less a record)
+                    if not running:
+                        front += 1
+                    continue
                 try:
-                    if not p.ordered or done_below <= i < running_from:
-                        done = p.work.is_completed()
-                    else:  # known from its stream's order
-                        done = i < done_below
+                    done = (not p.ordered or i < running_from) and p.work.is_completed()
                 except RuntimeError as err:
                     self._settle(finished)
                     self.fail(plane.op_failed(p.call, err))
@@ -341,8 +343,16 @@ class Watchdog:
 
     def _settle(self, finished: list[Pending]) -> None:
         """Settle records whose work is done, under one taking of the lock."""
+        fire = []
         with self.lock:
-            fire = [(p, cbs) for p in finished if (cbs := p._mark(None))]
+            for p in finished:  # ``_mark(None)`` written out: a pass settles hundreds
+                if not p.is_settled:
+                    p.is_settled = True
+                    callbacks = p._callbacks
+                    if callbacks:
+                        p._callbacks = None
+                        self.waited -= 1
+                        fire.append((p, callbacks))
         for p, cbs in fire:
             p._fire(cbs)
 
