@@ -82,18 +82,49 @@ def test_the_c_walk_finds_the_cached_chain_and_misses_a_new_one() -> None:
         "_probe", "test_the_c_walk_finds_the_cached_chain_and_misses_a_new_one"]
     saved = dict(callsite._cache)
     callsite._cache.clear()
+    callsite._clear()  # the C memo of chains found before goes with the cache
     try:
         assert _probe(_c_site_of_caller) is None  # not cached: the Python walk must run
     finally:
         callsite._cache.update(saved)
 
 
+def _inner() -> CallSite:
+    return capture(1)  # one line, reached from two outer lines below
+
+
+def _outer_a() -> CallSite:
+    return _inner()
+
+
+def _outer_b() -> CallSite:
+    return _inner()
+
+
 @needs_c
-def test_the_c_walk_leaves_an_unclassified_file_to_python() -> None:
-    frame = sys._getframe(0)
-    saved = dict(callsite._kinds)
-    callsite._kinds.clear()
-    try:
-        assert _c_lookup(frame) is None
-    finally:
-        callsite._kinds.update(saved)
+def test_the_c_memo_tells_chains_apart_by_their_outer_frames() -> None:
+    found = [(_outer_a(), _outer_b()) for _ in range(3)]  # seen, then from the memo
+    a, b = found[0]
+    assert a.id != b.id
+    assert [f[2] for f in a.frames[:2]] == ["_inner", "_outer_a"]
+    assert [f[2] for f in b.frames[:2]] == ["_inner", "_outer_b"]
+    assert all(x is a and y is b for x, y in found)
+
+
+def _three() -> tuple[CallSite, CallSite, CallSite]:
+    return _outer_a(), _outer_b(), _here()  # one line: the same chains on every call
+
+
+@needs_c
+def test_after_forget_every_site_is_found_again_and_right() -> None:
+    got = []
+    for i in range(4):  # one line: the same chains each time
+        if i == 1:
+            callsite.forget()
+            assert _probe(_c_site_of_caller) is None  # the memo went with the cache
+        got.append(_three())  # then: the Python walk, the C walk, its memo
+    before, after = got[0], got[1:]
+    for again in after:
+        assert [s.frames for s in again] == [s.frames for s in before]
+        assert [s.id for s in again] == [s.id for s in before]
+    assert all(x is y is z for x, y, z in zip(*after, strict=True))

@@ -164,8 +164,15 @@ def skip_directory(path: str) -> None:
     prefix = os.path.join(os.path.abspath(path), "")
     if prefix not in _skip_dirs:
         _skip_dirs = (*_skip_dirs, prefix)
-        _kinds.clear()
-        _cache.clear()
+        forget()
+
+
+def forget() -> None:
+    """Forget every file's kind and every cached chain (the C walk's memo too)."""
+    _kinds.clear()
+    _cache.clear()
+    if _clear is not None:
+        _clear()
 
 
 def _walk(frame: FrameType | None) -> tuple[list[int], list[FrameType]]:
@@ -230,9 +237,11 @@ def capture(skip: int = 1) -> CallSite:
 
 
 try:  # the same walk and cache lookup in C (``_frames.c``), when it was built
+    from ._frames import clear as _clear
     from ._frames import lookup as _lookup
 except ImportError:  # no compiler at install time: the Python walk alone
     _lookup = None  # type: ignore[assignment]
+    _clear = None  # type: ignore[assignment]
 
 
 _alive: list[object] = []  #: code objects whose ids are cache keys
