@@ -60,6 +60,10 @@ def test_a_kept_tensor_that_turns_bad_is_refused_before_any_io() -> None:
             rw.all_reduce(flag, op=rw.ReduceOp.AVG)  # refused on first sight and after
         with pytest.raises(InvalidArgument, match="AVG"):
             rw.all_reduce(flag, op=rw.ReduceOp.AVG)
+        pre = torch.ones(2)
+        rw.all_reduce(pre, op=rw.ReduceOp.premul_sum(2.0))  # a factor: no plan is kept
+        with pytest.raises(InvalidArgument, match="needs its factor"):
+            rw.all_reduce(pre, op=rw.ReduceOp.PREMUL_SUM)  # bare: refused, seen or not
         rw.barrier()  # the refused calls sent nothing: the ranks still agree
         return "ok"
 

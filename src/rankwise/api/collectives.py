@@ -275,7 +275,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         # case written out: ~0.6 us of a small device call)
         buf, memo = (_views if _views is not None else _made_views()).view(tensor, "tensor")
         rop = op if op.__class__ is ReduceOp and op.factor is None else coerce_reduce_op(op)
-        plan: Plan | None = memo.get(rop)  # a bare PREMUL_SUM has none: ``memo_plan`` raises for it
+        plan: Plan | None = memo.get(rop.code)  # a bare PREMUL_SUM has none: ``memo_plan``
+        # raises for it
         if plan is None or rop.factor is not None:
             plan = memo_plan(buf, memo, rop)
         bound = plan.bound
@@ -354,11 +355,14 @@ Bound = tuple[tuple[Engine, Engine, int], Fingerprint, Body, "Callable[..., Any]
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:
     """The all_reduce plan of a kept view (``memo``) for ``rop``, checked and made on its
-    first use; PREMUL_SUM's factor may change between calls, so its plan is made anew."""
-    plan: Plan | None = memo.get(rop)
-    if plan is None or rop.factor is not None:
-        plan = memo[rop] = Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")),
-                                buf, rop)
+    first use; PREMUL_SUM's factor may change between calls, so its plan is made anew.
+    Keyed by the op's code: hashing a ``ReduceOp`` runs its Python ``__hash__``."""
+    if rop.factor is not None:  # kept nowhere: a bare PREMUL_SUM must find no plan
+        return Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")), buf, rop)
+    plan: Plan | None = memo.get(rop.code)
+    if plan is None:
+        plan = memo[rop.code] = Plan(all_reduce_body(buf, _reduce_op(rop, buf, "all_reduce")),
+                                     buf, rop)
     return plan
 
 
