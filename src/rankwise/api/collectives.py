@@ -142,7 +142,7 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
         _run(runner, call, body, Op.all_reduce)
         return None
     comm = group.comm  # ``_run`` and ``run_inline``, written out
-    comm.activity = _activity("all_reduce", group.id, call.seq, call.site, call.started)
+    comm.doing = call  # the call stands for its own ``Activity``: made only if asked
     try:
         p = hot(call, not async_op)
     except EngineFact as fact:
@@ -177,7 +177,7 @@ def _run(engine: Engine, call: Call, body: Body, op: Op,
     """Run one call's body on ``engine``, with who-is-where state around it."""
     group = call.group
     comm = group.comm
-    comm.activity = _activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
+    comm.doing = _activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
     try:
         body(engine, call)
     except EngineFact as fact:  # the failure seam: one wording for every engine

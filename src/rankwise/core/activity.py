@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..identity.calls import op_name
 from ..identity.callsite import UNKNOWN, CallSite
 
 if TYPE_CHECKING:
@@ -60,6 +61,14 @@ class Activity:
         return a
 
     @classmethod
+    def of(cls, call: Any) -> Activity:
+        """The activity of ``call`` (an ``engines.base.Call``) standing for one
+        (``Communicator.doing``): made when someone asks, not on the call's path."""
+        return cls(op_name(call.fp.op), call.group.id, call.seq, call.site, call.started,
+                   call.waiting_for, patient=call.patient, enqueued=call.enqueued,
+                   engine=call.engine)
+
+    @classmethod
     def idle(cls, since: float) -> Activity:
         """In user code since ``since``."""
         a = _new(cls)
@@ -101,7 +110,7 @@ class CallLog:
         comm = self._comm
         idle = self._idle
         idle.since = now
-        comm.activity = idle
+        comm.doing = idle
         if comm.tracer is not None:
             comm.tracer.collective(call.group, call)
 

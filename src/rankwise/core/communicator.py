@@ -63,7 +63,11 @@ class Communicator:
         self.world_size = world_size
         self.transport = transport
         self.closed = False
-        self.activity = Activity()
+        #: what this rank does now: an ``Activity``, or the ``engines.base.Call`` in
+        #: progress standing for its own (the device hot path: no object per call), whose
+        #: ``Activity`` is made when asked (``activity``). Who-is-where writes
+        #: (``waiting_for``, ``enqueued``, ``engine``) go here: both have those fields.
+        self.doing: Any = Activity()
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
         #: call-site texts the peers defined (SITE frames), by peer and site id
@@ -118,6 +122,16 @@ class Communicator:
         transport.start(self)
         if self.heartbeat is not None:
             self.heartbeat.start()
+
+    @property
+    def activity(self) -> Activity:
+        """What this rank does now, for reports (made from the call standing for it)."""
+        doing = self.doing
+        return doing if isinstance(doing, Activity) else Activity.of(doing)
+
+    @activity.setter
+    def activity(self, activity: Activity) -> None:
+        self.doing = activity
 
     @property
     def last_call(self) -> str:

@@ -133,7 +133,7 @@ class OpLink:
 
     def wait(self, handle: Any) -> None:
         assert isinstance(handle, Pending)
-        activity = self.comm.activity
+        activity = self.comm.doing
         activity.waiting_for = handle.src
         activity.patient = self.patient
         if handle.completed and handle.error is None:
