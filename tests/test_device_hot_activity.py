@@ -72,7 +72,7 @@ def test_a_report_during_a_hot_call_names_it_and_after_it_user_code(
     fast = collectives._device_all_reduce
 
     def counted(*args: Any) -> Any:
-        hot.append(args[2][4] is not None)  # the bound plan's engine hot path
+        hot.append(args[2][3] is not None)  # the bound plan's engine hot path
         return fast(*args)
 
     monkeypatch.setattr(collectives, "_device_all_reduce", counted)

@@ -131,15 +131,15 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
     already answered left out, and the engine's own hot path where it has one
     (``TorchEngine.hot_all_reduce``: an async call's ``Work`` holds its one record).
     docs/gpu.md. ``bound``: the plan's ``Plan.bound``, read once by the caller."""
-    route, fp, body, inline, hot = bound
+    route, fp, inline, hot = bound
     runner = route[1]
     call = group.begin(fp, capture(3), plan.dtype, plan.rop, runner.framed, plan.shape)
     if hot is None:
         if async_op:
             device, error = inline(call, _run, runner, call,  # type: ignore[misc]
-                                   body, Op.all_reduce, None)
+                                   plan.body, Op.all_reduce, None)
             return Work.ended(call.title, [tensor], device, error)
-        _run(runner, call, body, Op.all_reduce)
+        _run(runner, call, plan.body, Op.all_reduce)
         return None
     comm = group.comm  # ``_run`` and ``run_inline``, written out
     comm.doing = call  # the call stands for its own ``Activity``: made only if asked
@@ -275,13 +275,13 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         # case written out: ~0.6 us of a small device call)
         buf, memo = (_views if _views is not None else _made_views()).view(tensor, "tensor")
         rop = op if op.__class__ is ReduceOp and op.factor is None else coerce_reduce_op(op)
-        plan: Plan | None = memo.get(rop.code)  # a bare PREMUL_SUM has none: ``memo_plan``
-        # raises for it
+        # a bare PREMUL_SUM finds no plan (none with a factor is kept): ``memo_plan`` raises
+        plan: Plan | None = memo.get(rop.code)
         if plan is None or rop.factor is not None:
             plan = memo_plan(buf, memo, rop)
         bound = plan.bound
         if bound is not None and bound[0] is g.device_route and bound[0][0] is g.engine \
-                and g.queued is None and (not async_op or bound[3] or bound[4]) \
+                and g.queued is None and (not async_op or bound[2] or bound[3]) \
                 and not profiling.on():
             return _device_all_reduce(g, plan, bound, tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
@@ -334,22 +334,17 @@ class Plan:
     def bind(self, route: tuple[Engine, Engine, int], fp: Fingerprint) -> None:
         """Keep, in one tuple (a thread sees all of one route's or none): ``route`` (the
         group's ``device_route``), ``fp`` (made with its flags), the route's device
-        engine's own body for this view and op where it has one
-        (``TorchEngine.all_reduce_body``: the same steps, its lookups made once), its
-        ``run_inline`` (None: async calls go to the async worker) and its hot path
-        (``TorchEngine.hot_all_reduce``; None: none)."""
+        engine's ``run_inline`` (None: async calls go to the async worker) and its hot
+        path for this view and op (``TorchEngine.hot_all_reduce``; None: none)."""
         engine = route[1]
-        make = getattr(engine, "all_reduce_body", None)
-        body = make(self.array, self.rop.name) if make is not None else None
         hot = getattr(engine, "hot_all_reduce", None)
-        self.bound = (route, fp, self.body if body is None else body,
-                      getattr(engine, "run_inline", None),
+        self.bound = (route, fp, getattr(engine, "run_inline", None),
                       hot(self.array, self.rop.name) if hot is not None else None)
 
 
-#: a plan bound to a route (``Plan.bind``): (route, fingerprint, body, ``run_inline``,
-#: the engine's hot path ``hot(call, then)``)
-Bound = tuple[tuple[Engine, Engine, int], Fingerprint, Body, "Callable[..., Any] | None",
+#: a plan bound to a route (``Plan.bind``): (route, fingerprint, ``run_inline``, the
+#: engine's hot path ``hot(call, then)``)
+Bound = tuple[tuple[Engine, Engine, int], Fingerprint, "Callable[..., Any] | None",
               "Callable[[Call, bool], Any] | None"]
 
 

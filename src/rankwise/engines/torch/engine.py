@@ -159,7 +159,7 @@ class TorchEngine:
             self.run_inline = self.device.run_inline
             watchdog.start()
         #: the device waits where the buffers are the tensors themselves (``DeviceTensors``:
-        #: ``values`` is the identity), for ``all_reduce``'s hot path; None: no hot path
+        #: ``values`` is the identity), for ``hot_all_reduce``; None: no hot path
         self._hot = self.device if isinstance(self.tensors, DeviceTensors) else None
         #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
         self.p2p: Any = None
@@ -291,47 +291,25 @@ class TorchEngine:
                                                                    _bopts(root)), False), data)
 
     def all_reduce(self, call: Call, data: Array) -> None:
-        device = self._hot
-        if device is None or data.dtype not in _AS_IS:  # ``_run`` written out
-            self._before(call, data)
-            self._all_reduce(call, self._values(data, call))
-            self.check.after()
-            return
-        assert call.op is not None
-        self.tensors.check(call, (data,))
-        self._hot_path(data, _ALLREDUCE_OPTS[call.op.name])(call, True)
-
-    def all_reduce_body(self, data: Array, op: str) -> Callable[[Any, Call], None] | None:
-        """``all_reduce(call, data)`` with reduce op ``op`` as a body for the API
-        (``body(engine, call)``), made once per kept tensor view: its dtype and torch
-        options looked up now, not per call. None where ``all_reduce`` has no hot path."""
-        hot = self.hot_all_reduce(data, op)
-        if hot is None:
-            return None
-
-        def body(engine: Any, call: Call) -> None:
-            hot(call, True)
-
-        return body
+        self._before(call, data)
+        self._all_reduce(call, self._values(data, call))
+        self.check.after()
 
     def hot_all_reduce(self, data: Any, op: str) -> Callable[[Call, bool], Pending] | None:
-        """The device engine's hot path for one tensor and reduce op (a small NCCL
-        all_reduce of a dtype torch reduces as it is): ``hot(call, then)`` runs the steps
-        of ``_before``, ``_all_reduce`` and ``_wait`` with every lookup made once, here,
-        and returns the work's record. ``then``: a blocking call (the caller's stream is
-        ordered after the work, then checked again); else an async call's ``Work``
-        orders it when waited for (``Pending.wait``). None: no hot path."""
-        if self._hot is None or data.dtype not in _AS_IS or op == "PREMUL_SUM" \
-                or not self.tensors.holds(data):  # PREMUL_SUM: the API multiplies first
-            return None  # a tensor elsewhere: the plain path names it on every call
-        return self._hot_path(data, _ALLREDUCE_OPTS[op])
-
-    def _hot_path(self, data: Any, opts: Any) -> Callable[[Call, bool], Pending]:
-        """``hot_all_reduce``'s ``hot`` with torch's options ``opts``, for ``data`` on the
-        group's device (checked by the caller: a kept view's tensor stays where it is,
-        and one moved gets another view, with a new plan)."""
+        """The device engine's hot path for one kept tensor view and reduce op (a small
+        NCCL all_reduce of a dtype torch reduces as it is): ``hot(call, then)`` runs the
+        steps of ``_before``, ``_all_reduce`` and ``_wait`` with every lookup made once,
+        here, and returns the work's record. ``then``: a blocking call (the caller's
+        stream is ordered after the work, then checked again); else an async call's
+        ``Work`` orders it when waited for (``Pending.wait``). None: no hot path.
+        The device check is made here, once: a kept view's tensor stays where it is (one
+        moved gets another view, so another plan); a tensor elsewhere gets no hot path,
+        and ``all_reduce`` names it on every call."""
         device = self._hot
-        assert device is not None
+        if device is None or data.dtype not in _AS_IS or op == "PREMUL_SUM" \
+                or not self.tensors.holds(data):  # PREMUL_SUM: the API multiplies first
+            return None
+        opts = _ALLREDUCE_OPTS[op]
         tensors = [data]  # torch copies the list into its op: one list serves every call
         watchdog, check, port, name = device.watchdog, self.check, self.group.port, self.name
         watch, order = watchdog.watch, device.order

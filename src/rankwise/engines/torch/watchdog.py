@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -166,21 +166,7 @@ class Pending:
         book.kick(POLL)
 
     def settle(self, error: BaseException | None) -> None:
-        with self.book.lock:
-            callbacks = self._mark(error)
-        if callbacks:
-            self._fire(callbacks)
-
-    def _mark(self, error: BaseException | None) -> list[Callable[[Pending], None]] | None:
-        """Settled with ``error`` (under the book's lock); the callbacks to run then."""
-        if self.is_settled:
-            return None
-        self.error = error
-        self.is_settled = True
-        callbacks, self._callbacks = self._callbacks, None
-        if callbacks:
-            self.book.waited -= 1
-        return callbacks
+        self.book.settle((self,), error)
 
     def _fire(self, callbacks: list[Callable[[Pending], None]]) -> None:
         for fn in callbacks:
@@ -315,14 +301,14 @@ class Watchdog:
                 try:
                     done = (not p.ordered or i < running_from) and p.work.is_completed()
                 except RuntimeError as err:
-                    self._settle(finished)
+                    self.settle(finished)
                     self.fail(plane.op_failed(p.call, err))
                     return math.inf
                 if done:
                     finished.append(p)
                 else:
                     if finished:  # before anything here may fail the rest
-                        self._settle(finished)
+                        self.settle(finished)
                         finished = []
                     due = min(due, self._running(p, now))
                     if self.failed is not None:
@@ -331,7 +317,7 @@ class Watchdog:
             if not running:
                 front += 1
         if finished:
-            self._settle(finished)
+            self.settle(finished)
         for _ in range(front):
             self._records.popleft()
         if running:
@@ -341,12 +327,15 @@ class Watchdog:
         self.due_at = due
         return max(0.0, due - now)
 
-    def _settle(self, finished: list[Pending]) -> None:
-        """Settle records whose work is done, under one taking of the lock."""
+    def settle(self, records: Sequence[Pending], error: BaseException | None = None) -> None:
+        """Settle ``records`` (those not settled yet) with ``error``, under one taking of
+        the lock, then run their callbacks: a pass settles hundreds at once, so the loop
+        is written out (a method call per record cost ~0.1 us of the ledger's CPU)."""
         fire = []
         with self.lock:
-            for p in finished:  # ``_mark(None)`` written out: a pass settles hundreds
+            for p in records:
                 if not p.is_settled:
+                    p.error = error
                     p.is_settled = True
                     callbacks = p._callbacks
                     if callbacks:
