@@ -244,6 +244,13 @@ def main(argv: list[str]) -> int:
               f"({min(every):.2f}-{max(every):.2f})")
         worst_caller = max(worst_caller, statistics.median(caller))
         worst_all = max(worst_all, statistics.median(every))
+    # the machine's state: the fake's spins cost the same CPU time on a busy or slow
+    # machine, its Python (and rankwise's, far larger) does not: compare runs whose fake
+    # overhead is alike (docs/gpu.md: 2.6-2.8 us idle and fast, ~5 us in a slow state)
+    fake = statistics.median(x for r in results.values() for x in r["fake"]) * 1e6
+    busy = COSTS["enqueue"] + COSTS["work_wait"]
+    print(f"machine state: the fake's call {fake:.1f} us, {busy:.1f} of them busy spins; "
+          f"its Python and clock reads {fake - busy:.1f} us")
     print(f"device path per call: caller CPU {worst_caller:.2f}x, all threads "
           f"{worst_all:.2f}x the fake's")
     return 0
