@@ -29,8 +29,25 @@ TENSOR_PATHS = {"nccl-stand-in": "device", "staged": "staged"}
 _guard = ProcsGuard()
 
 
+def _byte_compile() -> None:
+    """Compile ``src/rankwise`` and the tests' own modules once per session, as a wheel
+    install does (torch's and numpy's come compiled). Under ``PYTHONDONTWRITEBYTECODE=1``
+    (this sandbox, CI included) an editable checkout has no ``.pyc`` files, so every rank,
+    launcher and script the suite starts compiled rankwise's ~200 modules again: ~0.25
+    CPU-s per process, thousands of processes per run (docs/scale.md, the same fix in
+    ``benchmarks/scale.py``). ``compileall`` rewrites only stale files; an edited module
+    is recompiled by the next session, and a stale ``.pyc`` is never used (its source's
+    mtime and size are checked on import)."""
+    import compileall
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    for folder in (os.path.join(_SRC, "rankwise"), tests):
+        compileall.compile_dir(folder, quiet=2, workers=1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _guard.install()
+    _byte_compile()
 
 
 @pytest.hookimpl(wrapper=True)
