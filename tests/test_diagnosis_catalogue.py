@@ -16,7 +16,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ TRAP = os.path.join(ROOT, "examples", "barrier_trap.py")
 sys.path.insert(0, HERE)
 from _procs import free_port, start
 from _procs import run as run_command
+from _zygote import Zygote
 from test_diagnosis_programs import line_of
 
 #: every test here runs once per engine (tcp, shm): see conftest.engine
@@ -78,10 +81,28 @@ _TORCH_FIRST = (
 _ELAPSED = re.compile(r"^\[rank-elapsed ([0-9.]+)\]$", re.MULTILINE)
 
 
-def _command(script: str, args: tuple[str, ...]) -> list[str]:
+#: the torch engines' ranks are forks of one server that imported torch once (see
+#: ``_zygote``), each running ``_TORCH_FIRST`` as ``python -c`` would: torch's import cost
+#: ~2.3 CPU-s per rank, ~78 s of this file's wall time on a 2-core machine
+_zygote: Zygote | None = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_zygote() -> Iterator[None]:
+    yield
+    global _zygote
+    if _zygote is not None:
+        _zygote.close()
+        _zygote = None
+
+
+def _start(script: str, args: tuple[str, ...], env: dict[str, str]) -> Any:
+    global _zygote
     if os.environ.get("RANKWISE_ENGINE", "").startswith("torch"):
-        return [sys.executable, "-c", _TORCH_FIRST, script, *args]
-    return [sys.executable, script, *args]
+        if _zygote is None:
+            _zygote = Zygote(["torch"], {**os.environ, "PYTHONPATH": env["PYTHONPATH"]})
+        return _zygote.start(_TORCH_FIRST, [script, *args], env)
+    return start([sys.executable, script, *args], env=env, cwd=None)
 
 
 def _elapsed(err: str, wall: float) -> float:
@@ -104,7 +125,7 @@ def run(script: str, *args: str, n: int = 2, timeout: float = 10.0, warn: float 
                   "PYTHONUNBUFFERED": "1"})
         e.update(env or {})
         starts.append(time.monotonic())
-        procs.append(start(_command(script, args), env=e, cwd=None))
+        procs.append(_start(script, args, e))
     deadline = time.monotonic() + bound
     results = []
     try:
