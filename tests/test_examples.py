@@ -1,5 +1,11 @@
 """Seed 003's programs print exactly what the seed's comments promise, at 2 and 4 ranks.
 
+Each program runs once as the seed runs it (``python examples/p2p.py``: 2 ranks,
+``python examples/collectives.py``: 4 ranks; its own spawned processes, tcp:// init) and
+once at 4 ranks under ``rankwise run`` (env:// init). The ranks' code is the same ``run``
+either way, so p2p at 4 and collectives at 2 on the spawn path added nothing but ~17 s of
+spawned interpreters importing torch; the rank counts differ between the two inits.
+
 Why parse per rank: the ranks print concurrently into one pipe, so lines from different
 processes interleave (a header can even end up glued to another rank's line). One
 process's own writes stay in order, though, so each rank's sequence of
@@ -76,13 +82,13 @@ def _collectives_expected(n: int) -> dict[int, list[object]]:
     return want
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2])
 @pytest.mark.procs
 def test_p2p_example(n: int) -> None:
     _check(_run(["examples/p2p.py", str(n)]), _p2p_expected(n))
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [4])
 @pytest.mark.procs
 def test_collectives_example(n: int) -> None:
     _check(_run(["examples/collectives.py", str(n)]), _collectives_expected(n))
