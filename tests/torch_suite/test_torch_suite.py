@@ -19,6 +19,7 @@ GPU machine, where the suite's own decorators skip what one GPU cannot hold. Nee
 from __future__ import annotations
 
 import os
+import time
 import unittest
 from typing import Any
 
@@ -121,12 +122,32 @@ _unknown = [n for n in NOT_HERE if not hasattr(suite.DistributedTest._DistTestBa
 assert not _unknown, f"NOT_HERE names tests torch's suite does not have: {_unknown}"
 
 
+class _ShortPolls:
+    """``time`` as the suite's two polling loops see it: its file barrier (twice per test,
+    in every rank) and the parent's wait for its ranks (``MultiProcessTestCase.
+    _join_processes``) each look every 0.1 s, so a test that takes a few ms spent ~0.2-0.3 s
+    waiting for the next look (~40% of this file's wall time, the CPUs idle). Here they
+    look every 0.01 s: the same loops, conditions and timeouts. Only ``sleep(0.1)`` is
+    shortened: the one other sleep in these modules (a test's ``WAIT_TIME + 0.1``) is
+    what that test measures and stays as it is."""
+
+    POLL = 0.1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @classmethod
+    def sleep(cls, seconds: float) -> None:
+        time.sleep(0.01 if seconds == cls.POLL else seconds)
+
+
 class _Forked(suite.TestDistBackend, suite.DistributedTest._DistTestBase):  # type: ignore[misc,name-defined]
     """One world size's run; the environment the ranks read is set only while a test
     runs (other tests in this pytest process must not see ``WORLD_SIZE``)."""
 
     WORLD = 2
     _saved_env: dict[str, str | None]
+    _polls: list[tuple[Any, Any]]
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -135,11 +156,18 @@ class _Forked(suite.TestDistBackend, suite.DistributedTest._DistTestBase):  # ty
         # ranks forked below always meet it (see _run): the order of files cannot hide it
         square = torch.ones(256, 256)
         assert float((square @ square)[0, 0]) == 256.0
+        from torch.testing._internal import common_distributed
+
+        cls._polls = [(m, m.time) for m in (suite, common_distributed)]
+        for module, _ in cls._polls:
+            module.time = _ShortPolls()
         super().setUpClass()
 
     @classmethod
     def tearDownClass(cls) -> None:
         super().tearDownClass()
+        for module, real in cls._polls:
+            module.time = real
         if cls._saved_master is None:
             os.environ.pop("MASTER_ADDR", None)
         else:
