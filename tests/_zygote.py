@@ -24,6 +24,7 @@ itself is not imported before the fork: it reads its environment at import).
 from __future__ import annotations
 
 import array
+import atexit
 import json
 import os
 import select
@@ -213,6 +214,7 @@ class Zygote:
     """The server process, with ``modules`` imported once; ``start`` forks a process."""
 
     def __init__(self, modules: list[str], env: dict[str, str], timeout: float = 120.0) -> None:
+        self._owner = os.getpid()
         self._dir = tempfile.mkdtemp(prefix="rankwise-zygote-")
         self.path = os.path.join(self._dir, "sock")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path,
@@ -222,6 +224,7 @@ class Zygote:
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else b""
+        atexit.register(self.close)  # also when the module that started it never closes it
         if line.strip() != b"ready":
             self.close()
             raise RuntimeError(f"the zygote did not start within {timeout}s: {line!r}")
@@ -258,7 +261,9 @@ class Zygote:
 
     def close(self) -> None:
         """End the server (its children are the tests' to kill: they are in sessions of
-        their own), and remove its socket."""
+        their own), and remove its socket. Idempotent."""
+        if self.proc.returncode is not None or os.getpid() != self._owner:
+            return  # closed, or a fork of the test process (its atexit runs this too)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
