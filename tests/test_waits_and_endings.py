@@ -55,7 +55,10 @@ def _rzf_hang(rank: int, world_size: int) -> dict[str, Any]:
     try:
         with dist.rank_zero_first():
             if rank == 0:
-                threading.Event().wait(12.0)  # "deadlocked" inside the block
+                # "deadlocked" inside the block: past the followers' 3 s timeout with 4 s
+                # to spare (were it shorter than their wait, they would end without an
+                # error and the test would fail, not pass)
+                threading.Event().wait(7.0)
     except dist.DistTimeout as exc:
         return {"raised": "DistTimeout", "after": time.monotonic() - start,
                 "message": str(exc), "report": exc.report}
