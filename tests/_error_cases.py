@@ -10,13 +10,13 @@ cases that must let an exception escape to ``sys.excepthook``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from _procs import start, wait_all
+from _zygote import Zygote
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 THIS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -66,13 +66,15 @@ def assert_every_rank(results: Iterable[Any], exc_name: str, *needles: str,
 
 
 def run_script(code: str, *args: str, timeout: float = 30.0,
-               env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+               env: dict[str, str] | None = None, zygote: Zygote | None = None) -> Any:
     """Start ``python -c code args...`` with rankwise importable (not waited for: pair it
-    with ``finish``)."""
+    with ``finish``); forked from ``zygote`` (``_zygote``: torch imported once) if given."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = SRC + os.pathsep + THIS_DIR + os.pathsep + \
         full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
+    if zygote is not None:
+        return zygote.start(textwrap.dedent(code), list(args), full_env)
     return start([sys.executable, "-c", textwrap.dedent(code), *args], env=full_env, cwd=None)
 
 

@@ -10,11 +10,13 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from _error_cases import finish, line_of, run_script
+from _error_cases import SRC, finish, line_of, run_script
+from _zygote import Zygote
 
 import rankwise as dist
 from rankwise.testing import free_port, run_ranks
@@ -139,6 +141,28 @@ def test_rank_that_leaves_early_is_named_with_its_destroy_call_site() -> None:
 
 # --- an uncaught exception (sys.excepthook sends the traceback) ------------------------------
 
+#: on a torch engine the ranks are forks of one server that imported torch once
+#: (``_zygote``; each still a fresh ``python -c`` as far as rankwise sees): each rank
+#: imported torch at init, 3 ranks x 3 cases
+_zygotes: list[Zygote] = []
+
+
+def _torch_ranks(engine: str) -> Zygote | None:
+    if not engine.startswith("torch"):
+        return None
+    if not _zygotes:
+        _zygotes.append(Zygote(["torch"], {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [SRC, os.environ.get("PYTHONPATH", "")])}))
+    return _zygotes[0]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_zygote() -> Iterator[None]:
+    yield
+    while _zygotes:
+        _zygotes.pop().close()
+
+
 _CHILD = """
 import json, sys, time
 import numpy as np
@@ -176,9 +200,12 @@ print("RESULT " + json.dumps(out), flush=True)
     # (rank 0 hosts it), or its host is the rank that failed ("the store went away"
     # must not hide the cause)
     ("new_group", 1), ("new_group", 0)])
-def test_uncaught_exception_reaches_peers_with_its_traceback(op: str, victim: int) -> None:
+def test_uncaught_exception_reaches_peers_with_its_traceback(op: str, victim: int,
+                                                            engine: str) -> None:
     port = free_port()
-    procs = [run_script(_CHILD, str(r), str(port), op, str(victim)) for r in range(3)]
+    zygote = _torch_ranks(engine)
+    procs = [run_script(_CHILD, str(r), str(port), op, str(victim), zygote=zygote)
+             for r in range(3)]
     outs = finish(procs, timeout=40)
     code, _, err = outs[victim]
     assert code == 1 and "KeyError" in err, (code, err[-2000:])
