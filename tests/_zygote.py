@@ -37,6 +37,7 @@ import threading
 import time
 
 _FDS = 3  #: stdin, stdout, stderr
+_REPLY = 30.0  #: seconds the server may take to fork and name the child
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
@@ -63,6 +64,15 @@ def _kill_children(children: dict[int, socket.socket]) -> None:
             pass
 
 
+def _remove(path: str) -> None:
+    """The server's socket and the temporary folder it alone lives in."""
+    for remove, what in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
+        try:
+            remove(what)
+        except OSError:
+            pass
+
+
 def _serve(path: str) -> tuple[dict[str, object], list[int]]:
     """Accept requests until one is to be run here: returns (in the forked child only)."""
     parent = os.getppid()
@@ -72,8 +82,9 @@ def _serve(path: str) -> tuple[dict[str, object], list[int]]:
     print("ready", flush=True)
     children: dict[int, socket.socket] = {}
     while True:
-        if os.getppid() != parent:  # the test process is gone
+        if os.getppid() != parent:  # the test process is gone (killed: no close())
             _kill_children(children)
+            _remove(path)
             os._exit(0)
         ready, _, _ = select.select([server], [], [], 0.02)
         if ready:
@@ -237,6 +248,7 @@ class Zygote:
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(_REPLY)  # a wedged server fails the test, never hangs it
         try:
             conn.connect(self.path)
             request = json.dumps({"code": code, "argv": argv, "env": env,
@@ -257,6 +269,7 @@ class Zygote:
         finally:
             for fd in (null, out_w, err_w):
                 os.close(fd)
+        conn.settimeout(None)  # from here the child's end: bounded by ``Forked.wait``
         return Forked(conn, int(data), out_r, err_r)
 
     def close(self) -> None:
@@ -271,11 +284,7 @@ class Zygote:
         self.proc.wait(10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-        os.rmdir(self._dir)
+        _remove(self.path)
 
 
 if __name__ == "__main__":
