@@ -13,7 +13,7 @@ import time
 from collections import deque
 from datetime import timedelta
 
-from ..engines.base import Call, Engine
+from ..engines.base import Call, Engine, new_call
 from ..errors import InvalidArgument
 from ..identity.calls import COMM_LABEL, Fingerprint
 from ..identity.callsite import CallSite
@@ -118,8 +118,8 @@ class ProcessGroup:
             router.check_alive()
         self.seq = seq = self.seq + 1
         now = time.time()
-        call = Call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
-                    shape)
+        call = new_call(self, seq, fp, site, dtype, op, time.monotonic() + self.timeout, now,
+                        shape)
         label = COMM_LABEL.get()
         if label is not None:
             call.label = label

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import describe, op_name
+from ..utils.slots import fast_new
 from ..wire.buffers import DType, ReduceOp
 
 if TYPE_CHECKING:
@@ -154,6 +155,11 @@ class Call:
         """``all_reduce #5 on default_pg`` (``record_comm``'s label for the op): an
         async call's ``Work`` description, made when asked for (slow path only)."""
         return f"{self.label or op_name(self.fp.op)} #{self.seq} on {self.group.name}"
+
+
+#: ``Call(...)`` of positional values, without the dataclass's Python ``__init__``
+#: (``utils.slots``): one is made per collective
+new_call = fast_new(Call)
 
 
 class Engine(Protocol):

@@ -28,7 +28,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ...utils.slots import fast_new
 
 if TYPE_CHECKING:
     from ...core.ledger import Ledger
@@ -102,27 +105,24 @@ class _Settled:
         return True
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Pending:
     """One torch work in flight (a record of the book), until settled: done, or an
-    error. Made by the caller with no lock and no event."""
+    error. Made by the caller with no lock and no event (``watch``: without the Python
+    ``__init__``, ``utils.slots``)."""
 
-    __slots__ = ("_callbacks", "book", "call", "error", "is_settled", "ordered", "probe_at",
-                 "slowed", "start", "warn_at", "work")
-
-    def __init__(self, book: Watchdog, call: Call, work: Any, start: float,
-                 ordered: bool = False) -> None:
-        self.book = book
-        self.call = call
-        self.work = work
-        self.start = start
-        #: the work finishes after every earlier ordered record's (``Watchdog.watch``)
-        self.ordered = ordered
-        self.slowed = False
-        self.warn_at = math.nan  #: set on the first pass that finds it running
-        self.probe_at = math.nan
-        self.error: BaseException | None = None
-        self.is_settled = False
-        self._callbacks: list[Callable[[Pending], None]] | None = None
+    book: Watchdog
+    call: Call
+    work: Any
+    start: float
+    #: the work finishes after every earlier ordered record's (``Watchdog.watch``)
+    ordered: bool = False
+    slowed: bool = False
+    warn_at: float = math.nan  #: set on the first pass that finds it running
+    probe_at: float = math.nan
+    error: BaseException | None = None
+    is_settled: bool = False
+    _callbacks: list[Callable[[Pending], None]] | None = None
 
     @property
     def settled(self) -> _Settled:
@@ -176,6 +176,9 @@ class Pending:
                 log.exception("rankwise: a callback of %s failed", self.call.describe())
 
 
+_new_pending = fast_new(Pending)
+
+
 def _no_order(call: Call, p: Pending) -> None:
     raise RuntimeError(f"{call.describe()}: its book has no stream order to wait with")
 
@@ -217,7 +220,7 @@ class Watchdog:
         runs after every earlier ordered one (one NCCL communicator's collectives share
         its stream), so a pass queries a few of them, not each (``_ordered_bounds``)."""
         start = self.clock()
-        p = Pending(self, call, work, start, ordered)
+        p = _new_pending(self, call, work, start, ordered)
         self._records.append(p)
         if self.failed is not None:  # read after the append: ``fail`` misses none
             p.settle(self.failed)

@@ -1,0 +1,54 @@
+"""Fast constructors for slots dataclasses that are made once per call on a hot path.
+
+``fast_new(cls)`` returns a callable that makes ``cls(*values)`` without running the
+dataclass's generated ``__init__``: it stores the values, then the fields' defaults, in
+the instance's slots (``_slots.c``: ~0.1 us instead of ~0.5 us for 11-19 fields). Only for
+classes whose ``__init__`` does nothing else: a dataclass with ``slots=True``, no
+``__post_init__``, no ``default_factory`` and no ``init=False`` field; anything else, or
+no C module (no compiler at install time), gets the class itself: the same objects.
+Keyword calls go to the class itself too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["fast_new"]
+
+T = TypeVar("T")
+
+try:
+    from ._slots import maker as _maker
+except ImportError:  # no compiler at install time: the class's own __init__
+    _maker = None  # type: ignore[assignment]
+
+#: the default of a field that has none (never stored: the maker refuses fewer values)
+_REQUIRED = object()
+
+
+def fast_new(cls: Callable[..., T]) -> Callable[..., T]:
+    """A constructor of the slots dataclass ``cls`` taking its fields' values in order,
+    positionally (see the module's doc); ``cls`` itself where that cannot serve."""
+    if _maker is None or not _plain(cls):
+        return cls
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    names = tuple(f.name for f in fields)
+    defaults = tuple(_REQUIRED if f.default is dataclasses.MISSING else f.default
+                     for f in fields)
+    made: Callable[..., T] = _maker(cls, names, defaults, _REQUIRED)  # type: ignore[arg-type]
+    return made
+
+
+def _plain(cls: Any) -> bool:
+    """Its generated ``__init__`` stores each field's value or default, and nothing else."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) \
+            or "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__"):
+        return False
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.init:
+        return False
+    return all(f.init and f.default_factory is dataclasses.MISSING
+               and f._field_type is dataclasses._FIELD  # type: ignore[attr-defined]
+               for f in dataclasses.fields(cls))

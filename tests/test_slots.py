@@ -1,0 +1,99 @@
+"""``utils.slots.fast_new``: the C constructor makes the same objects as the class's own
+``__init__`` (the fallback), and refuses classes whose ``__init__`` does more."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from rankwise.engines.base import Call
+from rankwise.engines.torch.watchdog import Pending
+from rankwise.utils import slots
+from rankwise.utils.slots import fast_new
+
+needs_c = pytest.mark.skipif(slots._maker is None, reason="the C module was not built")
+
+
+def _values(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+@needs_c
+@pytest.mark.parametrize("cls, args", [
+    (Call, ("g", 3, "fp", "site", "dtype", "op", 1.5, 2.5)),
+    (Call, ("g", 3, "fp", "site", "dtype", "op", 1.5, 2.5, (2, 3), 9.0, True)),
+    (Pending, ("book", "call", "work", 1.0)),
+    (Pending, ("book", "call", "work", 1.0, True)),
+])
+def test_the_c_maker_stores_what_the_init_stores(cls: Any, args: tuple[Any, ...]) -> None:
+    new = fast_new(cls)
+    assert new is not cls
+    made, expected = new(*args), cls(*args)
+    assert type(made) is cls
+    got, want = _values(made), _values(expected)
+    assert got.keys() == want.keys()
+    for name, value in want.items():  # nan != nan: compare by identity or both nan
+        assert got[name] is value or got[name] == value or (
+            isinstance(value, float) and math.isnan(value) and math.isnan(got[name])), name
+
+
+@needs_c
+def test_keywords_and_wrong_counts_go_to_the_class_itself() -> None:
+    new = fast_new(Pending)
+    assert new("b", "c", "w", 1.0, error=KeyError("x")).error.args == ("x",)
+    with pytest.raises(TypeError, match="missing"):
+        new("b", "c")
+    with pytest.raises(TypeError):
+        new(*range(20))
+
+
+@needs_c
+def test_references_are_counted() -> None:
+    new = fast_new(Pending)
+    token = object()
+    before = sys.getrefcount(token)
+    made = [new(token, token, token, 0.0) for _ in range(100)]
+    assert sys.getrefcount(token) == before + 300
+    del made
+    gc.collect()
+    assert sys.getrefcount(token) == before
+
+
+def test_without_the_c_module_the_class_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slots, "_maker", None)
+    assert fast_new(Pending) is Pending
+
+
+@dataclass(slots=True)
+class _PostInit:
+    a: int
+
+    def __post_init__(self) -> None:
+        self.a += 1
+
+
+@dataclass(slots=True)
+class _Factory:
+    a: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _NoSlots:
+    a: int
+
+
+@dataclass(slots=True)
+class _NoInitField:
+    a: int
+    b: int = field(default=0, init=False)
+
+
+@pytest.mark.parametrize("cls", [_PostInit, _Factory, _NoSlots, _NoInitField, dict])
+def test_classes_whose_init_does_more_get_themselves(cls: Any) -> None:
+    assert fast_new(cls) is cls
