@@ -206,6 +206,7 @@ def test_each_unmet_precondition_falls_back_to_the_layered_path(
     from rankwise.api import profiling
 
     monkeypatch.setattr(profiling, "on", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "recording", lambda: _recording.on)
     monkeypatch.setattr(profiling, "Event", _Event)
     for seen in _on_device_plane(monkeypatch, _fallbacks, layered=False):
         assert seen == [1, 1, 2, 2, 2, 2]

@@ -282,7 +282,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         bound = plan.bound
         if bound is not None and bound[0] is g.device_route and bound[0][0] is g.engine \
                 and g.queued is None and (not async_op or bound[2] or bound[3]) \
-                and not profiling.on():
+                and not (profiling.recording() and profiling.on()):
             return _device_all_reduce(g, plan, bound, tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
                       shape=buf.shape, outputs=[tensor], plan=plan)
