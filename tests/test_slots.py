@@ -1,4 +1,4 @@
-"""``utils.slots.fast_new``: the C constructor makes the same objects as the class's own
+"""``rankwise.slots.fast_new``: the C constructor makes the same objects as the class's own
 ``__init__`` (the fallback), and refuses classes whose ``__init__`` does more."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from rankwise import slots
 from rankwise.engines.base import Call
 from rankwise.engines.torch.watchdog import Pending
-from rankwise.utils import slots
-from rankwise.utils.slots import fast_new
+from rankwise.slots import fast_new
 
 needs_c = pytest.mark.skipif(slots._maker is None, reason="the C module was not built")
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import describe, op_name
-from ..utils.slots import fast_new
+from ..slots import fast_new
 from ..wire.buffers import DType, ReduceOp
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Call:
 
 
 #: ``Call(...)`` of positional values, without the dataclass's Python ``__init__``
-#: (``utils.slots``): one is made per collective
+#: (``rankwise.slots``): one is made per collective
 new_call = fast_new(Call)
 
 

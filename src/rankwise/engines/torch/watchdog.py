@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...utils.slots import fast_new
+from ...slots import fast_new
 
 if TYPE_CHECKING:
     from ...core.ledger import Ledger
@@ -109,7 +109,7 @@ class _Settled:
 class Pending:
     """One torch work in flight (a record of the book), until settled: done, or an
     error. Made by the caller with no lock and no event (``watch``: without the Python
-    ``__init__``, ``utils.slots``)."""
+    ``__init__``, ``rankwise.slots``)."""
 
     book: Watchdog
     call: Call

@@ -1,5 +1,5 @@
 /* Making an instance of a slots dataclass without running its Python __init__: the hot
- * half of rankwise.utils.slots.fast_new. Optional: without it fast_new returns the class
+ * half of rankwise.slots.fast_new. Optional: without it fast_new returns the class
  * itself, whose generated __init__ stores the same values in the same slots.
  * Why C: a device collective makes two such records per call (its Call and the watchdog's
  * Pending), and a generated __init__ of 11-19 fields is ~0.5 us of Python each, about a
@@ -159,7 +159,7 @@ maker_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyTypeObject Maker_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "rankwise.utils._slots.Maker",
+    .tp_name = "rankwise._slots.Maker",
     .tp_basicsize = sizeof(Maker),
     .tp_itemsize = sizeof(Py_ssize_t),
     .tp_dealloc = maker_dealloc,
@@ -181,7 +181,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_slots",
     "Slots dataclasses made without their Python __init__ (optional; see "
-    "rankwise.utils.slots).", -1, methods,
+    "rankwise.slots).", -1, methods,
 };
 
 PyMODINIT_FUNC
