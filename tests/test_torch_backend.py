@@ -78,9 +78,14 @@ def test_distributed_sampler_and_checkpoint(tmp_path: Path) -> None:
 
 def _mismatch_message(case: str) -> str:
     out = _run(case, "rankwise", ok=False)
-    # the launcher's summary has the root cause's whole message (each rank's own line is cut)
-    first = out.index("exception  : CollectiveMismatch: ")
-    message = out[first:out.index("\n", first)]
+    # the launcher's summary has the root cause's whole message (each rank's own line is
+    # cut). The root cause is the first rank to fail: the one whose own call found the
+    # mismatch, or under DDP rank 0 whose backward raises it inside torch's RuntimeError
+    # (the reducer, in C++, wraps what it raised: ``_work.fail_future``)
+    found = re.search(r"exception  : (?:RuntimeError: Cannot extract tensors from value: )?"
+                      r"CollectiveMismatch: .*", out)
+    assert found is not None, out[-8000:]
+    message = found.group(0)
     assert "distributed_c10d" not in message and "c10d_logger" not in message
     assert "autograd" not in message and "_tensor.py" not in message
     return message

@@ -81,3 +81,28 @@ def test_only_a_set_timeout_bounds_a_call() -> None:
     assert _backend._call_timeout((chosen,), {}) == 1.5
     assert _backend._call_timeout((), {"opts": chosen}) == 1.5
     assert _backend._call_timeout(([torch.ones(1)], [torch.ones(1)]), {}) is None
+
+
+def test_a_failed_future_raises_in_python_and_where_cpp_reads_its_tensors() -> None:
+    """``fail_future``: ``wait``/``value`` raise the error, and so does taking the value's
+    tensors the way DDP's reducer does in C++ (pickling it): a value stored by
+    ``Future.set_exception`` has none, and the reducer indexed the empty list (SIGSEGV)."""
+    import torch._jit_internal as jit_internal
+
+    from rankwise.errors import CollectiveMismatch
+    from rankwise.torch._work import _Failed, fail_future
+
+    future: Any = torch.futures.Future()
+    error = CollectiveMismatch("rank 1 called all_reduce, rank 0 broadcast")
+    fail_future(future, error)
+    assert future.done()
+    for read in (future.wait, future.value):
+        with pytest.raises(CollectiveMismatch) as raised:
+            read()
+        assert raised.value is error
+    with pytest.raises(CollectiveMismatch):
+        jit_internal._extract_tensors(_Failed(error))
+    # what set_exception leaves for C++: a value without tensors
+    plain: Any = torch.futures.Future()
+    plain.set_exception(ValueError("x"))
+    assert jit_internal._extract_tensors(ValueError("x")) == []

@@ -30,6 +30,34 @@ def _future_of(result: Any) -> Future[Any]:
     return fut
 
 
+class _Failed:
+    """The value of a torch future whose rankwise call failed (``fail_future``)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # how C++ reads tensors out of a value
+        raise self.error
+
+
+def _raise_error(value: _Failed) -> None:
+    raise value.error
+
+
+def fail_future(future: Future[Any], error: BaseException) -> None:
+    """Complete ``future`` with ``error``. In Python its ``wait()`` and ``value()`` raise
+    it, as after ``Future.set_exception``; in C++, where DDP's reducer takes a bucket's
+    tensors out of the value by pickling it (``parseCppCommHookResult``), the pickling
+    raises it too, and backward raises it. Why not ``set_exception``: it stores the error
+    as a plain value, in which C++ finds no tensor, and the reducer then indexes an empty
+    list: rank 0 of a DDP job whose bucket all_reduce failed died of SIGSEGV instead of
+    raising (seen under load, when the error came before backward's end)."""
+    future._set_unwrap_func(_raise_error)
+    future.set_result(_Failed(error))
+
+
 class DoneWork(tdist.Work):
     """A call that completed inline; its future holds ``result`` (torch's convention:
     the output tensors)."""
@@ -107,7 +135,7 @@ class AsyncWork(_RankwiseBacked):
             self._settled = True
             error = self._inner.exception()
             if error is not None:
-                self._future.set_exception(error)
+                fail_future(self._future, error)
             else:
                 self._future.set_result(self._tensors)
 
