@@ -94,6 +94,18 @@ class _NoInitField:
     b: int = field(default=0, init=False)
 
 
-@pytest.mark.parametrize("cls", [_PostInit, _Factory, _NoSlots, _NoInitField, dict])
+@dataclass(slots=True)
+class _InitVar:
+    a: int
+    b: dataclasses.InitVar[int] = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class _KeywordOnly:
+    a: int = 0
+
+
+@pytest.mark.parametrize("cls", [_PostInit, _Factory, _NoSlots, _NoInitField, _InitVar,
+                                 _KeywordOnly, dict])
 def test_classes_whose_init_does_more_get_themselves(cls: Any) -> None:
     assert fast_new(cls) is cls
