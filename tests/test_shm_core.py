@@ -656,3 +656,28 @@ def test_buffers_at_any_alignment_move_exactly(size: int, tmp_path: Any) -> None
                 np.testing.assert_array_equal(b, _data(0, n, f32, 7))
                 for j in range(size):
                     np.testing.assert_array_equal(ag[j], _data(j, n, f32, 8))
+
+
+@pytest.mark.parametrize("how", ["closed", "failed", "exited"])
+def test_a_peer_that_published_the_round_then_left_is_not_missing(how: str) -> None:
+    """``missing`` is read before the peers' states: a peer may publish the round, finish
+    and close (or exit) in between. That peer is not missing; one still behind is."""
+    from rankwise.errors import PeerFailure
+    from rankwise.shmem.layout import R_PID, R_SEQ, R_STATE, STATE_CLOSED, STATE_FAILED
+
+    g0, g1 = shm_thread_groups(2)
+    try:
+        w, lay = g0.ch.w, g0.seg.layout
+        if how == "exited":
+            w[lay.record_word(1, R_PID)] = 2 ** 22 + 12345  # no such process
+        else:
+            w[lay.record_word(1, R_STATE)] = STATE_CLOSED if how == "closed" else STATE_FAILED
+        w[lay.record_word(1, R_SEQ)] = 1  # rank 1 reached round 1 before leaving
+        g0.ch._check_peers([1], 1, lambda: "barrier", True)  # a stale "missing": no raise
+        w[lay.record_word(1, R_SEQ)] = 0  # it left before round 1: that is a failure
+        with pytest.raises(PeerFailure, match="before reaching round 1"):
+            g0.ch._check_peers([1], 1, lambda: "barrier", True)
+    finally:
+        w[lay.record_word(1, R_PID)] = os.getpid()
+        g0.close()
+        g1.close()
