@@ -311,7 +311,7 @@ class TorchEngine:
             return None
         opts = _ALLREDUCE_OPTS[op]
         tensors = [data]  # torch copies the list into its op: one list serves every call
-        watchdog, check, port, name = device.watchdog, self.check, self.group.port, self.name
+        watchdog, check, name = device.watchdog, self.check, self.name
         watch, order = watchdog.watch, device.order
         ordered, checking, local = device.in_order, check.mode != "off", _local
 
@@ -324,7 +324,10 @@ class TorchEngine:
             work = self.pg.allreduce(tensors, opts)
             if checking:
                 check.enqueued()
-            port.busy(name, time.time())  # who-is-where: the kernel's now
+            # who-is-where: the kernel's now (``port.busy`` written out: the caller made
+            # the call its activity; its start stands for the enqueue, microseconds apart)
+            call.enqueued = call.started
+            call.engine = name
             p = watch(call, work, ordered)
             if then:
                 holder = local.holder  # an async call running on this thread (a worker)
