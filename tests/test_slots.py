@@ -109,3 +109,50 @@ class _KeywordOnly:
                                  _KeywordOnly, dict])
 def test_classes_whose_init_does_more_get_themselves(cls: Any) -> None:
     assert fast_new(cls) is cls
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_slot_maker_stores_the_values_then_the_defaults(built: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``slot_maker``: the C maker where built, else Python; the same objects either way,
+    no ``__init__`` run, and a wrong count refused."""
+    if built and slots._maker is None:
+        pytest.skip("the C module was not built")
+    if not built:
+        monkeypatch.setattr(slots, "_maker", None)
+
+    class Three:
+        __slots__ = ("a", "b", "c")
+
+        def __init__(self) -> None:
+            raise AssertionError("no __init__ runs")
+
+    make = slots.slot_maker(Three, ("a", "b", "c"), (None,))
+    full, short = make(1, [2], 3), make(1, [2])
+    assert type(full) is Three
+    assert (full.a, full.b, full.c) == (1, [2], 3)
+    assert (short.a, short.b, short.c) == (1, [2], None)
+    with pytest.raises((TypeError, AssertionError)):
+        make(1)  # too few: refused (C hands it to the class, whose __init__ refuses)
+
+
+def test_an_ended_work_is_a_work_with_its_values() -> None:
+    """``Work.ended`` (made by ``slot_maker``): its values, the shared done event, and a
+    future of its own."""
+    from rankwise.core.work import Work
+
+    class Device:
+        waited = 0
+
+        def wait(self) -> None:
+            Device.waited += 1
+
+    work = Work.ended(lambda: "all_reduce #1", ["t"], Device(), None)
+    assert isinstance(work, Work)
+    assert work.wait() and Device.waited == 1
+    assert work.description == "all_reduce #1" and work.result() == ["t"]
+    assert work.exception() is None and work.is_success()
+    failed = Work.ended(lambda: "all_reduce #2", [], None, ValueError("bad"))
+    with pytest.raises(ValueError, match="bad"):
+        failed.wait()
+    assert failed.get_future() is failed.get_future()

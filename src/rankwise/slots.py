@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["fast_new"]
+__all__ = ["fast_new", "slot_maker"]
 
 T = TypeVar("T")
 
@@ -41,6 +41,32 @@ def fast_new(cls: Callable[..., T]) -> Callable[..., T]:
                      for f in fields)
     made: Callable[..., T] = _maker(cls, names, defaults, _REQUIRED)  # type: ignore[arg-type]
     return made
+
+
+def slot_maker(cls: Callable[..., T], names: tuple[str, ...],
+               defaults: tuple[Any, ...] = ()) -> Callable[..., T]:
+    """A constructor of the slots class ``cls`` (no ``__dict__``) that stores its
+    positional values in the slots ``names``, in order (the last ``len(defaults)`` may
+    be left out: those defaults), and runs no ``__init__``: for a class whose
+    ``__init__`` does more than a hot path needs (``core.work``'s ended ``Work``). In
+    Python where the C module was not built: the same objects, slower."""
+    full = (_REQUIRED,) * (len(names) - len(defaults)) + tuple(defaults)
+    if _maker is not None:
+        made: Callable[..., T] = _maker(cls, names, full, _REQUIRED)  # type: ignore[arg-type]
+        return made
+    least = len(names) - len(defaults)
+    new = object.__new__
+
+    def make(*values: Any) -> T:
+        if not least <= len(values) <= len(names):
+            raise TypeError(f"{getattr(cls, '__name__', cls)} takes {least} to {len(names)} "
+                            f"values, got {len(values)}")
+        obj: T = new(cls)
+        for name, value in zip(names, values + full[len(values):], strict=True):
+            setattr(obj, name, value)
+        return obj
+
+    return make
 
 
 def _plain(cls: Any) -> bool:

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeout
+from ..slots import slot_maker
 from .future import Future
 
 __all__ = ["Work", "completed_work", "in_flight", "run_async"]
@@ -24,7 +25,12 @@ class Work:
 
     ``device``: the call's part on a device (NCCL: ``engines.torch.streams.DeviceWork``)
     that goes on after the host part ended, as torch's: ``wait`` orders the current
-    stream after it, ``is_completed`` asks its kernels, the future completes with them."""
+    stream after it, ``is_completed`` asks its kernels, the future completes with them.
+    Slots: an async device call makes one per call (``ended``); subclasses may add a
+    ``__dict__`` of their own."""
+
+    __slots__ = ("__weakref__", "_description", "_done", "_error", "_future", "_future_lock",
+                 "_result", "device")
 
     def __init__(self, description: str, result: Any = None, device: Any = None) -> None:
         self._done = threading.Event()
@@ -42,12 +48,7 @@ class Work:
         caller's thread): no event of its own to make, one shared set one instead.
         ``description`` is made only when asked for (errors, ``repr``): formatting it on
         every call cost ~0.5 us."""
-        work = _new(_Ended)
-        work._error = error
-        work._result = result
-        work._description = description
-        work.device = device
-        return work
+        return _new_ended(error, result, description, device)
 
     @property
     def description(self) -> str:
@@ -136,15 +137,17 @@ _ENDED_LOCK = threading.Lock()
 
 
 class _Ended(Work):
-    """A ``Work.ended``: what every one shares lives on the class (three attribute sets
-    less per async device call)."""
+    """A ``Work.ended``: what every one shares lives on the class (``_done`` and
+    ``_future_lock``, never set on one), the rest in its slots, stored by the C maker
+    where it was built (``rankwise.slots``): ~0.2 us less per async device call."""
 
+    __slots__ = ()
     _done = _ENDED
-    _future: Future | None = None
     _future_lock = _ENDED_LOCK
 
 
-_new = object.__new__
+_new_ended = slot_maker(_Ended, ("_error", "_result", "_description", "device", "_future"),
+                        (None,))
 
 
 def completed_work(description: str, result: Any = None) -> Work:
