@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from typing import Any
 
 from ..identity.calls import describe
 from ..identity.callsite import stack_of
+from ..identity.stacks import current_frames
 
 __all__ = ["build_report", "find_cycle", "format_where", "mismatch_report", "rank_list",
            "reported_shape", "stalled_mismatch"]
@@ -86,7 +86,7 @@ def _busy_at(thread: int) -> str:
     """`` at train.py:7 in load_data <- train.py:12 in main (time.sleep)``: where the
     user's thread is now. Read only here, when someone asks where this rank is (the
     responder thread answering WHERE): the fast path never looks at stacks."""
-    frame = sys._current_frames().get(thread)
+    frame = current_frames().get(thread)
     if frame is None:
         return " (its thread has ended)"
     site, callee = stack_of(frame)

@@ -14,7 +14,6 @@ import atexit
 import json
 import os
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -22,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..checks.report import _state
+from ..identity.stacks import current_frames
 
 __all__ = ["PAGE_KEY", "PERIOD", "LivePublisher", "ask_key", "current_publisher", "rank_key",
            "stacks_key", "start_publisher", "started_key"]
@@ -150,7 +150,7 @@ def all_stacks() -> str:
     """Every thread's Python stack, innermost last (as a traceback reads)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in current_frames().items():
         out.append(f"Thread {names.get(ident, ident)}:\n"
                    + "".join(traceback.format_stack(frame)))
     return "\n".join(out)
