@@ -9,5 +9,4 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("rankwise.identity._frames", ["src/rankwise/identity/_frames.c"], optional=True),
     Extension("rankwise._slots", ["src/rankwise/_slots.c"], optional=True),
-    Extension("rankwise.core._begin", ["src/rankwise/core/_begin.c"], optional=True),
 ])

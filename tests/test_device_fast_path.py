@@ -97,18 +97,8 @@ def _steps(rank: int, counts: dict[int, int]) -> Any:
             work.result()[0].tolist())
 
 
-def _begin(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    """The fast path's ``begin``: in C where built (the default), or the Python method."""
-    from rankwise.core import group
-
-    if how == "python":
-        monkeypatch.setattr(collectives, "begin_call", group._begin_in_python)
-
-
-@pytest.mark.parametrize("begin", ["default", "python"])
 def test_the_fast_path_gives_the_layered_paths_results_and_records(
-        monkeypatch: pytest.MonkeyPatch, begin: str) -> None:
-    _begin(monkeypatch, begin)
+        monkeypatch: pytest.MonkeyPatch) -> None:
     fast = _on_device_plane(monkeypatch, _steps, layered=False)
     layered = _on_device_plane(monkeypatch, _steps, layered=True)
     for rank in (0, 1):
@@ -139,10 +129,8 @@ def _mismatch(rank: int, counts: dict[int, int]) -> str:
     raise AssertionError("no mismatch")
 
 
-@pytest.mark.parametrize("begin", ["default", "python"])
 def test_a_mismatch_on_the_fast_path_says_what_the_layered_path_says(
-        monkeypatch: pytest.MonkeyPatch, begin: str) -> None:
-    _begin(monkeypatch, begin)
+        monkeypatch: pytest.MonkeyPatch) -> None:
     fast = _on_device_plane(monkeypatch, _mismatch, layered=False)
     layered = _on_device_plane(monkeypatch, _mismatch, layered=True)
     for f, lay in zip(fast, layered, strict=True):

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..core.communicator import Activity
 from ..core.failures import explain
-from ..core.group import ProcessGroup, begin_call
-from ..core.work import Work, ended_work, run_async
+from ..core.group import ProcessGroup
+from ..core.work import Work, run_async
 from ..engines.base import Call, Engine, EngineFact
 from ..engines.device.pair import device_engine
 from ..errors import InvalidArgument
@@ -133,10 +133,7 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
     docs/gpu.md. ``bound``: the plan's ``Plan.bound``, read once by the caller."""
     route, fp, inline, hot = bound
     runner = route[1]
-    site = capture(3)
-    call = begin_call(group, fp, site, plan.dtype, plan.rop, plan.shape, runner.framed)
-    if call is None:  # the job has a failure: the method raises it
-        call = group.begin(fp, site, plan.dtype, plan.rop, runner.framed, plan.shape)
+    call = group.begin(fp, capture(3), plan.dtype, plan.rop, runner.framed, plan.shape)
     if hot is None:
         if async_op:
             device, error = inline(call, _run, runner, call,  # type: ignore[misc]
@@ -159,7 +156,7 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
         return Work.ended(call.title, [tensor], None, exc)
     finally:
         comm.call_done(call)
-    return ended_work(None, [tensor], call.title, p) if async_op else None
+    return Work.ended(call.title, [tensor], p, None) if async_op else None
 
 
 def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op: Op,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from datetime import timedelta
-from functools import partial
 
 from ..engines.base import Call, Engine, new_call
 from ..errors import InvalidArgument
@@ -24,7 +22,7 @@ from .communicator import Communicator
 from .messages import MessageEngine
 from .work import Work
 
-__all__ = ["CallRecord", "ProcessGroup", "begin_call", "seconds"]
+__all__ = ["CallRecord", "ProcessGroup", "seconds"]
 
 HISTORY = 64
 
@@ -152,25 +150,6 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<rankwise.ProcessGroup {self.name} ranks={self.ranks}>"
-
-
-def _begin_in_python(group: ProcessGroup, fp: Fingerprint, site: CallSite,
-                     dtype: DType | None, op: ReduceOp | None,
-                     shape: tuple[int, ...] | None, frames: bool) -> Call | None:
-    """``begin_call`` without the C module: the method itself."""
-    return group.begin(fp, site, dtype, op, frames, shape)
-
-
-#: ``begin_call(group, fp, site, dtype, op, shape, frames)``: ``ProcessGroup.begin`` for the
-#: device hot path, in C where it was built (``_begin.c``: the same steps, 0.1-0.5 us less
-#: per call, paired); None means "call ``group.begin``" (the job has a failure: the method
-#: explains it)
-begin_call: Callable[..., Call | None] = _begin_in_python
-try:
-    from ._begin import begin as _c_begin
-    begin_call = partial(_c_begin, new_call, COMM_LABEL)
-except ImportError:  # no compiler at install time
-    pass
 
 
 def seconds(timeout: timedelta | float | None, default: float) -> float:

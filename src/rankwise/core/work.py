@@ -17,7 +17,7 @@ from ..errors import DistTimeout
 from ..slots import slot_maker
 from .future import Future
 
-__all__ = ["Work", "completed_work", "ended_work", "in_flight", "run_async"]
+__all__ = ["Work", "completed_work", "in_flight", "run_async"]
 
 
 class Work:
@@ -148,9 +148,6 @@ class _Ended(Work):
 
 _new_ended = slot_maker(_Ended, ("_error", "_result", "_description", "device", "_future"),
                         (None,))
-#: ``Work.ended(description, result, device, error)`` as ``ended_work(error, result,
-#: description, device)``: the device hot path's, without the classmethod's frame
-ended_work: Callable[[BaseException | None, Any, Callable[[], str], Any], Work] = _new_ended
 
 
 def completed_work(description: str, result: Any = None) -> Work:

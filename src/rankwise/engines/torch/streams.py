@@ -290,8 +290,6 @@ class DeviceWaits:
         self.streams = streams
         self._op_failed = op_failed
         self.in_order = streams.in_order
-        if type(streams).order is CudaStreams.order:
-            self.order = self._order_on_streams  # type: ignore[method-assign]
         watchdog.order = self.order  # ``Pending.wait``: an async call's one work
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
@@ -345,18 +343,6 @@ class DeviceWaits:
         except DistError:
             raise  # the watchdog's verdict, as it is
         except RuntimeError as err:  # the op itself failed (torch raised it)
-            raise self._op_failed(call, err) from None
-
-    def _order_on_streams(self, call: Call, p: Pending) -> None:
-        """``order`` over ``CudaStreams``, its ``order`` written out: one frame less on
-        every blocking device call and every async ``wait`` (~0.1 us)."""
-        try:
-            if p.error is not None:
-                raise p.error
-            p.work.wait()  # a stream wait: the host does not block
-        except DistError:
-            raise
-        except RuntimeError as err:
             raise self._op_failed(call, err) from None
 
     def raise_failed(self) -> None:
