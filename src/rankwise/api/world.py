@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import zlib
 from dataclasses import dataclass, field
+from threading import get_ident
 from typing import Any
 
 from ..core.communicator import Communicator
@@ -90,16 +91,15 @@ class World:
 _world: World | None = None
 
 
-class _ThreadWorld(threading.local):
-    """A per-thread world overrides the process's (``testing.threads``: ranks as threads).
-
-    ``world`` defaults to None on the class: ``getattr(local, "world", None)`` on a thread
-    that never set it raised and formatted an AttributeError inside, on every call."""
-
-    world: World | None = None
+#: per-thread worlds (``testing.threads``: ranks as threads), by thread id; they override
+#: the process's. A dict rather than a ``threading.local``: every call asks, and an empty
+#: dict (a real process) answers with one truth test where a thread-local read cost ~500
+#: instructions (docs/gpu.md)
+_thread_worlds: dict[int, World] = {}
 
 
-_thread_world = _ThreadWorld()
+def _thread_world() -> World | None:
+    return _thread_worlds.get(threading.get_ident()) if _thread_worlds else None
 
 
 #: why this process has no world although it had one (``api.recovery``), else ""
@@ -107,7 +107,7 @@ _why_none = ""
 
 
 def current() -> World:
-    world = _thread_world.world or _world
+    world = _thread_world() or _world
     if world is None:
         if _why_none:
             raise InvalidArgument(f"rankwise has no world in this process: {_why_none}")
@@ -119,12 +119,15 @@ def current() -> World:
 
 
 def maybe_current() -> World | None:
-    return _thread_world.world or _world
+    return _thread_world() or _world
 
 
 def set_thread_world(world: World | None) -> None:
     """Give the calling thread its own world (None: back to the process's)."""
-    _thread_world.world = world
+    if world is None:
+        _thread_worlds.pop(threading.get_ident(), None)
+    else:
+        _thread_worlds[threading.get_ident()] = world
 
 
 def set_world(world: World | None, why_none: str = "") -> None:
@@ -145,7 +148,9 @@ def retire(world: World, why: str) -> None:
 
 def resolve_group(group: Any) -> ProcessGroup | None:
     """The group a call refers to; None when this rank is not a member (no-op call)."""
-    world = _thread_world.world or _world or current()  # ``current`` raises for none
+    # ``_thread_world()`` written out; ``current`` raises for none
+    world = (_thread_worlds.get(get_ident()) if _thread_worlds else None) or _world \
+        or current()
     if group is None or group is GroupMember.WORLD:
         return world.default_group
     if group is GroupMember.NON_GROUP_MEMBER:
