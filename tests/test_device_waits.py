@@ -366,6 +366,50 @@ def test_cuda_order_is_a_stream_wait_never_a_timed_one() -> None:
     assert work.waits == [None] and not p.settled.is_set()
 
 
+class _StreamsLikeCuda(CudaStreams):
+    """CUDA streams whose ``order`` is its own method: ``DeviceWaits`` takes its general
+    path (``Streams.order``) for it, the written-out one for ``CudaStreams`` itself."""
+
+    def order(self, p: Any) -> None:
+        CudaStreams.order(self, p)
+
+
+class _RaisingWork(FakeWork):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.raises = error
+
+    def wait(self, *args: Any) -> bool:
+        super().wait(*args)
+        raise self.raises
+
+
+@pytest.mark.parametrize("streams", [CudaStreams, _StreamsLikeCuda])
+def test_device_order_is_the_same_written_out_for_cuda_streams(streams: type) -> None:
+    clock = Clock()
+    dog, _ = _watchdog(clock)
+    waits = DeviceWaits(dog, streams(torch.device("cpu")), FakePlane().op_failed)
+    assert (waits.order == waits._order_by_work_wait) is (streams is CudaStreams)
+    assert dog.order == waits.order, "Pending.wait orders the same way"
+    call = FakeCall(deadline=clock.now + 1.0)
+    ok = FakeWork()
+    waits.order(call, dog.watch(call, ok))
+    assert ok.waits == [None], "one stream wait, the host goes on"
+    op_error = _RaisingWork(RuntimeError("NCCL error: unhandled cuda error"))
+    with pytest.raises(DistTimeout, match="op failed: NCCL error") as raised:
+        waits.order(call, dog.watch(call, op_error))
+    assert raised.value.__suppress_context__, "torch's error is explained, not chained"
+    verdict = _RaisingWork(CollectiveMismatch("the watchdog's verdict"))
+    with pytest.raises(CollectiveMismatch, match="the watchdog's verdict"):
+        waits.order(call, dog.watch(call, verdict))
+    settled = FakeWork()
+    p = dog.watch(call, settled)
+    p.settle(DistTimeout("aborted past the deadline"))
+    with pytest.raises(DistTimeout, match="aborted past the deadline"):
+        waits.order(call, p)
+    assert settled.waits == [], "a record with an error is not waited for"
+
+
 # --- the device check ---------------------------------------------------------------------
 
 def _call() -> Any:
@@ -462,10 +506,10 @@ def test_a_pass_drops_the_finished_records_and_queries_only_then() -> None:
     for w in works[:3]:
         w.completed = True
     dog.tick()
-    assert dog.in_flight() == 2 and len(dog._records) == 2, "the done front is dropped"
+    assert dog.in_flight() == 2 and len(dog.records) == 2, "the done front is dropped"
     for w in works:
         w.completed = True
-    assert dog.pass_due() == float("inf") and not dog._records
+    assert dog.pass_due() == float("inf") and not dog.records
 
 
 def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() -> None:
@@ -581,12 +625,12 @@ def test_a_pass_asks_a_few_of_one_streams_works_and_each_unordered_one() -> None
         w.completed = True
     p2p.completed = True
     dog.tick()
-    assert dog.in_flight() == 5 and len(dog._records) == 5, "the done front is dropped"
+    assert dog.in_flight() == 5 and len(dog.records) == 5, "the done front is dropped"
     assert sum(w.queries for w in works) <= 6 and p2p.queries == 1, "a binary search"
     for w in works:
         w.completed = True
         w.queries = 0
-    assert dog.pass_due() == float("inf") and not dog._records
+    assert dog.pass_due() == float("inf") and not dog.records
     assert sum(w.queries for w in works) == 1, "the newest done vouches for the rest"
 
 

@@ -26,10 +26,10 @@ from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
 from ..base import Array, Call, check_mode
 from .splits import check_splits
-from .streams import DeviceWaits, DeviceWork, Streams, _local
+from .streams import DeviceWaits, DeviceWork, Streams, holders
 from .tensors import DeviceTensors, HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
-from .watchdog import Pending, Watchdog
+from .watchdog import GRACE, Pending, Watchdog, new_pending
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -312,8 +312,9 @@ class TorchEngine:
         opts = _ALLREDUCE_OPTS[op]
         tensors = [data]  # torch copies the list into its op: one list serves every call
         watchdog, check, name = device.watchdog, self.check, self.name
-        watch, order = watchdog.watch, device.order
-        ordered, checking, local = device.in_order, check.mode != "off", _local
+        clock, append, after = watchdog.clock, watchdog.records.append, check.after
+        ordered, checking, thread = device.in_order, check.mode != "off", threading.get_ident
+        order = device.order
 
         def hot(call: Call, then: bool) -> Pending:
             failed = watchdog.failed
@@ -328,13 +329,19 @@ class TorchEngine:
             # the call its activity; its start stands for the enqueue, microseconds apart)
             call.enqueued = call.started
             call.engine = name
-            p = watch(call, work, ordered)
+            # ``watchdog.watch`` written out: an append, its tail only where it has work
+            start = clock()
+            p = new_pending(watchdog, call, work, start, ordered)
+            append(p)
+            if watchdog.failed is not None or start + GRACE < watchdog.due_at:
+                watchdog.appended(p, start)
             if then:
-                holder = local.holder  # an async call running on this thread (a worker)
-                if holder is not None:
-                    holder.pendings.append(p)
+                if holders:  # ``current_holder()`` written out: none runs anywhere
+                    holder = holders.get(thread())  # an async call on this thread
+                    if holder is not None:
+                        holder.pendings.append(p)
                 order(call, p)
-                check.after()
+                after()
             return p
 
         return hot

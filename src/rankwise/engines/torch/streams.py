@@ -154,21 +154,16 @@ class HostStreams(Streams):
         p.settle(None)  # seen done here: its future need not wait for the watchdog
 
 
-class _Local(threading.local):
-    """Per thread: the ``DeviceWork`` of the async call running on it. A class default,
-    so that a thread that never ran one reads None without a failed lookup
-    (``getattr(local, name, None)`` raised and caught an AttributeError: ~1 us on every
-    blocking call)."""
-
-    holder: DeviceWork | None = None
-
-
-_local = _Local()
+#: the ``DeviceWork`` of the async call running on each thread that runs one, by thread
+#: id (``DeviceWork.run_on``). A dict rather than a ``threading.local``: a device call
+#: asks on every call, and an empty dict answers with one truth test where a thread-local
+#: read cost ~500 instructions (docs/gpu.md)
+holders: dict[int, DeviceWork] = {}
 
 
 def current_holder() -> DeviceWork | None:
     """The ``DeviceWork`` of the async call running on this thread, if any."""
-    return _local.holder
+    return holders.get(threading.get_ident()) if holders else None
 
 
 class DeviceWork:
@@ -189,13 +184,14 @@ class DeviceWork:
     def run_on(self, side: Any, job: Callable[[], None]) -> None:
         """Run ``job`` (the call, on the async worker) with this holder current and
         ``side`` as the current stream; mark the side stream's end."""
-        _local.holder = self
+        thread = threading.get_ident()
+        holders[thread] = self
         try:
             with self.streams.use(side):
                 job()
                 self.event = self.streams.record(side)
         finally:
-            _local.holder = None
+            del holders[thread]
 
     def add(self, p: Pending) -> None:
         self.pendings.append(p)
@@ -290,6 +286,11 @@ class DeviceWaits:
         self.streams = streams
         self._op_failed = op_failed
         self.in_order = streams.in_order
+        #: ``order(call, p)``: what runs next on this thread sees ``p``'s result
+        #: (``Streams.order``; a torch error of the op itself explained by ``op_failed``)
+        self.order: Callable[[Call, Pending], None] = \
+            self._order_by_work_wait if type(streams).order is CudaStreams.order \
+            else self._order_on_streams
         watchdog.order = self.order  # ``Pending.wait``: an async call's one work
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
@@ -304,7 +305,7 @@ class DeviceWaits:
             if not then:
                 return
         else:
-            holder = _local.holder  # current_holder(), written out: every device call
+            holder = current_holder()
             if holder is not None:
                 holder.pendings.append(p)
         self.order(call, p)
@@ -336,13 +337,25 @@ class DeviceWaits:
                 holder.add(p)
         return p
 
-    def order(self, call: Call, p: Pending) -> None:
-        """What runs next on this thread sees ``p``'s result (``Streams.order``)."""
+    def _order_on_streams(self, call: Call, p: Pending) -> None:
+        """``order`` on any ``Streams``."""
         try:
             self.streams.order(p)
         except DistError:
             raise  # the watchdog's verdict, as it is
         except RuntimeError as err:  # the op itself failed (torch raised it)
+            raise self._op_failed(call, err) from None
+
+    def _order_by_work_wait(self, call: Call, p: Pending) -> None:
+        """``order`` on CUDA streams, ``CudaStreams.order`` written out (one Python call
+        less on every device collective): the work's own ``wait()``, a stream wait."""
+        if p.error is not None:
+            raise p.error
+        try:
+            p.work.wait()  # the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
+        except DistError:
+            raise
+        except RuntimeError as err:
             raise self._op_failed(call, err) from None
 
     def raise_failed(self) -> None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ...core.ledger import Ledger
     from ..base import Call
 
-__all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "Watchdog"]
+__all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "Watchdog", "new_pending"]
 
 log = logging.getLogger("rankwise")
 
@@ -176,7 +176,8 @@ class Pending:
                 log.exception("rankwise: a callback of %s failed", self.call.describe())
 
 
-_new_pending = fast_new(Pending)
+#: ``Pending(book, call, work, start, ordered)`` without its Python ``__init__``
+new_pending = fast_new(Pending)
 
 
 def _no_order(call: Call, p: Pending) -> None:
@@ -196,7 +197,8 @@ class Watchdog:
         self._abort = abort
         self.clock = clock
         self.name = name
-        self._records: deque[Pending] = deque()
+        #: the book: its records in the order they were appended
+        self.records: deque[Pending] = deque()
         #: guards settling and callbacks (the caller never takes it on the fast path)
         self.lock = threading.Lock()
         self._ledger = on
@@ -220,14 +222,22 @@ class Watchdog:
         runs after every earlier ordered one (one NCCL communicator's collectives share
         its stream), so a pass queries a few of them, not each (``_ordered_bounds``)."""
         start = self.clock()
-        p = _new_pending(self, call, work, start, ordered)
-        self._records.append(p)
-        if self.failed is not None:  # read after the append: ``fail`` misses none
+        p = new_pending(self, call, work, start, ordered)
+        self.records.append(p)
+        if self.failed is not None or start + GRACE < self.due_at:
+            self.appended(p, start)
+        return p
+
+    def appended(self, p: Pending, start: float) -> None:
+        """``watch``'s tail where it has anything to do (the device engine's hot path
+        writes out the rest): a record appended to a failed book is settled at once
+        (``failed`` read after the append: ``fail`` misses none); the first one due
+        before anything else asks the ledger for a pass."""
+        if self.failed is not None:
             p.settle(self.failed)
         elif start + GRACE < self.due_at and self._started:
             self.due_at = start + GRACE
             self.kick(GRACE)
-        return p
 
     def kick(self, delay: float = 0.0) -> None:
         """Ask for a pass within ``delay`` seconds (a pushed failure: at once)."""
@@ -236,14 +246,14 @@ class Watchdog:
             on.kick(delay)
 
     def in_flight(self) -> int:
-        return sum(not p.is_settled for p in list(self._records))
+        return sum(not p.is_settled for p in list(self.records))
 
     def drain(self, timeout: float) -> bool:
         """Wait (the host, bounded) until every work in flight is settled: a group
         being destroyed. True if none is left."""
         end = self.clock() + timeout
         self.kick(0.0)
-        for p in list(self._records):
+        for p in list(self.records):
             while not p.is_settled:
                 if p.done():
                     p.settle(None)
@@ -261,7 +271,7 @@ class Watchdog:
             self._ledger = self._ledger or ledger()
             self._started = True
             self._ledger.register(self)
-            if self._records:
+            if self.records:
                 self.kick(0.0)
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -280,7 +290,7 @@ class Watchdog:
         deadline, abort the group and settle every work with the error. Returns the
         seconds until the next pass is due (``math.inf``: none in flight)."""
         self.due_at = math.inf  # from here a new record kicks: none is missed
-        records = list(self._records)
+        records = list(self.records)
         if not records:
             return math.inf
         plane = self.plane
@@ -322,10 +332,10 @@ class Watchdog:
         if finished:
             self.settle(finished)
         for _ in range(front):
-            self._records.popleft()
+            self.records.popleft()
         if running:
             due = min(due, now + (POLL if self.waited else HEARTBEAT))
-        if len(self._records) > len(records) - front:  # appended during the pass
+        if len(self.records) > len(records) - front:  # appended during the pass
             due = min(due, now + GRACE)
         self.due_at = due
         return max(0.0, due - now)
@@ -383,9 +393,9 @@ class Watchdog:
             error = self.failed
             abort = not self.aborted
             self.aborted = True
-        records = list(self._records)  # a record appended later settles itself (watch)
+        records = list(self.records)  # a record appended later settles itself (watch)
         for _ in records:
-            self._records.popleft()
+            self.records.popleft()
         if abort:
             log.debug("rankwise: %s watchdog aborts the group: %s", self.name, error)
             try:
