@@ -123,10 +123,16 @@ def fake_torch() -> Any:
 
 
 class FakeWork:
-    """A ``WorkNCCL``: its end event recorded at enqueue; ``wait`` is a stream wait."""
+    """A ``WorkNCCL``: its end event recorded at enqueue; ``wait`` is a stream wait.
+    Taken from a pool, not made per call: torch's works are C++ objects that Python's
+    garbage collector does not track, and a Python object it tracks would make the
+    collector's passes cost rankwise (which keeps each work until its kernel is done)
+    what they never cost with torch's (docs/gpu.md, "The fake's works")."""
+
+    __slots__ = ("ready",)
 
     def __init__(self) -> None:
-        self.ready = time.perf_counter() + KERNEL_US * 1e-6
+        self.ready = 0.0
 
     def is_completed(self) -> bool:
         _spin(COSTS["is_completed"])
@@ -140,12 +146,37 @@ class FakeWork:
         pass
 
 
+#: works in the pool: a work is handed out again after this many calls, long after
+#: rankwise dropped its record of it (at most ``HEARTBEAT``, 0.1 s, after its kernel)
+POOL = 1 << 16
+
+
+def _untracked_pool() -> list[FakeWork]:
+    """``POOL`` works the garbage collector does not track (as torch's C++ works)."""
+    import ctypes
+
+    untrack = ctypes.pythonapi.PyObject_GC_UnTrack
+    untrack.argtypes = [ctypes.py_object]
+    pool = [FakeWork() for _ in range(POOL)]
+    for w in pool:
+        untrack(w)  # its one slot holds a float: it is in no cycle
+    return pool
+
+
 class FakeNccl:
     """A ``ProcessGroupNCCL`` of one rank: every collective costs ``enqueue``."""
 
+    def __init__(self) -> None:
+        self._pool = _untracked_pool()
+        self._next = 0
+
     def allreduce(self, tensors: list[Any], opts: Any = None) -> FakeWork:
         _spin(COSTS["enqueue"])
-        return FakeWork()
+        i = self._next
+        self._next = (i + 1) % POOL
+        work = self._pool[i]
+        work.ready = time.perf_counter() + KERNEL_US * 1e-6
+        return work
 
     def abort(self) -> None:
         pass
