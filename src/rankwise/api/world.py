@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from threading import get_ident
 from typing import Any
 
+from ..by_thread import ByThread
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup
 from ..errors import InvalidArgument
@@ -91,15 +92,10 @@ class World:
 _world: World | None = None
 
 
-#: per-thread worlds (``testing.threads``: ranks as threads), by thread id; they override
-#: the process's. A dict rather than a ``threading.local``: every call asks, and an empty
-#: dict (a real process) answers with one truth test where a thread-local read cost ~500
-#: instructions (docs/gpu.md)
-_thread_worlds: dict[int, World] = {}
-
-
-def _thread_world() -> World | None:
-    return _thread_worlds.get(threading.get_ident()) if _thread_worlds else None
+#: per-thread worlds (``testing.threads``: ranks as threads); they override the
+#: process's. A ``ByThread``, not a ``threading.local``: every call asks, and a real
+#: process (no thread-ranks) pays one truth test
+_thread_worlds: ByThread[World] = ByThread()
 
 
 #: why this process has no world although it had one (``api.recovery``), else ""
@@ -107,7 +103,7 @@ _why_none = ""
 
 
 def current() -> World:
-    world = _thread_world() or _world
+    world = _thread_worlds.mine() or _world
     if world is None:
         if _why_none:
             raise InvalidArgument(f"rankwise has no world in this process: {_why_none}")
@@ -119,15 +115,12 @@ def current() -> World:
 
 
 def maybe_current() -> World | None:
-    return _thread_world() or _world
+    return _thread_worlds.mine() or _world
 
 
 def set_thread_world(world: World | None) -> None:
     """Give the calling thread its own world (None: back to the process's)."""
-    if world is None:
-        _thread_worlds.pop(threading.get_ident(), None)
-    else:
-        _thread_worlds[threading.get_ident()] = world
+    _thread_worlds.set_mine(world)
 
 
 def set_world(world: World | None, why_none: str = "") -> None:
@@ -148,7 +141,7 @@ def retire(world: World, why: str) -> None:
 
 def resolve_group(group: Any) -> ProcessGroup | None:
     """The group a call refers to; None when this rank is not a member (no-op call)."""
-    # ``_thread_world()`` written out; ``current`` raises for none
+    # ``_thread_worlds.mine()`` written out; ``current`` raises for none
     world = (_thread_worlds.get(get_ident()) if _thread_worlds else None) or _world \
         or current()
     if group is None or group is GroupMember.WORLD:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ...by_thread import ByThread
 from ...errors import DistError, DistTimeout
 from .watchdog import Pending, Watchdog
 
@@ -154,16 +155,15 @@ class HostStreams(Streams):
         p.settle(None)  # seen done here: its future need not wait for the watchdog
 
 
-#: the ``DeviceWork`` of the async call running on each thread that runs one, by thread
-#: id (``DeviceWork.run_on``). A dict rather than a ``threading.local``: a device call
-#: asks on every call, and an empty dict answers with one truth test where a thread-local
-#: read cost ~500 instructions (docs/gpu.md)
-holders: dict[int, DeviceWork] = {}
+#: the ``DeviceWork`` of the async call running on each thread that runs one
+#: (``DeviceWork.run_on``). A ``ByThread``, not a ``threading.local``: a device call asks
+#: on every call, and while no async job runs anywhere that is one truth test
+holders: ByThread[DeviceWork] = ByThread()
 
 
 def current_holder() -> DeviceWork | None:
     """The ``DeviceWork`` of the async call running on this thread, if any."""
-    return holders.get(threading.get_ident()) if holders else None
+    return holders.mine()
 
 
 class DeviceWork:
@@ -184,14 +184,13 @@ class DeviceWork:
     def run_on(self, side: Any, job: Callable[[], None]) -> None:
         """Run ``job`` (the call, on the async worker) with this holder current and
         ``side`` as the current stream; mark the side stream's end."""
-        thread = threading.get_ident()
-        holders[thread] = self
+        holders.set_mine(self)
         try:
             with self.streams.use(side):
                 job()
                 self.event = self.streams.record(side)
         finally:
-            del holders[thread]
+            holders.set_mine(None)
 
     def add(self, p: Pending) -> None:
         self.pendings.append(p)
