@@ -18,8 +18,14 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
 
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=2, timeout=datetime.timedelta(seconds=1))
+# the 1 s timeout is for the broken collective: both ranks meet first under a long one
+# (one may import torch seconds after the other on a loaded machine)
+store = dist.TCPStore("127.0.0.1", int(port), 2, rank == 0,
+                      timeout=datetime.timedelta(seconds=60))
+store.set(f"up/{rank}", "1")
+store.wait(["up/0", "up/1"])
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=1))
 t = torch.ones(4)
 for _ in range(2):
     dist.all_reduce(t)

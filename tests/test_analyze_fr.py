@@ -46,9 +46,18 @@ def test_plain_gloo_divergence_named(gloo_dumps: Path, form: str) -> None:
     assert "the op and dtypes disagree" in line
     assert "in #3 all_reduce" in text and "in #3 broadcast" in text
     if form == "pickle":  # only the pickle carries stacks: the user's line is named
-        assert "_flight_recorder_program.py:28" in line
-        assert "_flight_recorder_program.py:30" in line
-        assert "_flight_recorder_program.py:30 in <module>" in text
+        rank0, rank1 = _line_of("        dist.all_reduce(t)"), _line_of("        dist.broadcast(")
+        assert f"_flight_recorder_program.py:{rank0}" in line
+        assert f"_flight_recorder_program.py:{rank1}" in line
+        assert f"_flight_recorder_program.py:{rank1} in <module>" in text
+
+
+def _line_of(start: str) -> int:
+    """The line of the flight-recorder program that starts with ``start`` (once)."""
+    lines = (ROOT / "tests" / "_flight_recorder_program.py").read_text().splitlines()
+    found = [i for i, ln in enumerate(lines, 1) if ln.startswith(start)]
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_nccl_dump_missing_rank_and_states() -> None:
