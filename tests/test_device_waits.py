@@ -408,6 +408,12 @@ def test_device_order_is_the_same_written_out_for_cuda_streams(streams: type) ->
     with pytest.raises(DistTimeout, match="aborted past the deadline"):
         waits.order(call, p)
     assert settled.waits == [], "a record with an error is not waited for"
+    torch_error = FakeWork()
+    p = dog.watch(call, torch_error)
+    p.settle(RuntimeError("NCCL error: remote process exited"))
+    with pytest.raises(DistTimeout, match="op failed: NCCL error: remote process exited"):
+        waits.order(call, p)  # a torch error it was settled with is explained too
+    assert torch_error.waits == []
 
 
 # --- the device check ---------------------------------------------------------------------

@@ -348,9 +348,9 @@ class DeviceWaits:
     def _order_by_work_wait(self, call: Call, p: Pending) -> None:
         """``order`` on CUDA streams, ``CudaStreams.order`` written out (one Python call
         less on every device collective): the work's own ``wait()``, a stream wait."""
-        if p.error is not None:
-            raise p.error
         try:
+            if p.error is not None:
+                raise p.error  # mapped as ``CudaStreams.order`` raising it would be
             p.work.wait()  # the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
         except DistError:
             raise
