@@ -30,10 +30,12 @@ pytestmark = [
 def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool,
                      op_timeout: float = 5.0) -> list[Any]:
     """``fn(rank, counts)`` on two thread-ranks whose default group has the stand-in's
-    device plane; ``counts["fast"]`` counts the fast path's calls. ``layered``: every
-    call the fast path would take goes through ``launch`` instead, as before it."""
+    device plane; ``counts["fast"]`` counts the fast path's calls (its C steps' too).
+    ``layered``: every call the fast path would take goes through ``launch`` instead,
+    as before it."""
     from rankwise.api.world import resolve_group
     from rankwise.engines.device.pair import DevicePair
+    from rankwise.engines.torch import engine as torch_engine
     from rankwise.engines.torch.engine import TorchEngine
     from rankwise.engines.torch.nccl import STAND_IN, first_collective
     from rankwise.engines.torch.streams import HostStreams
@@ -56,6 +58,25 @@ def _on_device_plane(monkeypatch: pytest.MonkeyPatch, fn: Any, layered: bool,
         return fast(group, plan, bound, tensor, async_op)
 
     monkeypatch.setattr(collectives, "_device_all_reduce", counted)
+    if layered:
+        monkeypatch.setattr(collectives, "hot_in_c", False)
+        monkeypatch.setattr(torch_engine, "hot_in_c", False)
+    real = collectives._CAllReduce
+    if real is not None:
+        def counted_in_c(*args: Any) -> Any:
+            steps, group = real(*args), args[0]
+
+            def call(site: Any, async_op: bool, tensor: Any) -> Any:
+                try:
+                    done = steps(site, async_op, tensor)
+                except BaseException:
+                    counts[group.group_rank] += 1
+                    raise
+                if done is not NotImplemented:  # else ``_device_all_reduce`` counts it
+                    counts[group.group_rank] += 1
+                return done
+            return call
+        monkeypatch.setattr(collectives, "_CAllReduce", counted_in_c)
     store = HashStore()
 
     def body(rank: int, size: int) -> Any:
@@ -98,7 +119,7 @@ def _steps(rank: int, counts: dict[int, int]) -> Any:
 
 
 def test_the_fast_path_gives_the_layered_paths_results_and_records(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
     fast = _on_device_plane(monkeypatch, _steps, layered=False)
     layered = _on_device_plane(monkeypatch, _steps, layered=True)
     for rank in (0, 1):
@@ -130,7 +151,7 @@ def _mismatch(rank: int, counts: dict[int, int]) -> str:
 
 
 def test_a_mismatch_on_the_fast_path_says_what_the_layered_path_says(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
     fast = _on_device_plane(monkeypatch, _mismatch, layered=False)
     layered = _on_device_plane(monkeypatch, _mismatch, layered=True)
     for f, lay in zip(fast, layered, strict=True):
@@ -202,7 +223,7 @@ class _Event:
 
 
 def test_each_unmet_precondition_falls_back_to_the_layered_path(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
     from rankwise.api import profiling
 
     monkeypatch.setattr(profiling, "on", lambda: _recording.on)
@@ -234,7 +255,7 @@ def _timeout(rank: int, counts: dict[int, int], left: Any) -> str:
 
 
 def test_a_timeout_on_the_fast_path_says_what_the_layered_path_says(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
     said = [_on_device_plane(monkeypatch, partial(_timeout, left=threading.Event()), layered,
                              op_timeout=1.0)[0]
             for layered in (False, True)]

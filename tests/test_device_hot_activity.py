@@ -6,10 +6,10 @@ the call the rank is back in user code. One thread-rank over a fake torch group.
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _device_fakes import fake_cuda_streams
 
 torch = pytest.importorskip("torch")
 
@@ -45,18 +45,8 @@ class _Group:
         pass
 
 
-def _streams() -> Any:
-    from rankwise.engines.torch.streams import CudaStreams
-
-    streams = CudaStreams(torch.device("cpu"))
-    cuda = SimpleNamespace(current_stream=lambda device=None: None,
-                           Stream=lambda device=None: None, Event=lambda: None)
-    streams.torch = SimpleNamespace(cuda=cuda)
-    return streams
-
-
 def test_a_report_during_a_hot_call_names_it_and_after_it_user_code(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
     import rankwise as dist
     from rankwise.api import collectives
     from rankwise.api.world import resolve_group
@@ -77,12 +67,12 @@ def test_a_report_during_a_hot_call_names_it_and_after_it_user_code(
 
     monkeypatch.setattr(collectives, "_device_all_reduce", counted)
 
-    def body(rank: int, size: int) -> tuple[list[Any], Any, int]:
+    def body(rank: int, size: int) -> tuple[list[Any], Any, int, Any]:
         group = resolve_group(None)
         assert group is not None
         seen: list[Any] = []
         engine = TorchEngine(group, _Group(seen, group.comm), check_mode(), name="nccl",
-                             tensors=DeviceTensors(torch.device("cpu")), streams=_streams())
+                             tensors=DeviceTensors(torch.device("cpu")), streams=fake_cuda_streams())
         group.engine = DevicePair(group.engine, engine)  # type: ignore[arg-type]
         t = torch.ones(2)
         try:
@@ -90,12 +80,16 @@ def test_a_report_during_a_hot_call_names_it_and_after_it_user_code(
             for _ in range(3):
                 dist.all_reduce(t)
             dist.all_reduce(t, async_op=True).wait()  # waited after the call ended
-            return seen, group.comm.activity, line
+            plans = collectives.tensor_view(t)[1]
+            return seen, group.comm.activity, line, next(iter(plans.values())).bound
         finally:
             engine.close()
 
-    seen, after, line = run_threads(body, 1, timeout=60.0, op_timeout=10.0)[0]
-    assert hot[1:3] == [True, True]  # the first call binds the plan; then the hot path
+    seen, after, line, bound = run_threads(body, 1, timeout=60.0, op_timeout=10.0)[0]
+    if in_c:  # the hot path's steps in C: no Python ``_device_all_reduce`` after the first
+        assert bound[4] is not None and len(hot) <= 1
+    else:  # the first call binds the plan; then the hot path
+        assert bound[4] is None and hot[1:3] == [True, True]
     during = seen[1:3]
     assert [a.op for a in during] == ["all_reduce", "all_reduce"]
     assert during[1].seq == during[0].seq + 1

@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from ..core.communicator import Activity
+from ..core.communicator import Activity, Communicator
 from ..core.failures import explain
 from ..core.group import ProcessGroup
-from ..core.work import Work, run_async
-from ..engines.base import Call, Engine, EngineFact
+from ..core.work import Work, new_ended, run_async
+from ..engines.base import Call, Engine, EngineFact, new_call
 from ..engines.device.pair import device_engine
 from ..errors import InvalidArgument
-from ..identity.calls import Fingerprint, barrier_name_code
+from ..identity.calls import COMM_LABEL, Fingerprint, barrier_name_code
 from ..identity.callsite import capture
 from ..wire.buffers import (
     Buffer,
@@ -90,7 +90,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         bound = plan.bound
         if route is not None and (bound is None or route is not bound[0]) \
                 and route[1] is engine and flags == route[2] and reduce_op is plan.rop:
-            plan.bind(route, fp)  # once per route: the torch backend's calls come each time
+            plan.bind(route, fp, group)  # once per route: the torch backend's calls come each time
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     if async_op or ev is not None:
@@ -131,7 +131,7 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
     already answered left out, and the engine's own hot path where it has one
     (``TorchEngine.hot_all_reduce``: an async call's ``Work`` holds its one record).
     docs/gpu.md. ``bound``: the plan's ``Plan.bound``, read once by the caller."""
-    route, fp, inline, hot = bound
+    route, fp, inline, hot, _ = bound
     runner = route[1]
     call = group.begin(fp, capture(3), plan.dtype, plan.rop, runner.framed, plan.shape)
     if hot is None:
@@ -145,18 +145,27 @@ def _device_all_reduce(group: ProcessGroup, plan: Plan, bound: Bound, tensor: An
     comm.doing = call  # the call stands for its own ``Activity``: made only if asked
     try:
         p = hot(call, not async_op)
-    except EngineFact as fact:
-        failure = explain(comm, call, fact)
-        if not async_op:
-            raise failure from None
-        return Work.ended(call.title, [tensor], None, failure)
-    except BaseException as exc:
-        if not async_op:
-            raise
-        return Work.ended(call.title, [tensor], None, exc)
+    except BaseException as exc:  # noqa: BLE001 - raised, or an async call's ``Work``'s
+        return _hot_failed(comm, call, exc, tensor, async_op)
+    comm.call_done(call)
+    return Work.ended(call.title, [tensor], p, None) if async_op else None
+
+
+def _hot_failed(comm: Communicator, call: Call, exc: BaseException, tensor: Any,
+                async_op: bool) -> Work:
+    """The hot path's call ``call`` raised ``exc``: its public error (an engine's fact
+    explained), raised, or an async call's ``Work`` that holds it; the call ends here
+    either way. Shared by ``_device_all_reduce`` and its steps in C (``_hotcall``)."""
+    try:
+        failure = explain(comm, call, exc) if isinstance(exc, EngineFact) else exc
     finally:
         comm.call_done(call)
-    return Work.ended(call.title, [tensor], p, None) if async_op else None
+    if async_op:
+        return Work.ended(call.title, [tensor], None, failure)
+    if failure is exc:
+        raise exc
+    failure.__context__ = exc  # as ``raise ... from None`` in its except clause sets it
+    raise failure from None
 
 
 def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op: Op,
@@ -283,6 +292,11 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
         if bound is not None and bound[0] is g.device_route and bound[0][0] is g.engine \
                 and g.queued is None and (not async_op or bound[2] or bound[3]) \
                 and not (profiling.recording() and profiling.on()):
+            fast = bound[4]
+            if fast is not None:  # the steps in C; NotImplemented: begin's own path
+                done = fast(capture(2), async_op, tensor)
+                if done is not NotImplemented:
+                    return done  # type: ignore[no-any-return]
             return _device_all_reduce(g, plan, bound, tensor, async_op)
         return launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, async_op,
                       shape=buf.shape, outputs=[tensor], plan=plan)
@@ -331,21 +345,46 @@ class Plan:
         #: (``bind``); None until then
         self.bound: Bound | None = None
 
-    def bind(self, route: tuple[Engine, Engine, int], fp: Fingerprint) -> None:
+    def bind(self, route: tuple[Engine, Engine, int], fp: Fingerprint,
+             group: ProcessGroup) -> None:
         """Keep, in one tuple (a thread sees all of one route's or none): ``route`` (the
         group's ``device_route``), ``fp`` (made with its flags), the route's device
         engine's ``run_inline`` (None: async calls go to the async worker) and its hot
         path for this view and op (``TorchEngine.hot_all_reduce``; None: none)."""
         engine = route[1]
-        hot = getattr(engine, "hot_all_reduce", None)
-        self.bound = (route, fp, getattr(engine, "run_inline", None),
-                      hot(self.array, self.rop.name) if hot is not None else None)
+        make_hot = getattr(engine, "hot_all_reduce", None)
+        hot = make_hot(self.array, self.rop.name) if make_hot is not None else None
+        self.bound = (route, fp, getattr(engine, "run_inline", None), hot,
+                      self._in_c(group, fp, engine, hot))
+
+    def _in_c(self, group: ProcessGroup, fp: Fingerprint, engine: Engine,
+              hot: Callable[[Call, bool], Any] | None) -> Callable[..., Any] | None:
+        """``_device_all_reduce``'s steps with ``begin`` and ``call_done`` in C
+        (``rankwise._hotcall``), where the engine's hot path is in C too; else None."""
+        if _CAllReduce is None or not hot_in_c or not isinstance(hot, _CEnqueue):
+            return None
+        comm = group.comm
+        router = comm.router
+        return _CAllReduce(group, comm, router, comm.calls, comm.calls.idle,
+                           group.history.append, fp, self.dtype, self.rop, self.shape,
+                           COMM_LABEL, new_call, hot, _hot_failed, new_ended,
+                           router.register_call if engine.framed else None, group.id, Call)
 
 
 #: a plan bound to a route (``Plan.bind``): (route, fingerprint, ``run_inline``, the
-#: engine's hot path ``hot(call, then)``)
+#: engine's hot path ``hot(call, then)``, the whole call in C ``fast(site, async_op,
+#: tensor)`` or None)
 Bound = tuple[tuple[Engine, Engine, int], Fingerprint, "Callable[..., Any] | None",
-              "Callable[[Call, bool], Any] | None"]
+              "Callable[[Call, bool], Any] | None", "Callable[..., Any] | None"]
+
+try:  # ``_device_all_reduce``'s steps in C, built by ``pip install`` where it found a compiler
+    from .._hotcall import AllReduce as _CAllReduce
+    from .._hotcall import Enqueue as _CEnqueue
+except ImportError:
+    _CAllReduce = None  # type: ignore[assignment,misc]
+    _CEnqueue = None  # type: ignore[assignment,misc]
+#: tests turn the C steps off to run the Python ones (both give the same records)
+hot_in_c = True
 
 
 def memo_plan(buf: Buffer, memo: dict[Any, Any], rop: ReduceOp) -> Plan:

@@ -95,6 +95,11 @@ class CallLog:
         self._idle = Activity()
 
     @property
+    def idle(self) -> Activity:
+        """The activity between calls (the one ``call_done`` makes current)."""
+        return self._idle
+
+    @property
     def last_call(self) -> str:
         """This rank's last finished collective, formatted on demand (slow path only)."""
         call = self._last

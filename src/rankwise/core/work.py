@@ -17,7 +17,7 @@ from ..errors import DistTimeout
 from ..slots import slot_maker
 from .future import Future
 
-__all__ = ["Work", "completed_work", "in_flight", "run_async"]
+__all__ = ["Work", "completed_work", "in_flight", "new_ended", "run_async"]
 
 
 class Work:
@@ -148,6 +148,9 @@ class _Ended(Work):
 
 _new_ended = slot_maker(_Ended, ("_error", "_result", "_description", "device", "_future"),
                         (None,))
+#: ``Work.ended(description, result, device, error)`` as ``new_ended(error, result,
+#: description, device)``: the maker itself, for the device hot path's C steps
+new_ended = _new_ended
 
 
 def completed_work(description: str, result: Any = None) -> Work:

@@ -31,6 +31,13 @@ from .tensors import DeviceTensors, HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
 from .watchdog import GRACE, Pending, Watchdog, new_pending
 
+try:  # the hot path's steps in C, built by ``pip install`` where a compiler was found
+    from ..._hotcall import Enqueue
+except ImportError:
+    Enqueue = None  # type: ignore[assignment,misc]
+#: tests turn the C steps off to run the Python closure (both give the same records)
+hot_in_c = True
+
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
 
@@ -310,11 +317,18 @@ class TorchEngine:
                 or not self.tensors.holds(data):  # PREMUL_SUM: the API multiplies first
             return None
         opts = _ALLREDUCE_OPTS[op]
+        allreduce = self.pg.allreduce  # the group's torch group is the engine's for good
         tensors = [data]  # torch copies the list into its op: one list serves every call
         watchdog, check, name = device.watchdog, self.check, self.name
         clock, append, after = watchdog.clock, watchdog.records.append, check.after
         ordered, checking, thread = device.in_order, check.mode != "off", threading.get_ident
         order = device.order
+        if Enqueue is not None and hot_in_c:  # the same steps in C (``rankwise._hotcall``)
+            waits = order == device._order_by_work_wait  # then C makes the work's wait()
+            return Enqueue(allreduce, tensors, opts, watchdog, check if checking else None,
+                           name, clock, clock is time.monotonic, ordered, append, new_pending,
+                           holders, order, device.order_failed if waits else None, after,
+                           Call, Pending, GRACE)
 
         def hot(call: Call, then: bool) -> Pending:
             failed = watchdog.failed
@@ -322,7 +336,7 @@ class TorchEngine:
                 raise failed
             if checking:
                 check.before(call)
-            work = self.pg.allreduce(tensors, opts)
+            work = allreduce(tensors, opts)
             if checking:
                 check.enqueued()
             # who-is-where: the kernel's now (``port.busy`` written out: the caller made

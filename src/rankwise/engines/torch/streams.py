@@ -336,14 +336,24 @@ class DeviceWaits:
                 holder.add(p)
         return p
 
+    def order_failed(self, call: Call, err: BaseException) -> BaseException:
+        """What ``order`` raises for ``err``, raised while it ordered the stream: the
+        watchdog's verdict (a ``DistError``) and anything but a torch ``RuntimeError`` as
+        they are; the op's own failure (torch raised it) explained by ``op_failed``. Also
+        the C steps' (``rankwise._hotcall``), which wait for the work themselves."""
+        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
+            return self._op_failed(call, err)
+        return err
+
     def _order_on_streams(self, call: Call, p: Pending) -> None:
         """``order`` on any ``Streams``."""
         try:
             self.streams.order(p)
-        except DistError:
-            raise  # the watchdog's verdict, as it is
-        except RuntimeError as err:  # the op itself failed (torch raised it)
-            raise self._op_failed(call, err) from None
+        except BaseException as err:
+            failure = self.order_failed(call, err)
+            if failure is err:
+                raise
+            raise failure from None
 
     def _order_by_work_wait(self, call: Call, p: Pending) -> None:
         """``order`` on CUDA streams, ``CudaStreams.order`` written out (one Python call
@@ -352,10 +362,11 @@ class DeviceWaits:
             if p.error is not None:
                 raise p.error  # mapped as ``CudaStreams.order`` raising it would be
             p.work.wait()  # the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
-        except DistError:
-            raise
-        except RuntimeError as err:
-            raise self._op_failed(call, err) from None
+        except BaseException as err:
+            failure = self.order_failed(call, err)
+            if failure is err:
+                raise
+            raise failure from None
 
     def raise_failed(self) -> None:
         """The watchdog aborted the group: every later call raises why."""

@@ -1,0 +1,850 @@
+/* A small device all_reduce's host steps in C: rankwise's glue between the API, the group,
+ * the NCCL engine and its watchdog, run once per call on a GPU training loop's hot path.
+ * Optional: without it the same steps run in Python (api.collectives._device_all_reduce,
+ * ProcessGroup.begin, TorchEngine.hot_all_reduce's closure, CallLog.call_done), with the
+ * same results; tests/test_hotcall.py runs both and compares them field by field.
+ *
+ * Why C: each step is a few attribute reads and stores, and the interpreter's dispatch
+ * of ~240 bytecodes over six frames was half of rankwise's own host time per call, the
+ * largest part left over a fake ProcessGroupNCCL (docs/gpu.md, "The glue in C": 29.2 k
+ * -> 24.7 k instructions per blocking call, the fake's 4.9 k included).
+ *
+ * Enqueue(...)(call, then) -> Pending: the engine's part (TorchEngine.hot_all_reduce).
+ * AllReduce(...)(site, async_op, tensor) -> None | Work | NotImplemented: begin, the
+ * engine's part, call_done; NotImplemented (nothing done) where the Python path must
+ * run (a failure known to the router before the call: begin's own path raises it).
+ * What either does not do itself it hands to the Python functions it was given: the
+ * watchdog's appended tail, the stream order, the ring check, a failed call's report. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* ---- clocks: time.time() and time.monotonic(), as CPython makes their floats ------- */
+
+static double
+seconds_of(const struct timespec *ts)
+{
+    long long ns = (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec;
+    if (ns % 1000000000LL == 0)
+        return (double)(ns / 1000000000LL);
+    return (double)ns / 1e9;
+}
+
+static double
+wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return seconds_of(&ts);
+}
+
+static double
+monotonic_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return seconds_of(&ts);
+}
+
+/* ---- slots of the per-call records (engines.base.Call), at their offsets ------------ */
+
+/* The offset of cls's object slot `name` (a member descriptor), -1 where it has none. */
+static Py_ssize_t
+slot_offset(PyTypeObject *cls, const char *name)
+{
+    PyObject *descr = PyDict_GetItemString(cls->tp_dict, name); /* borrowed */
+    if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type)
+        return -1;
+    PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
+    if (def->type != T_OBJECT_EX || (def->flags & READONLY))
+        return -1;
+    return def->offset;
+}
+
+/* obj.<slot at off> = value (a new reference taken); the old value dropped last. */
+static void
+slot_store(PyObject *obj, Py_ssize_t off, PyObject *value)
+{
+    PyObject **at = (PyObject **)((char *)obj + off);
+    PyObject *old = *at;
+    Py_INCREF(value);
+    *at = value;
+    Py_XDECREF(old);
+}
+
+/* ---- plain attributes of long-lived objects, read in their __dict__ ------------------ */
+
+/* An object whose attributes the hot path reads and writes on every call (the group's
+ * seq, the watchdog's failed, ...). A generic getattr looks the name up on the type
+ * first, then in the instance: ~250 instructions; its __dict__ alone, held here, ~50.
+ * Only where that is what getattr would find: the names have no data descriptor on the
+ * type (checked once, at construction), and the object still has that dict (checked on
+ * each use: a dict materialized once stays the object's own). Otherwise: getattr. */
+typedef struct {
+    PyObject *obj;  /* strong */
+    PyObject *dict; /* strong; NULL: generic access only */
+} Attrs;
+
+static int
+attrs_init(Attrs *a, PyObject *obj, const char *const *names)
+{
+    Py_INCREF(obj);
+    a->obj = obj;
+    a->dict = NULL;
+    for (const char *const *n = names; *n != NULL; n++) {
+        PyObject *name = PyUnicode_InternFromString(*n);
+        if (name == NULL)
+            return -1;
+        PyObject *descr = _PyType_Lookup(Py_TYPE(obj), name); /* borrowed */
+        Py_DECREF(name);
+        if (descr != NULL && Py_TYPE(descr)->tp_descr_set != NULL)
+            return 0; /* a property or a slot: getattr's business */
+    }
+    PyObject **at = _PyObject_GetDictPtr(obj);
+    if (at == NULL || Py_TYPE(obj)->tp_getattro != PyObject_GenericGetAttr
+        || Py_TYPE(obj)->tp_setattro != PyObject_GenericSetAttr)
+        return 0;
+    PyObject *dict = PyObject_GenericGetDict(obj, NULL);
+    if (dict == NULL)
+        return -1;
+    a->dict = dict;
+    return 0;
+}
+
+static inline PyObject *
+attrs_dict(const Attrs *a)
+{
+    if (a->dict == NULL)
+        return NULL;
+    PyObject **at = _PyObject_GetDictPtr(a->obj);
+    return at != NULL && *at == a->dict ? a->dict : NULL;
+}
+
+/* obj.name, a new reference */
+static PyObject *
+attrs_get(const Attrs *a, PyObject *name)
+{
+    PyObject *dict = attrs_dict(a);
+    if (dict != NULL) {
+        PyObject *v = PyDict_GetItemWithError(dict, name); /* borrowed */
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetAttr(a->obj, name);
+}
+
+/* obj.name is None: 1, 0, or -1 with an exception set */
+static int
+attrs_is_none(const Attrs *a, PyObject *name)
+{
+    PyObject *v = attrs_get(a, name);
+    if (v == NULL)
+        return -1;
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+static int
+attrs_set(const Attrs *a, PyObject *name, PyObject *v)
+{
+    PyObject *dict = attrs_dict(a);
+    if (dict != NULL)
+        return PyDict_SetItem(dict, name, v);
+    return PyObject_SetAttr(a->obj, name, v);
+}
+
+#define ATTRS_VISIT(a) do { Py_VISIT((a).obj); Py_VISIT((a).dict); } while (0)
+#define ATTRS_CLEAR(a) do { Py_CLEAR((a).obj); Py_CLEAR((a).dict); } while (0)
+
+/* ---- Enqueue: TorchEngine.hot_all_reduce's hot(call, then) ----------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *allreduce;   /* the engine's pg.allreduce */
+    Attrs watchdog;        /* failed, due_at */
+    PyObject *tensors, *opts, *check, *name, *clock, *ordered;
+    PyObject *append;      /* watchdog.records.append */
+    PyObject *new_pending; /* watchdog.new_pending */
+    PyObject *holders;     /* streams.holders: a dict by thread id */
+    PyObject *order;       /* the engine's DeviceWaits.order */
+    /* DeviceWaits.order_failed where order is the work's own wait() (CUDA streams): the
+     * wait is made here, and its error mapped by it; else None: order is called */
+    PyObject *order_failed;
+    PyObject *after;       /* the ring check's after */
+    PyTypeObject *call_type, *pending_type;
+    Py_ssize_t off_started, off_enqueued, off_engine, off_error, off_work;
+    double grace;
+    int monotonic; /* clock is time.monotonic: read here */
+} Enqueue;
+
+static PyTypeObject Enqueue_Type;
+
+static PyObject *s_failed, *s_due_at, *s_before, *s_enqueued,
+    *s_started, *s_engine, *s_appended, *s_pendings, *s_append, *s_seq, *s_timeout,
+    *s_label, *s_doing, *s_finished, *s_last, *s_since, *s_tracer,
+    *s_collective, *s_failure, *s_title, *s_error, *s_work, *s_wait, *one;
+
+static int
+raise_object(PyObject *exc)
+{
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    return -1;
+}
+
+/* The object slot at `off` of an instance of exactly `type` (a new reference), else
+ * getattr(obj, name). */
+static PyObject *
+slot_get(PyTypeObject *type, PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    if (off >= 0 && Py_TYPE(obj) == type) {
+        PyObject *v = *(PyObject **)((char *)obj + off);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* DeviceWaits._order_by_work_wait: the work's own wait() (a stream wait), its error
+ * mapped by order_failed (``raise failure from None`` where it is another); 0 or -1 */
+static int
+order_by_work_wait(Enqueue *e, PyObject *call, PyObject *p)
+{
+    PyObject *error = slot_get(e->pending_type, p, e->off_error, s_error);
+    if (error == NULL)
+        return -1;
+    int settled = error != Py_None;
+    Py_DECREF(error);
+    if (settled) { /* the watchdog's verdict: order raises it, mapped */
+        PyObject *args[2] = {call, p};
+        PyObject *r = PyObject_Vectorcall(e->order, args, 2, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *work = slot_get(e->pending_type, p, e->off_work, s_work);
+    if (work == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
+    Py_DECREF(work);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *args[2] = {call, value};
+    PyObject *failure = PyObject_Vectorcall(e->order_failed, args, 2, NULL);
+    if (failure == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    if (failure == value) {
+        Py_DECREF(failure);
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    PyException_SetCause(failure, NULL);   /* from None */
+    PyException_SetContext(failure, value); /* steals value */
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(failure)), failure,
+                  PyException_GetTraceback(failure));
+    return -1;
+}
+
+/* call.<off> (a slot) or getattr(call, name) */
+static PyObject *
+call_get(Enqueue *e, PyObject *call, Py_ssize_t off, PyObject *name)
+{
+    if (off >= 0 && Py_TYPE(call) == e->call_type) {
+        PyObject *v = *(PyObject **)((char *)call + off);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return PyObject_GetAttr(call, name);
+}
+
+static int
+call_set(PyTypeObject *type, PyObject *call, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (off >= 0 && Py_TYPE(call) == type) {
+        slot_store(call, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(call, name, v);
+}
+
+/* The closure's steps; a new reference to the record, NULL with an exception set. */
+static PyObject *
+enqueue_run(Enqueue *e, PyObject *call, int then, int after)
+{
+    PyObject *failed = attrs_get(&e->watchdog, s_failed);
+    if (failed == NULL)
+        return NULL;
+    if (failed != Py_None) {
+        raise_object(failed);
+        Py_DECREF(failed);
+        return NULL;
+    }
+    Py_DECREF(failed);
+    if (e->check != Py_None) {
+        PyObject *r = PyObject_CallMethodOneArg(e->check, s_before, call);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *margs[2] = {e->tensors, e->opts};
+    PyObject *work = PyObject_Vectorcall(e->allreduce, margs, 2, NULL);
+    if (work == NULL)
+        return NULL;
+    PyObject *p = NULL, *start_obj = NULL;
+    if (e->check != Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(e->check, s_enqueued);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    /* who-is-where: the kernel's now (the call's start stands for the enqueue) */
+    PyObject *started = call_get(e, call, e->off_started, s_started);
+    if (started == NULL)
+        goto done;
+    int bad = call_set(e->call_type, call, e->off_enqueued, s_enqueued, started);
+    Py_DECREF(started);
+    if (bad || call_set(e->call_type, call, e->off_engine, s_engine, e->name))
+        goto done;
+    double start;
+    if (e->monotonic) {
+        start = monotonic_now();
+        start_obj = PyFloat_FromDouble(start);
+    } else {
+        start_obj = PyObject_CallNoArgs(e->clock);
+        start = start_obj == NULL ? -1.0 : PyFloat_AsDouble(start_obj);
+    }
+    if (start_obj == NULL || (start == -1.0 && PyErr_Occurred()))
+        goto done;
+    PyObject *pargs[5] = {e->watchdog.obj, call, work, start_obj, e->ordered};
+    p = PyObject_Vectorcall(e->new_pending, pargs, 5, NULL);
+    if (p == NULL)
+        goto done;
+    PyObject *r = PyObject_CallOneArg(e->append, p);
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    /* Watchdog.watch's tail, only where it has work (Watchdog.appended) */
+    int tail = attrs_is_none(&e->watchdog, s_failed);
+    if (tail < 0)
+        goto fail;
+    tail = !tail;
+    if (!tail) {
+        PyObject *due = attrs_get(&e->watchdog, s_due_at);
+        if (due == NULL)
+            goto fail;
+        double due_at = PyFloat_AsDouble(due);
+        Py_DECREF(due);
+        if (due_at == -1.0 && PyErr_Occurred())
+            goto fail;
+        tail = start + e->grace < due_at;
+    }
+    if (tail) {
+        PyObject *args[3] = {e->watchdog.obj, p, start_obj};
+        r = PyObject_VectorcallMethod(s_appended, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                      NULL);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    if (then) {
+        if (PyDict_GET_SIZE(e->holders) > 0) { /* an async call runs on some thread */
+            PyObject *me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+            if (me == NULL)
+                goto fail;
+            PyObject *holder = PyDict_GetItemWithError(e->holders, me); /* borrowed */
+            Py_DECREF(me);
+            if (holder == NULL && PyErr_Occurred())
+                goto fail;
+            if (holder != NULL) {
+                PyObject *pendings = PyObject_GetAttr(holder, s_pendings);
+                if (pendings == NULL)
+                    goto fail;
+                r = PyObject_CallMethodOneArg(pendings, s_append, p);
+                Py_DECREF(pendings);
+                if (r == NULL)
+                    goto fail;
+                Py_DECREF(r);
+            }
+        }
+        if (e->order_failed != Py_None) {
+            if (order_by_work_wait(e, call, p) < 0)
+                goto fail;
+        } else {
+            PyObject *oargs[2] = {call, p};
+            r = PyObject_Vectorcall(e->order, oargs, 2, NULL);
+            if (r == NULL)
+                goto fail;
+            Py_DECREF(r);
+        }
+        if (after) {
+            r = PyObject_CallNoArgs(e->after);
+            if (r == NULL)
+                goto fail;
+            Py_DECREF(r);
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(p);
+done:
+    Py_XDECREF(start_obj);
+    Py_DECREF(work);
+    return p;
+}
+
+static PyObject *
+enqueue_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
+        PyErr_SetString(PyExc_TypeError, "hot(call, then) takes 2 positional arguments");
+        return NULL;
+    }
+    int then = PyObject_IsTrue(args[1]);
+    if (then < 0)
+        return NULL;
+    return enqueue_run((Enqueue *)self, args[0], then, 1);
+}
+
+static PyObject *
+enqueue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Enqueue *e;
+    PyObject *allreduce, *tensors, *opts, *watchdog, *check, *name, *clock, *ordered, *append,
+        *new_pending, *holders, *order, *order_failed, *after, *call_type, *pending_type;
+    double grace;
+    int monotonic;
+    static char *kwlist[] = {"allreduce", "tensors", "opts", "watchdog", "check", "name",
+                             "clock", "monotonic", "ordered", "append", "new_pending",
+                             "holders", "order", "order_failed", "after", "call_type",
+                             "pending_type", "grace",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOpOOOO!OOOO!O!d:Enqueue", kwlist,
+                                     &allreduce, &tensors, &opts, &watchdog, &check, &name,
+                                     &clock, &monotonic, &ordered, &append, &new_pending,
+                                     &PyDict_Type, &holders, &order, &order_failed, &after,
+                                     &PyType_Type, &call_type, &PyType_Type, &pending_type,
+                                     &grace))
+        return NULL;
+    e = (Enqueue *)type->tp_alloc(type, 0);
+    if (e == NULL)
+        return NULL;
+    e->vectorcall = enqueue_vectorcall;
+    static const char *const watched[] = {"failed", "due_at", NULL};
+    if (attrs_init(&e->watchdog, watchdog, watched) < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+#define KEEP(f) (Py_INCREF(f), e->f = f)
+    KEEP(allreduce); KEEP(tensors); KEEP(opts); KEEP(check); KEEP(name);
+    KEEP(clock); KEEP(ordered); KEEP(append); KEEP(new_pending); KEEP(holders);
+    KEEP(order); KEEP(order_failed); KEEP(after);
+#undef KEEP
+    Py_INCREF(call_type);
+    e->call_type = (PyTypeObject *)call_type;
+    e->off_started = slot_offset(e->call_type, "started");
+    e->off_enqueued = slot_offset(e->call_type, "enqueued");
+    e->off_engine = slot_offset(e->call_type, "engine");
+    Py_INCREF(pending_type);
+    e->pending_type = (PyTypeObject *)pending_type;
+    e->off_error = slot_offset(e->pending_type, "error");
+    e->off_work = slot_offset(e->pending_type, "work");
+    e->grace = grace;
+    e->monotonic = monotonic;
+    return (PyObject *)e;
+}
+
+static int
+enqueue_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Enqueue *e = (Enqueue *)self;
+    Py_VISIT(e->allreduce); Py_VISIT(e->tensors); Py_VISIT(e->opts); ATTRS_VISIT(e->watchdog);
+    Py_VISIT(e->check); Py_VISIT(e->name); Py_VISIT(e->clock); Py_VISIT(e->ordered);
+    Py_VISIT(e->append); Py_VISIT(e->new_pending); Py_VISIT(e->holders);
+    Py_VISIT(e->order); Py_VISIT(e->order_failed); Py_VISIT(e->after); Py_VISIT(e->call_type);
+    Py_VISIT(e->pending_type);
+    return 0;
+}
+
+static int
+enqueue_clear(PyObject *self)
+{
+    Enqueue *e = (Enqueue *)self;
+    Py_CLEAR(e->allreduce); Py_CLEAR(e->tensors); Py_CLEAR(e->opts); ATTRS_CLEAR(e->watchdog);
+    Py_CLEAR(e->check); Py_CLEAR(e->name); Py_CLEAR(e->clock); Py_CLEAR(e->ordered);
+    Py_CLEAR(e->append); Py_CLEAR(e->new_pending); Py_CLEAR(e->holders);
+    Py_CLEAR(e->order); Py_CLEAR(e->order_failed); Py_CLEAR(e->after); Py_CLEAR(e->call_type);
+    Py_CLEAR(e->pending_type);
+    return 0;
+}
+
+static void
+enqueue_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    enqueue_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject Enqueue_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rankwise._hotcall.Enqueue",
+    .tp_basicsize = sizeof(Enqueue),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "hot(call, then): TorchEngine.hot_all_reduce's closure, in C",
+    .tp_new = enqueue_new,
+    .tp_traverse = enqueue_traverse,
+    .tp_clear = enqueue_clear,
+    .tp_dealloc = enqueue_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Enqueue, vectorcall),
+};
+
+/* ---- AllReduce: _device_all_reduce with begin and call_done ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Attrs group;  /* seq, timeout */
+    Attrs comm;   /* doing, tracer */
+    Attrs router; /* failure */
+    Attrs calls;  /* the comm's CallLog: _last */
+    Attrs idle;   /* the CallLog's idle Activity: since */
+    PyObject *history_append, *fp, *dtype, *rop, *shape;
+    PyObject *label_var, *new_call, *enqueue, *failed;
+    PyObject *ended;         /* core.work.new_ended(error, result, description, device) */
+    PyObject *register_call; /* router.register_call where the engine is framed, else None */
+    PyObject *gid;
+    PyTypeObject *call_type;
+    Py_ssize_t off_label, off_finished;
+} AllReduce;
+
+static PyTypeObject AllReduce_Type;
+
+/* CallLog.call_done(call), for calls that end here; -1 with an exception set */
+static int
+call_done(AllReduce *a, PyObject *call)
+{
+    PyObject *now = PyFloat_FromDouble(wall_now());
+    if (now == NULL)
+        return -1;
+    int bad = call_set(a->call_type, call, a->off_finished, s_finished, now)
+        || attrs_set(&a->calls, s_last, call) || attrs_set(&a->idle, s_since, now)
+        || attrs_set(&a->comm, s_doing, a->idle.obj);
+    Py_DECREF(now);
+    if (bad)
+        return -1;
+    PyObject *tracer = attrs_get(&a->comm, s_tracer);
+    if (tracer == NULL)
+        return -1;
+    if (tracer != Py_None) {
+        PyObject *args[3] = {tracer, a->group.obj, call};
+        PyObject *r = PyObject_VectorcallMethod(s_collective, args,
+                                                3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(tracer);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    Py_DECREF(tracer);
+    return 0;
+}
+
+/* ProcessGroup.begin for a call whose engine moves no frames; NULL with an exception
+ * set, or NULL without one: the router knows a failure, begin's Python path must run */
+static PyObject *
+begin(AllReduce *a, PyObject *site)
+{
+    int none = attrs_is_none(&a->router, s_failure);
+    if (none <= 0)
+        return NULL;
+    PyObject *seq = attrs_get(&a->group, s_seq);
+    if (seq == NULL)
+        return NULL;
+    PyObject *next = PyNumber_Add(seq, one);
+    Py_DECREF(seq);
+    if (next == NULL)
+        return NULL;
+    if (attrs_set(&a->group, s_seq, next) < 0) {
+        Py_DECREF(next);
+        return NULL;
+    }
+    PyObject *timeout = attrs_get(&a->group, s_timeout);
+    double t = timeout == NULL ? -1.0 : PyFloat_AsDouble(timeout);
+    Py_XDECREF(timeout);
+    if (t == -1.0 && PyErr_Occurred()) {
+        Py_DECREF(next);
+        return NULL;
+    }
+    double now = wall_now();
+    PyObject *deadline = PyFloat_FromDouble(monotonic_now() + t);
+    PyObject *started = PyFloat_FromDouble(now);
+    PyObject *call = NULL;
+    if (deadline != NULL && started != NULL) {
+        PyObject *args[9] = {a->group.obj, next, a->fp, site, a->dtype, a->rop, deadline,
+                             started, a->shape};
+        call = PyObject_Vectorcall(a->new_call, args, 9, NULL);
+    }
+    Py_DECREF(next);
+    Py_XDECREF(deadline);
+    Py_XDECREF(started);
+    if (call == NULL)
+        return NULL;
+    PyObject *label;
+    if (PyContextVar_Get(a->label_var, NULL, &label) < 0)
+        goto fail;
+    if (label != NULL) {
+        int bad = label != Py_None
+            && call_set(a->call_type, call, a->off_label, s_label, label);
+        Py_DECREF(label);
+        if (bad)
+            goto fail;
+    }
+    PyObject *r = PyObject_CallOneArg(a->history_append, call);
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    if (a->register_call != Py_None) {
+        PyObject *seq_now = PyObject_GetAttr(call, s_seq);
+        if (seq_now == NULL)
+            goto fail;
+        PyObject *rargs[3] = {a->gid, seq_now, a->fp};
+        r = PyObject_Vectorcall(a->register_call, rargs, 3, NULL);
+        Py_DECREF(seq_now);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    return call;
+fail:
+    Py_DECREF(call);
+    return NULL;
+}
+
+static PyObject *
+allreduce_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    AllReduce *a = (AllReduce *)self;
+    if (PyVectorcall_NARGS(nargsf) != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "call(site, async_op, tensor) takes 3 positional "
+                                         "arguments");
+        return NULL;
+    }
+    PyObject *site = args[0], *tensor = args[2];
+    int async_op = PyObject_IsTrue(args[1]);
+    if (async_op < 0)
+        return NULL;
+    PyObject *call = begin(a, site);
+    if (call == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = NULL;
+    if (attrs_set(&a->comm, s_doing, call) < 0)
+        goto out;
+    PyObject *p;
+    if (Py_TYPE(a->enqueue) == &Enqueue_Type) {
+        /* the ring check's after(), whose one read is the router's failure: read here */
+        p = enqueue_run((Enqueue *)a->enqueue, call, !async_op, 0);
+        if (p != NULL && !async_op) {
+            int none = attrs_is_none(&a->router, s_failure);
+            PyObject *r = none ? NULL : PyObject_CallNoArgs(((Enqueue *)a->enqueue)->after);
+            if (none < 0 || (!none && r == NULL))
+                Py_CLEAR(p);
+            Py_XDECREF(r);
+        }
+    } else {
+        p = PyObject_CallFunctionObjArgs(a->enqueue, call, async_op ? Py_False : Py_True, NULL);
+    }
+    if (p == NULL) { /* the Python path's except clauses, and its call_done */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(value, tb);
+        PyObject *fargs[5] = {a->comm.obj, call, value, tensor, async_op ? Py_True : Py_False};
+        result = PyObject_Vectorcall(a->failed, fargs, 5, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        goto out;
+    }
+    if (call_done(a, call) < 0) {
+        Py_DECREF(p);
+        goto out;
+    }
+    if (!async_op) {
+        Py_DECREF(p);
+        result = Py_None;
+        Py_INCREF(result);
+        goto out;
+    }
+    PyObject *title = PyObject_GetAttr(call, s_title);
+    PyObject *outputs = title == NULL ? NULL : PyList_New(1);
+    if (outputs != NULL) {
+        Py_INCREF(tensor);
+        PyList_SET_ITEM(outputs, 0, tensor);
+        PyObject *eargs[4] = {Py_None, outputs, title, p};
+        result = PyObject_Vectorcall(a->ended, eargs, 4, NULL);
+    }
+    Py_XDECREF(title);
+    Py_XDECREF(outputs);
+    Py_DECREF(p);
+out:
+    Py_DECREF(call);
+    return result;
+}
+
+static PyObject *
+allreduce_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *group, *comm, *router, *calls, *idle, *history_append, *fp, *dtype, *rop,
+        *shape, *label_var, *new_call, *enqueue, *failed, *ended, *register_call, *gid,
+        *call_type;
+    static char *kwlist[] = {"group", "comm", "router", "calls", "idle", "history_append",
+                             "fp", "dtype", "rop", "shape", "label_var", "new_call",
+                             "enqueue", "failed", "ended", "register_call", "gid",
+                             "call_type", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOOO!OOOOOOO!:AllReduce", kwlist,
+                                     &group, &comm, &router, &calls, &idle, &history_append,
+                                     &fp, &dtype, &rop, &shape, &PyContextVar_Type,
+                                     &label_var, &new_call, &enqueue, &failed, &ended,
+                                     &register_call, &gid, &PyType_Type, &call_type))
+        return NULL;
+    AllReduce *a = (AllReduce *)type->tp_alloc(type, 0);
+    if (a == NULL)
+        return NULL;
+    a->vectorcall = allreduce_vectorcall;
+    static const char *const group_names[] = {"seq", "timeout", NULL};
+    static const char *const comm_names[] = {"doing", "tracer", NULL};
+    static const char *const router_names[] = {"failure", NULL};
+    static const char *const calls_names[] = {"_last", NULL};
+    static const char *const idle_names[] = {"since", NULL};
+    if (attrs_init(&a->group, group, group_names) < 0
+        || attrs_init(&a->comm, comm, comm_names) < 0
+        || attrs_init(&a->router, router, router_names) < 0
+        || attrs_init(&a->calls, calls, calls_names) < 0
+        || attrs_init(&a->idle, idle, idle_names) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+#define KEEP(f) (Py_INCREF(f), a->f = f)
+    KEEP(history_append); KEEP(fp);
+    KEEP(dtype); KEEP(rop); KEEP(shape); KEEP(label_var); KEEP(new_call); KEEP(enqueue);
+    KEEP(failed); KEEP(ended); KEEP(register_call); KEEP(gid);
+#undef KEEP
+    Py_INCREF(call_type);
+    a->call_type = (PyTypeObject *)call_type;
+    a->off_label = slot_offset(a->call_type, "label");
+    a->off_finished = slot_offset(a->call_type, "finished");
+    return (PyObject *)a;
+}
+
+static int
+allreduce_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    AllReduce *a = (AllReduce *)self;
+    ATTRS_VISIT(a->group); ATTRS_VISIT(a->comm); ATTRS_VISIT(a->router);
+    ATTRS_VISIT(a->calls); ATTRS_VISIT(a->idle); Py_VISIT(a->history_append);
+    Py_VISIT(a->fp); Py_VISIT(a->dtype); Py_VISIT(a->rop);
+    Py_VISIT(a->shape); Py_VISIT(a->label_var); Py_VISIT(a->new_call);
+    Py_VISIT(a->enqueue); Py_VISIT(a->failed); Py_VISIT(a->ended); Py_VISIT(a->call_type);
+    Py_VISIT(a->register_call); Py_VISIT(a->gid);
+    return 0;
+}
+
+static int
+allreduce_clear(PyObject *self)
+{
+    AllReduce *a = (AllReduce *)self;
+    ATTRS_CLEAR(a->group); ATTRS_CLEAR(a->comm); ATTRS_CLEAR(a->router);
+    ATTRS_CLEAR(a->calls); ATTRS_CLEAR(a->idle); Py_CLEAR(a->history_append);
+    Py_CLEAR(a->fp); Py_CLEAR(a->dtype); Py_CLEAR(a->rop);
+    Py_CLEAR(a->shape); Py_CLEAR(a->label_var); Py_CLEAR(a->new_call);
+    Py_CLEAR(a->enqueue); Py_CLEAR(a->failed); Py_CLEAR(a->ended); Py_CLEAR(a->call_type);
+    Py_CLEAR(a->register_call); Py_CLEAR(a->gid);
+    return 0;
+}
+
+static void
+allreduce_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    allreduce_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject AllReduce_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rankwise._hotcall.AllReduce",
+    .tp_basicsize = sizeof(AllReduce),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "call(site, async_op, tensor): a kept view's device all_reduce, in C",
+    .tp_new = allreduce_new,
+    .tp_traverse = allreduce_traverse,
+    .tp_clear = allreduce_clear,
+    .tp_dealloc = allreduce_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AllReduce, vectorcall),
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hotcall",
+    "A small device all_reduce's host steps in C (optional; see rankwise.api.collectives).",
+    -1,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__hotcall(void)
+{
+#define NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
+    NAME(s_failed, "failed"); NAME(s_due_at, "due_at"); NAME(s_before, "before");
+    NAME(s_enqueued, "enqueued");
+    NAME(s_started, "started"); NAME(s_engine, "engine"); NAME(s_appended, "appended");
+    NAME(s_pendings, "pendings"); NAME(s_append, "append"); NAME(s_seq, "seq");
+    NAME(s_timeout, "timeout"); NAME(s_label, "label"); NAME(s_doing, "doing");
+    NAME(s_finished, "finished"); NAME(s_last, "_last");
+    NAME(s_since, "since"); NAME(s_tracer, "tracer"); NAME(s_collective, "collective");
+    NAME(s_failure, "failure"); NAME(s_title, "title"); NAME(s_error, "error");
+    NAME(s_work, "work"); NAME(s_wait, "wait");
+#undef NAME
+    if ((one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    if (PyType_Ready(&Enqueue_Type) < 0 || PyType_Ready(&AllReduce_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&Enqueue_Type) < 0
+        || PyModule_AddObjectRef(m, "AllReduce", (PyObject *)&AllReduce_Type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,23 @@
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+class Enqueue:
+    def __init__(self, allreduce: Callable[..., Any], tensors: list[Any], opts: Any,
+                 watchdog: Any, check: Any, name: str, clock: Callable[[], float],
+                 monotonic: bool, ordered: bool, append: Callable[[Any], None],
+                 new_pending: Callable[..., Any], holders: dict[int, Any],
+                 order: Callable[[Any, Any], None],
+                 order_failed: Callable[[Any, BaseException], BaseException] | None,
+                 after: Callable[[], None], call_type: type, pending_type: type,
+                 grace: float) -> None: ...
+    def __call__(self, call: Any, then: bool) -> Any: ...
+
+class AllReduce:
+    def __init__(self, group: Any, comm: Any, router: Any, calls: Any, idle: Any,
+                 history_append: Callable[[Any], None], fp: Any, dtype: Any, rop: Any,
+                 shape: Any, label_var: ContextVar[Any], new_call: Callable[..., Any],
+                 enqueue: Callable[[Any, bool], Any], failed: Callable[..., Any],
+                 ended: Callable[..., Any], register_call: Callable[..., Any] | None,
+                 gid: int, call_type: type) -> None: ...
+    def __call__(self, site: Any, async_op: bool, tensor: Any) -> Any: ...
