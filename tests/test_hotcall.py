@@ -130,7 +130,7 @@ def _records(dist: Any, group: Any, pg: Any, t: Any) -> Any:
 def _both_ways(monkeypatch: pytest.MonkeyPatch, program: Any) -> tuple[Any, Any]:
     """``program``'s outcome with the hot path's steps in Python, then in C."""
     from rankwise.api import collectives
-    from rankwise.engines.torch import engine
+    from rankwise.engines.torch import engine, streams
 
     if collectives._CAllReduce is None:
         pytest.skip("rankwise._hotcall was not built (no compiler at install time)")
@@ -138,6 +138,7 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, program: Any) -> tuple[Any, Any]
     for in_c in (False, True):
         monkeypatch.setattr(collectives, "hot_in_c", in_c)
         monkeypatch.setattr(engine, "hot_in_c", in_c)
+        monkeypatch.setattr(streams, "order_in_c", in_c)
         seen.append(_run(monkeypatch, program))
     return seen[0], seen[1]
 

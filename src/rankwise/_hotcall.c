@@ -9,6 +9,8 @@
  * largest part left over a fake ProcessGroupNCCL (docs/gpu.md, "The glue in C": 29.2 k
  * -> 24.7 k instructions per blocking call, the fake's 4.9 k included).
  *
+ * WorkWait(...)(call, p): the CUDA stream order (DeviceWaits._order_by_work_wait), also
+ * what an async call's Work.wait() ends in.
  * Enqueue(...)(call, then) -> Pending: the engine's part (TorchEngine.hot_all_reduce).
  * AllReduce(...)(site, async_op, tensor) -> None | Work | NotImplemented: begin, the
  * engine's part, call_done; NotImplemented (nothing done) where the Python path must
@@ -73,6 +75,32 @@ slot_store(PyObject *obj, Py_ssize_t off, PyObject *value)
     *at = value;
     Py_XDECREF(old);
 }
+
+/* ---- the module's three callable types, alike but for their fields ----------------- */
+
+static void
+gc_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TYPE(self)->tp_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* A GC-tracked type called by vectorcall: its <prefix>_new, _traverse and _clear. */
+#define CALLABLE_TYPE(var, name, ctype, prefix, doc)                                        \
+    static PyTypeObject var = {                                                             \
+        PyVarObject_HEAD_INIT(NULL, 0)                                                      \
+        .tp_name = name,                                                                    \
+        .tp_basicsize = sizeof(ctype),                                                      \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,   \
+        .tp_doc = doc,                                                                      \
+        .tp_new = prefix##_new,                                                             \
+        .tp_traverse = prefix##_traverse,                                                   \
+        .tp_clear = prefix##_clear,                                                         \
+        .tp_dealloc = gc_dealloc,                                                           \
+        .tp_call = PyVectorcall_Call,                                                       \
+        .tp_vectorcall_offset = offsetof(ctype, vectorcall),                                \
+    }
 
 /* ---- plain attributes of long-lived objects, read in their __dict__ ------------------ */
 
@@ -174,13 +202,10 @@ typedef struct {
     PyObject *append;      /* watchdog.records.append */
     PyObject *new_pending; /* watchdog.new_pending */
     PyObject *holders;     /* streams.holders: a dict by thread id */
-    PyObject *order;       /* the engine's DeviceWaits.order */
-    /* DeviceWaits.order_failed where order is the work's own wait() (CUDA streams): the
-     * wait is made here, and its error mapped by it; else None: order is called */
-    PyObject *order_failed;
+    PyObject *order;       /* the engine's DeviceWaits.order (a WorkWait: called here) */
     PyObject *after;       /* the ring check's after */
-    PyTypeObject *call_type, *pending_type;
-    Py_ssize_t off_started, off_enqueued, off_engine, off_error, off_work;
+    PyTypeObject *call_type;
+    Py_ssize_t off_started, off_enqueued, off_engine;
     double grace;
     int monotonic; /* clock is time.monotonic: read here */
 } Enqueue;
@@ -214,23 +239,66 @@ slot_get(PyTypeObject *type, PyObject *obj, Py_ssize_t off, PyObject *name)
     return PyObject_GetAttr(obj, name);
 }
 
-/* DeviceWaits._order_by_work_wait: the work's own wait() (a stream wait), its error
- * mapped by order_failed (``raise failure from None`` where it is another); 0 or -1 */
+/* obj.<slot at off> = v where obj is exactly `type`, else setattr(obj, name, v) */
 static int
-order_by_work_wait(Enqueue *e, PyObject *call, PyObject *p)
+call_set(PyTypeObject *type, PyObject *call, Py_ssize_t off, PyObject *name, PyObject *v)
 {
-    PyObject *error = slot_get(e->pending_type, p, e->off_error, s_error);
+    if (off >= 0 && Py_TYPE(call) == type) {
+        slot_store(call, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(call, name, v);
+}
+
+/* ---- WorkWait: DeviceWaits._order_by_work_wait ------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *order_failed; /* DeviceWaits.order_failed: maps the wait's error */
+    PyTypeObject *pending_type;
+    Py_ssize_t off_error, off_work;
+} WorkWait;
+
+static PyTypeObject WorkWait_Type;
+
+/* Raise `failure` for `err` as ``raise failure from None`` in err's except clause would
+ * (err itself: as it is); steals neither. */
+static void
+raise_mapped(PyObject *failure, PyObject *err)
+{
+    if (failure == err) {
+        raise_object(err);
+        return;
+    }
+    PyException_SetCause(failure, NULL); /* from None */
+    Py_INCREF(err);
+    PyException_SetContext(failure, err);
+    Py_INCREF(failure);
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(failure)), failure,
+                  PyException_GetTraceback(failure));
+}
+
+/* The settled record's error or the work's own wait() (a stream wait), an error of
+ * either mapped by order_failed; 0 or -1 */
+static int
+work_wait_run(WorkWait *w, PyObject *call, PyObject *p)
+{
+    PyObject *error = slot_get(w->pending_type, p, w->off_error, s_error);
     if (error == NULL)
         return -1;
-    int settled = error != Py_None;
-    Py_DECREF(error);
-    if (settled) { /* the watchdog's verdict: order raises it, mapped */
-        PyObject *args[2] = {call, p};
-        PyObject *r = PyObject_Vectorcall(e->order, args, 2, NULL);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 0;
+    if (error != Py_None) { /* the watchdog's verdict, mapped as the wait's would be */
+        PyObject *args[2] = {call, error};
+        PyObject *failure = PyObject_Vectorcall(w->order_failed, args, 2, NULL);
+        if (failure != NULL) {
+            raise_mapped(failure, error);
+            Py_DECREF(failure);
+        }
+        Py_DECREF(error);
+        return -1;
     }
-    PyObject *work = slot_get(e->pending_type, p, e->off_work, s_work);
+    Py_DECREF(error);
+    PyObject *work = slot_get(w->pending_type, p, w->off_work, s_work);
     if (work == NULL)
         return -1;
     PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
@@ -245,7 +313,7 @@ order_by_work_wait(Enqueue *e, PyObject *call, PyObject *p)
     if (tb != NULL)
         PyException_SetTraceback(value, tb);
     PyObject *args[2] = {call, value};
-    PyObject *failure = PyObject_Vectorcall(e->order_failed, args, 2, NULL);
+    PyObject *failure = PyObject_Vectorcall(w->order_failed, args, 2, NULL);
     if (failure == NULL) {
         Py_XDECREF(type);
         Py_XDECREF(value);
@@ -257,38 +325,65 @@ order_by_work_wait(Enqueue *e, PyObject *call, PyObject *p)
         PyErr_Restore(type, value, tb);
         return -1;
     }
-    PyException_SetCause(failure, NULL);   /* from None */
-    PyException_SetContext(failure, value); /* steals value */
+    raise_mapped(failure, value);
+    Py_DECREF(failure);
     Py_XDECREF(type);
+    Py_XDECREF(value);
     Py_XDECREF(tb);
-    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(failure)), failure,
-                  PyException_GetTraceback(failure));
     return -1;
 }
 
-/* call.<off> (a slot) or getattr(call, name) */
 static PyObject *
-call_get(Enqueue *e, PyObject *call, Py_ssize_t off, PyObject *name)
+work_wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (off >= 0 && Py_TYPE(call) == e->call_type) {
-        PyObject *v = *(PyObject **)((char *)call + off);
-        if (v != NULL) {
-            Py_INCREF(v);
-            return v;
-        }
+    if (PyVectorcall_NARGS(nargsf) != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "order(call, p) takes 2 positional arguments");
+        return NULL;
     }
-    return PyObject_GetAttr(call, name);
+    if (work_wait_run((WorkWait *)self, args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+work_wait_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *order_failed, *pending_type;
+    static char *kwlist[] = {"order_failed", "pending_type", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:WorkWait", kwlist, &order_failed,
+                                     &PyType_Type, &pending_type))
+        return NULL;
+    WorkWait *w = (WorkWait *)type->tp_alloc(type, 0);
+    if (w == NULL)
+        return NULL;
+    w->vectorcall = work_wait_vectorcall;
+    Py_INCREF(order_failed);
+    w->order_failed = order_failed;
+    Py_INCREF(pending_type);
+    w->pending_type = (PyTypeObject *)pending_type;
+    w->off_error = slot_offset(w->pending_type, "error");
+    w->off_work = slot_offset(w->pending_type, "work");
+    return (PyObject *)w;
 }
 
 static int
-call_set(PyTypeObject *type, PyObject *call, Py_ssize_t off, PyObject *name, PyObject *v)
+work_wait_traverse(PyObject *self, visitproc visit, void *arg)
 {
-    if (off >= 0 && Py_TYPE(call) == type) {
-        slot_store(call, off, v);
-        return 0;
-    }
-    return PyObject_SetAttr(call, name, v);
+    Py_VISIT(((WorkWait *)self)->order_failed);
+    Py_VISIT(((WorkWait *)self)->pending_type);
+    return 0;
 }
+
+static int
+work_wait_clear(PyObject *self)
+{
+    Py_CLEAR(((WorkWait *)self)->order_failed);
+    Py_CLEAR(((WorkWait *)self)->pending_type);
+    return 0;
+}
+
+CALLABLE_TYPE(WorkWait_Type, "rankwise._hotcall.WorkWait", WorkWait, work_wait,
+              "order(call, p): DeviceWaits._order_by_work_wait, in C");
 
 /* The closure's steps; a new reference to the record, NULL with an exception set. */
 static PyObject *
@@ -321,7 +416,7 @@ enqueue_run(Enqueue *e, PyObject *call, int then, int after)
         Py_DECREF(r);
     }
     /* who-is-where: the kernel's now (the call's start stands for the enqueue) */
-    PyObject *started = call_get(e, call, e->off_started, s_started);
+    PyObject *started = slot_get(e->call_type, call, e->off_started, s_started);
     if (started == NULL)
         goto done;
     int bad = call_set(e->call_type, call, e->off_enqueued, s_enqueued, started);
@@ -389,8 +484,8 @@ enqueue_run(Enqueue *e, PyObject *call, int then, int after)
                 Py_DECREF(r);
             }
         }
-        if (e->order_failed != Py_None) {
-            if (order_by_work_wait(e, call, p) < 0)
+        if (Py_TYPE(e->order) == &WorkWait_Type) {
+            if (work_wait_run((WorkWait *)e->order, call, p) < 0)
                 goto fail;
         } else {
             PyObject *oargs[2] = {call, p};
@@ -434,20 +529,18 @@ enqueue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     Enqueue *e;
     PyObject *allreduce, *tensors, *opts, *watchdog, *check, *name, *clock, *ordered, *append,
-        *new_pending, *holders, *order, *order_failed, *after, *call_type, *pending_type;
+        *new_pending, *holders, *order, *after, *call_type;
     double grace;
     int monotonic;
     static char *kwlist[] = {"allreduce", "tensors", "opts", "watchdog", "check", "name",
                              "clock", "monotonic", "ordered", "append", "new_pending",
-                             "holders", "order", "order_failed", "after", "call_type",
-                             "pending_type", "grace",
+                             "holders", "order", "after", "call_type", "grace",
                              NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOpOOOO!OOOO!O!d:Enqueue", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOpOOOO!OOO!d:Enqueue", kwlist,
                                      &allreduce, &tensors, &opts, &watchdog, &check, &name,
                                      &clock, &monotonic, &ordered, &append, &new_pending,
-                                     &PyDict_Type, &holders, &order, &order_failed, &after,
-                                     &PyType_Type, &call_type, &PyType_Type, &pending_type,
-                                     &grace))
+                                     &PyDict_Type, &holders, &order, &after,
+                                     &PyType_Type, &call_type, &grace))
         return NULL;
     e = (Enqueue *)type->tp_alloc(type, 0);
     if (e == NULL)
@@ -461,17 +554,13 @@ enqueue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 #define KEEP(f) (Py_INCREF(f), e->f = f)
     KEEP(allreduce); KEEP(tensors); KEEP(opts); KEEP(check); KEEP(name);
     KEEP(clock); KEEP(ordered); KEEP(append); KEEP(new_pending); KEEP(holders);
-    KEEP(order); KEEP(order_failed); KEEP(after);
+    KEEP(order); KEEP(after);
 #undef KEEP
     Py_INCREF(call_type);
     e->call_type = (PyTypeObject *)call_type;
     e->off_started = slot_offset(e->call_type, "started");
     e->off_enqueued = slot_offset(e->call_type, "enqueued");
     e->off_engine = slot_offset(e->call_type, "engine");
-    Py_INCREF(pending_type);
-    e->pending_type = (PyTypeObject *)pending_type;
-    e->off_error = slot_offset(e->pending_type, "error");
-    e->off_work = slot_offset(e->pending_type, "work");
     e->grace = grace;
     e->monotonic = monotonic;
     return (PyObject *)e;
@@ -484,8 +573,7 @@ enqueue_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(e->allreduce); Py_VISIT(e->tensors); Py_VISIT(e->opts); ATTRS_VISIT(e->watchdog);
     Py_VISIT(e->check); Py_VISIT(e->name); Py_VISIT(e->clock); Py_VISIT(e->ordered);
     Py_VISIT(e->append); Py_VISIT(e->new_pending); Py_VISIT(e->holders);
-    Py_VISIT(e->order); Py_VISIT(e->order_failed); Py_VISIT(e->after); Py_VISIT(e->call_type);
-    Py_VISIT(e->pending_type);
+    Py_VISIT(e->order); Py_VISIT(e->after); Py_VISIT(e->call_type);
     return 0;
 }
 
@@ -496,32 +584,12 @@ enqueue_clear(PyObject *self)
     Py_CLEAR(e->allreduce); Py_CLEAR(e->tensors); Py_CLEAR(e->opts); ATTRS_CLEAR(e->watchdog);
     Py_CLEAR(e->check); Py_CLEAR(e->name); Py_CLEAR(e->clock); Py_CLEAR(e->ordered);
     Py_CLEAR(e->append); Py_CLEAR(e->new_pending); Py_CLEAR(e->holders);
-    Py_CLEAR(e->order); Py_CLEAR(e->order_failed); Py_CLEAR(e->after); Py_CLEAR(e->call_type);
-    Py_CLEAR(e->pending_type);
+    Py_CLEAR(e->order); Py_CLEAR(e->after); Py_CLEAR(e->call_type);
     return 0;
 }
 
-static void
-enqueue_dealloc(PyObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    enqueue_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyTypeObject Enqueue_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "rankwise._hotcall.Enqueue",
-    .tp_basicsize = sizeof(Enqueue),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "hot(call, then): TorchEngine.hot_all_reduce's closure, in C",
-    .tp_new = enqueue_new,
-    .tp_traverse = enqueue_traverse,
-    .tp_clear = enqueue_clear,
-    .tp_dealloc = enqueue_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Enqueue, vectorcall),
-};
+CALLABLE_TYPE(Enqueue_Type, "rankwise._hotcall.Enqueue", Enqueue, enqueue,
+              "hot(call, then): TorchEngine.hot_all_reduce's closure, in C");
 
 /* ---- AllReduce: _device_all_reduce with begin and call_done ------------------------- */
 
@@ -791,27 +859,8 @@ allreduce_clear(PyObject *self)
     return 0;
 }
 
-static void
-allreduce_dealloc(PyObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    allreduce_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyTypeObject AllReduce_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "rankwise._hotcall.AllReduce",
-    .tp_basicsize = sizeof(AllReduce),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "call(site, async_op, tensor): a kept view's device all_reduce, in C",
-    .tp_new = allreduce_new,
-    .tp_traverse = allreduce_traverse,
-    .tp_clear = allreduce_clear,
-    .tp_dealloc = allreduce_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(AllReduce, vectorcall),
-};
+CALLABLE_TYPE(AllReduce_Type, "rankwise._hotcall.AllReduce", AllReduce, allreduce,
+              "call(site, async_op, tensor): a kept view's device all_reduce, in C");
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_hotcall",
@@ -836,12 +885,14 @@ PyInit__hotcall(void)
 #undef NAME
     if ((one = PyLong_FromLong(1)) == NULL)
         return NULL;
-    if (PyType_Ready(&Enqueue_Type) < 0 || PyType_Ready(&AllReduce_Type) < 0)
+    if (PyType_Ready(&WorkWait_Type) < 0 || PyType_Ready(&Enqueue_Type) < 0
+        || PyType_Ready(&AllReduce_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&Enqueue_Type) < 0
+    if (PyModule_AddObjectRef(m, "WorkWait", (PyObject *)&WorkWait_Type) < 0
+        || PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&Enqueue_Type) < 0
         || PyModule_AddObjectRef(m, "AllReduce", (PyObject *)&AllReduce_Type) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -2,15 +2,18 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+class WorkWait:
+    def __init__(self, order_failed: Callable[[Any, BaseException], BaseException],
+                 pending_type: type) -> None: ...
+    def __call__(self, call: Any, p: Any) -> None: ...
+
 class Enqueue:
     def __init__(self, allreduce: Callable[..., Any], tensors: list[Any], opts: Any,
                  watchdog: Any, check: Any, name: str, clock: Callable[[], float],
                  monotonic: bool, ordered: bool, append: Callable[[Any], None],
                  new_pending: Callable[..., Any], holders: dict[int, Any],
-                 order: Callable[[Any, Any], None],
-                 order_failed: Callable[[Any, BaseException], BaseException] | None,
-                 after: Callable[[], None], call_type: type, pending_type: type,
-                 grace: float) -> None: ...
+                 order: Callable[[Any, Any], None], after: Callable[[], None],
+                 call_type: type, grace: float) -> None: ...
     def __call__(self, call: Any, then: bool) -> Any: ...
 
 class AllReduce:

@@ -324,11 +324,9 @@ class TorchEngine:
         ordered, checking, thread = device.in_order, check.mode != "off", threading.get_ident
         order = device.order
         if Enqueue is not None and hot_in_c:  # the same steps in C (``rankwise._hotcall``)
-            waits = order == device._order_by_work_wait  # then C makes the work's wait()
             return Enqueue(allreduce, tensors, opts, watchdog, check if checking else None,
                            name, clock, clock is time.monotonic, ordered, append, new_pending,
-                           holders, order, device.order_failed if waits else None, after,
-                           Call, Pending, GRACE)
+                           holders, order, after, Call, GRACE)
 
         def hot(call: Call, then: bool) -> Pending:
             failed = watchdog.failed

@@ -28,6 +28,13 @@ from ...by_thread import ByThread
 from ...errors import DistError, DistTimeout
 from .watchdog import Pending, Watchdog
 
+try:  # the CUDA stream order in C, built by ``pip install`` where a compiler was found
+    from ..._hotcall import WorkWait
+except ImportError:
+    WorkWait = None  # type: ignore[assignment,misc]
+#: tests turn the C order off to run ``DeviceWaits._order_by_work_wait`` (the same)
+order_in_c = True
+
 if TYPE_CHECKING:
     from ..base import Call
 
@@ -290,6 +297,8 @@ class DeviceWaits:
         self.order: Callable[[Call, Pending], None] = \
             self._order_by_work_wait if type(streams).order is CudaStreams.order \
             else self._order_on_streams
+        if WorkWait is not None and order_in_c and self.order == self._order_by_work_wait:
+            self.order = WorkWait(self.order_failed, Pending)  # the same in C
         watchdog.order = self.order  # ``Pending.wait``: an async call's one work
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
