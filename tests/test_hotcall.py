@@ -235,3 +235,57 @@ def test_a_failure_known_before_the_call_is_begins_to_raise(monkeypatch: pytest.
                                                            in_c: bool) -> None:
     said, taken, enqueued = _run(monkeypatch, _known_failure)
     assert "rank 1 is gone" in said and taken == 0 and enqueued == 2
+
+
+def _front_guard(dist: Any, group: Any, pg: Any, t: Any) -> Any:
+    import numpy as np
+
+    from rankwise.api import collectives, profiling
+
+    front = collectives._front
+    total = dist.ReduceOp.SUM
+    dist.all_reduce(t)  # binds the plan
+    said: dict[str, Any] = {"warm": front(t, total, None, False)}
+    work = front(t, total, None, True)
+    said["async"] = type(work).__name__, work.wait()
+    seq = group.seq
+    said["a group named"] = front(t, total, group, False)
+    said["no plan for the op"] = front(t, dist.ReduceOp.MAX, None, False)
+    said["an array"] = front(np.ones(2, dtype=np.float32), total, None, False)
+    said["a subclass"] = front(torch.nn.Parameter(t.clone(), requires_grad=False), total,
+                               None, False)
+    t.requires_grad_(True)
+    said["requires grad"] = front(t, total, None, False)
+    t.requires_grad_(False)
+    group.queued, queued = collectives.Work("a queued call"), group.queued
+    said["a call queued"] = front(t, total, None, False)
+    group.queued = queued
+    recording, on = profiling.recording, profiling.on
+    profiling.recording = profiling.on = lambda: True
+    try:
+        said["a profiler records"] = front(t, total, None, False)
+    finally:
+        profiling.recording, profiling.on = recording, on
+    route, group.device_route = group.device_route, None
+    said["another route"] = front(t, total, None, False)
+    group.device_route = route
+    said["not taken"] = group.seq - seq
+    t.resize_(3)
+    said["resized"] = front(t, total, None, False)
+    return said
+
+
+def test_the_c_checks_take_only_what_the_python_checks_take(
+        monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
+    from rankwise.api import collectives
+
+    if not in_c:  # the Python steps: no plan is bound to C steps, the front takes none
+        said = _run(monkeypatch, lambda dist, group, pg, t: (
+            dist.all_reduce(t), collectives._front(t, dist.ReduceOp.SUM, None, False))[1])
+        assert said is NotImplemented or collectives._front is None
+        return
+    said = _run(monkeypatch, _front_guard)
+    assert said.pop("warm") is None and said.pop("async") == ("_Ended", True)
+    assert said.pop("not taken") == 0
+    assert said == dict.fromkeys(said, NotImplemented)
+    assert len(said) == 9

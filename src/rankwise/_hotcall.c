@@ -239,6 +239,16 @@ slot_get(PyTypeObject *type, PyObject *obj, Py_ssize_t off, PyObject *name)
     return PyObject_GetAttr(obj, name);
 }
 
+/* The object slot at `off` of an instance of exactly `type`, borrowed; NULL where it
+ * is another type or the slot is empty (no exception set). */
+static PyObject *
+slot_get_borrowed(PyTypeObject *type, PyObject *obj, Py_ssize_t off)
+{
+    if (off < 0 || Py_TYPE(obj) != type)
+        return NULL;
+    return *(PyObject **)((char *)obj + off);
+}
+
 /* obj.<slot at off> = v where obj is exactly `type`, else setattr(obj, name, v) */
 static int
 call_set(PyTypeObject *type, PyObject *call, Py_ssize_t off, PyObject *name, PyObject *v)
@@ -808,7 +818,8 @@ allreduce_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (a == NULL)
         return NULL;
     a->vectorcall = allreduce_vectorcall;
-    static const char *const group_names[] = {"seq", "timeout", NULL};
+    static const char *const group_names[] = {"seq", "timeout", "device_route", "engine",
+                                              "queued", NULL};
     static const char *const comm_names[] = {"doing", "tracer", NULL};
     static const char *const router_names[] = {"failure", NULL};
     static const char *const calls_names[] = {"_last", NULL};
@@ -862,6 +873,264 @@ allreduce_clear(PyObject *self)
 CALLABLE_TYPE(AllReduce_Type, "rankwise._hotcall.AllReduce", AllReduce, allreduce,
               "call(site, async_op, tensor): a kept view's device all_reduce, in C");
 
+/* ---- Front: all_reduce's own checks for a kept view's call ------------------------- */
+
+/* all_reduce(tensor, op, group=None, async_op) up to its AllReduce, for the case its
+ * Python checks find: a torch.Tensor (exactly) whose kept view still holds (the checks
+ * of TensorViews.view, in its order), a plain ReduceOp whose plan is bound to the
+ * default group's device route with its steps in C, nothing queued, no profiler
+ * recording. Anything else: NotImplemented, nothing done, and the Python checks run. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *entries;           /* TensorViews' {id(t): (ref, ptr, shape, dtype, buf, memo)} */
+    PyTypeObject *tensor_type;   /* torch.Tensor */
+    PyTypeObject *rop_type;      /* ReduceOp */
+    PyTypeObject *plan_type;     /* api.collectives.Plan */
+    PyObject *world_globals;     /* api.world's module dict (its _world) */
+    PyObject *thread_worlds;     /* api.world._thread_worlds: a dict by thread id */
+    PyObject *profiling_globals; /* api.profiling's module dict (recording, on) */
+    PyObject *capture;           /* identity.callsite.capture */
+    Py_ssize_t off_code, off_factor, off_bound;
+} Front;
+
+static PyTypeObject Front_Type;
+static PyObject *s_data_ptr, *s_shape, *s_dtype, *s_requires_grad, *s_is_contiguous,
+    *s_world, *s_default_group, *s_device_route, *s_queued, *s_recording, *s_on, *two;
+
+/* a profiler records now: api.profiling's ``recording() and on()``; -1 on error */
+static int
+profiling_on(Front *f)
+{
+    static PyObject *const *names[2] = {&s_recording, &s_on};
+    for (int i = 0; i < 2; i++) {
+        PyObject *fn = PyDict_GetItemWithError(f->profiling_globals, *names[i]);
+        if (fn == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        PyObject *r = PyObject_CallNoArgs(fn);
+        int on = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (on <= 0)
+            return on;
+    }
+    return 1;
+}
+
+/* TensorViews.view's hit: 1, 0 (not kept as it is now), -1 on error */
+static int
+view_holds(PyObject *t, PyObject *entry)
+{
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 6)
+        return 0;
+    PyObject *ref = PyTuple_GET_ITEM(entry, 0);
+    if (!PyWeakref_CheckRef(ref) || PyWeakref_GetObject(ref) != t)
+        return 0;
+    PyObject *v = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    int ok = v == NULL ? -1 : PyObject_RichCompareBool(v, PyTuple_GET_ITEM(entry, 1), Py_EQ);
+    Py_XDECREF(v);
+    if (ok <= 0)
+        return ok;
+    v = PyObject_GetAttr(t, s_shape);
+    ok = v == NULL ? -1 : PyObject_RichCompareBool(v, PyTuple_GET_ITEM(entry, 2), Py_EQ);
+    Py_XDECREF(v);
+    if (ok <= 0)
+        return ok;
+    v = PyObject_GetAttr(t, s_dtype);
+    if (v == NULL)
+        return -1;
+    ok = v == PyTuple_GET_ITEM(entry, 3);
+    Py_DECREF(v);
+    if (!ok)
+        return 0;
+    v = PyObject_GetAttr(t, s_requires_grad);
+    ok = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (ok != 0)
+        return ok < 0 ? -1 : 0;
+    v = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+    ok = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    return ok;
+}
+
+/* the kept view's bound plan for op, its AllReduce (borrowed from bound, which is
+ * returned as a new reference in *bound_out); NULL: none (an error set, or not) */
+static PyObject *
+bound_steps(Front *f, PyObject *t, PyObject *op, PyObject **bound_out)
+{
+    *bound_out = NULL;
+    if (slot_get_borrowed(f->rop_type, op, f->off_factor) != Py_None)
+        return NULL;
+    PyObject *code = slot_get_borrowed(f->rop_type, op, f->off_code);
+    PyObject *key = PyLong_FromVoidPtr(t);
+    if (key == NULL || code == NULL) {
+        Py_XDECREF(key);
+        return NULL;
+    }
+    PyObject *entry = PyDict_GetItemWithError(f->entries, key); /* borrowed */
+    Py_DECREF(key);
+    if (entry == NULL)
+        return NULL;
+    /* the plan first (no torch call: a host engine's view has no such plan), then
+     * whether the view still holds (a stale view's plan is never used) */
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 6
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(entry, 5)))
+        return NULL;
+    PyObject *plan = PyDict_GetItemWithError(PyTuple_GET_ITEM(entry, 5), code);
+    PyObject *bound = plan == NULL ? NULL : slot_get_borrowed(f->plan_type, plan,
+                                                              f->off_bound);
+    if (bound == NULL || !PyTuple_CheckExact(bound) || PyTuple_GET_SIZE(bound) != 5
+        || Py_TYPE(PyTuple_GET_ITEM(bound, 4)) != &AllReduce_Type)
+        return NULL;
+    Py_INCREF(entry); /* the checks call torch: entry and bound stay ours meanwhile */
+    Py_INCREF(bound);
+    int holds = view_holds(t, entry);
+    Py_DECREF(entry);
+    if (holds <= 0) {
+        Py_DECREF(bound);
+        return NULL;
+    }
+    *bound_out = bound;
+    return PyTuple_GET_ITEM(bound, 4);
+}
+
+static PyObject *
+front_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Front *f = (Front *)self;
+    if (PyVectorcall_NARGS(nargsf) != 4 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "front(tensor, op, group, async_op) takes 4 "
+                                         "positional arguments");
+        return NULL;
+    }
+    PyObject *t = args[0], *op = args[1];
+    if (args[2] != Py_None || Py_TYPE(t) != f->tensor_type || Py_TYPE(op) != f->rop_type)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *bound, *result = NULL;
+    AllReduce *a = (AllReduce *)bound_steps(f, t, op, &bound);
+    if (a == NULL)
+        goto fallback;
+    /* resolve_group(None): this thread-rank's world, else the process's */
+    PyObject *world = NULL;
+    if (PyDict_GET_SIZE(f->thread_worlds) > 0) {
+        PyObject *me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+        if (me == NULL)
+            goto out;
+        world = PyDict_GetItemWithError(f->thread_worlds, me);
+        Py_DECREF(me);
+        if (world == NULL && PyErr_Occurred())
+            goto out;
+    }
+    if (world == NULL || world == Py_None) {
+        world = PyDict_GetItemWithError(f->world_globals, s_world);
+        if (world == NULL || world == Py_None)
+            goto fallback;
+    }
+    PyObject *g = PyObject_GetAttr(world, s_default_group);
+    if (g == NULL)
+        goto out;
+    int same = g == a->group.obj;
+    Py_DECREF(g);
+    if (!same)
+        goto fallback;
+    /* the plan's route is the group's, nothing is queued, no profiler records */
+    PyObject *route = PyTuple_GET_ITEM(bound, 0);
+    PyObject *v = attrs_get(&a->group, s_device_route);
+    if (v == NULL)
+        goto out;
+    same = v == route;
+    Py_DECREF(v);
+    if (!same || !PyTuple_Check(route) || PyTuple_GET_SIZE(route) < 1)
+        goto fallback;
+    v = attrs_get(&a->group, s_engine);
+    if (v == NULL)
+        goto out;
+    same = v == PyTuple_GET_ITEM(route, 0);
+    Py_DECREF(v);
+    int idle = same ? attrs_is_none(&a->group, s_queued) : 0;
+    if (idle < 0)
+        goto out;
+    if (!idle)
+        goto fallback;
+    int on = profiling_on(f);
+    if (on < 0)
+        goto out;
+    if (on)
+        goto fallback;
+    PyObject *site = PyObject_CallOneArg(f->capture, two);
+    if (site == NULL)
+        goto out;
+    PyObject *cargs[3] = {site, args[3], t};
+    result = allreduce_vectorcall((PyObject *)a, cargs, 3, NULL);
+    Py_DECREF(site);
+    goto out;
+fallback:
+    if (!PyErr_Occurred()) {
+        result = Py_NotImplemented;
+        Py_INCREF(result);
+    }
+out:
+    Py_XDECREF(bound);
+    return result;
+}
+
+static PyObject *
+front_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *entries, *tensor_type, *rop_type, *plan_type, *world_globals, *thread_worlds,
+        *profiling_globals, *capture;
+    static char *kwlist[] = {"entries", "tensor_type", "rop_type", "plan_type",
+                             "world_globals", "thread_worlds", "profiling_globals",
+                             "capture", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!O!O!O!O!O:Front", kwlist,
+                                     &PyDict_Type, &entries, &PyType_Type, &tensor_type,
+                                     &PyType_Type, &rop_type, &PyType_Type, &plan_type,
+                                     &PyDict_Type, &world_globals, &PyDict_Type,
+                                     &thread_worlds, &PyDict_Type, &profiling_globals,
+                                     &capture))
+        return NULL;
+    Front *f = (Front *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    f->vectorcall = front_vectorcall;
+#define KEEP(x) (Py_INCREF(x), f->x = (void *)x)
+    KEEP(entries); KEEP(tensor_type); KEEP(rop_type); KEEP(plan_type); KEEP(world_globals);
+    KEEP(thread_worlds); KEEP(profiling_globals); KEEP(capture);
+#undef KEEP
+    f->off_code = slot_offset(f->rop_type, "code");
+    f->off_factor = slot_offset(f->rop_type, "factor");
+    f->off_bound = slot_offset(f->plan_type, "bound");
+    if (f->off_code < 0 || f->off_factor < 0 || f->off_bound < 0) {
+        Py_DECREF(f);
+        PyErr_SetString(PyExc_TypeError, "Front: ReduceOp and Plan must have their slots");
+        return NULL;
+    }
+    return (PyObject *)f;
+}
+
+static int
+front_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Front *f = (Front *)self;
+    Py_VISIT(f->entries); Py_VISIT(f->tensor_type); Py_VISIT(f->rop_type);
+    Py_VISIT(f->plan_type); Py_VISIT(f->world_globals); Py_VISIT(f->thread_worlds);
+    Py_VISIT(f->profiling_globals); Py_VISIT(f->capture);
+    return 0;
+}
+
+static int
+front_clear(PyObject *self)
+{
+    Front *f = (Front *)self;
+    Py_CLEAR(f->entries); Py_CLEAR(f->tensor_type); Py_CLEAR(f->rop_type);
+    Py_CLEAR(f->plan_type); Py_CLEAR(f->world_globals); Py_CLEAR(f->thread_worlds);
+    Py_CLEAR(f->profiling_globals); Py_CLEAR(f->capture);
+    return 0;
+}
+
+CALLABLE_TYPE(Front_Type, "rankwise._hotcall.Front", Front, front,
+              "front(tensor, op, group, async_op): all_reduce's checks for a kept view, in C");
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_hotcall",
     "A small device all_reduce's host steps in C (optional; see rankwise.api.collectives).",
@@ -882,18 +1151,24 @@ PyInit__hotcall(void)
     NAME(s_since, "since"); NAME(s_tracer, "tracer"); NAME(s_collective, "collective");
     NAME(s_failure, "failure"); NAME(s_title, "title"); NAME(s_error, "error");
     NAME(s_work, "work"); NAME(s_wait, "wait");
+    NAME(s_data_ptr, "data_ptr"); NAME(s_shape, "shape"); NAME(s_dtype, "dtype");
+    NAME(s_requires_grad, "requires_grad"); NAME(s_is_contiguous, "is_contiguous");
+    NAME(s_world, "_world"); NAME(s_default_group, "default_group");
+    NAME(s_device_route, "device_route"); NAME(s_queued, "queued");
+    NAME(s_recording, "recording"); NAME(s_on, "on");
 #undef NAME
-    if ((one = PyLong_FromLong(1)) == NULL)
+    if ((one = PyLong_FromLong(1)) == NULL || (two = PyLong_FromLong(2)) == NULL)
         return NULL;
     if (PyType_Ready(&WorkWait_Type) < 0 || PyType_Ready(&Enqueue_Type) < 0
-        || PyType_Ready(&AllReduce_Type) < 0)
+        || PyType_Ready(&AllReduce_Type) < 0 || PyType_Ready(&Front_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "WorkWait", (PyObject *)&WorkWait_Type) < 0
         || PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&Enqueue_Type) < 0
-        || PyModule_AddObjectRef(m, "AllReduce", (PyObject *)&AllReduce_Type) < 0) {
+        || PyModule_AddObjectRef(m, "AllReduce", (PyObject *)&AllReduce_Type) < 0
+        || PyModule_AddObjectRef(m, "Front", (PyObject *)&Front_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -36,6 +36,7 @@ from ..wire.buffers import (
 from ..wire.device import concat, flat_copy, same_memory
 from ..wire.frames import Op
 from . import profiling
+from . import world as world_module
 from .world import resolve_group
 
 __all__ = [
@@ -274,6 +275,10 @@ def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, name
 
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> Work | None:
+    if _front is not None:  # a kept view's call on the default group, checks and steps in C
+        done = _front(tensor, op, group, async_op)
+        if done is not NotImplemented:
+            return done  # type: ignore[no-any-return]
     g = resolve_group(group)
     if g is None:
         return None
@@ -319,11 +324,20 @@ def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any]]:
 
 
 def _made_views() -> Any:
-    global _views
+    global _views, _front
     if _views is None:
         from .views import TensorViews
         _views = TensorViews()
+        if _CFront is not None:  # ``all_reduce``'s checks below, for its views, in C
+            _front = _CFront(_views.entries, sys.modules["torch"].Tensor, ReduceOp, Plan,
+                             vars(world_module), world_module._thread_worlds,
+                             vars(profiling), capture)
     return _views
+
+
+#: ``all_reduce``'s checks and steps for a kept view's call in C (``_hotcall.Front``),
+#: made with the views; NotImplemented from it: the checks below run
+_front: Any = None
 
 
 class Plan:
@@ -380,9 +394,11 @@ Bound = tuple[tuple[Engine, Engine, int], Fingerprint, "Callable[..., Any] | Non
 try:  # ``_device_all_reduce``'s steps in C, built by ``pip install`` where it found a compiler
     from .._hotcall import AllReduce as _CAllReduce
     from .._hotcall import Enqueue as _CEnqueue
+    from .._hotcall import Front as _CFront
 except ImportError:
     _CAllReduce = None  # type: ignore[assignment,misc]
     _CEnqueue = None  # type: ignore[assignment,misc]
+    _CFront = None  # type: ignore[assignment,misc]
 #: tests turn the C steps off to run the Python ones (both give the same records)
 hot_in_c = True
 

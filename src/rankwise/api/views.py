@@ -49,6 +49,13 @@ class TensorViews:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def entries(self) -> dict[int, Any]:
+        """``{id(t): (weakref, data_ptr, shape, dtype, view, memo)}``: read, never
+        written, by ``all_reduce``'s checks in C (``_hotcall.Front``), which make
+        ``view``'s checks of a kept entry in the same order."""
+        return self._entries
+
     def view(self, t: torch.Tensor, what: str) -> tuple[Buffer, dict[Any, Any]]:
         """The writable flat view of ``t`` and its memo (empty when the view is new);
         raises ``InvalidArgument`` as ``as_buffer`` does (a cached tensor was checked when
