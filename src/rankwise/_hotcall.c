@@ -7,7 +7,7 @@
  * Why C: each step is a few attribute reads and stores, and the interpreter's dispatch
  * of ~240 bytecodes over six frames was half of rankwise's own host time per call, the
  * largest part left over a fake ProcessGroupNCCL (docs/gpu.md, "The glue in C": 29.2 k
- * -> 24.7 k instructions per blocking call, the fake's 4.9 k included).
+ * -> 19.1 k instructions per blocking call, the fake's 4.9 k included).
  *
  * WorkWait(...)(call, p): the CUDA stream order (DeviceWaits._order_by_work_wait), also
  * what an async call's Work.wait() ends in.
@@ -15,6 +15,9 @@
  * AllReduce(...)(site, async_op, tensor) -> None | Work | NotImplemented: begin, the
  * engine's part, call_done; NotImplemented (nothing done) where the Python path must
  * run (a failure known to the router before the call: begin's own path raises it).
+ * Front(...)(tensor, op, group, async_op) -> None | Work | NotImplemented: all_reduce's
+ * own checks of a kept view's call, then its AllReduce; NotImplemented (nothing done)
+ * for any other call: all_reduce's Python checks run.
  * What either does not do itself it hands to the Python functions it was given: the
  * watchdog's appended tail, the stream order, the ring check, a failed call's report. */
 
