@@ -690,11 +690,12 @@ begin(AllReduce *a, PyObject *site)
                              started, a->shape};
         call = PyObject_Vectorcall(a->new_call, args, 9, NULL);
     }
-    Py_DECREF(next);
     Py_XDECREF(deadline);
     Py_XDECREF(started);
-    if (call == NULL)
+    if (call == NULL) {
+        Py_DECREF(next);
         return NULL;
+    }
     PyObject *label;
     if (PyContextVar_Get(a->label_var, NULL, &label) < 0)
         goto fail;
@@ -710,18 +711,16 @@ begin(AllReduce *a, PyObject *site)
         goto fail;
     Py_DECREF(r);
     if (a->register_call != Py_None) {
-        PyObject *seq_now = PyObject_GetAttr(call, s_seq);
-        if (seq_now == NULL)
-            goto fail;
-        PyObject *rargs[3] = {a->gid, seq_now, a->fp};
+        PyObject *rargs[3] = {a->gid, next, a->fp};
         r = PyObject_Vectorcall(a->register_call, rargs, 3, NULL);
-        Py_DECREF(seq_now);
         if (r == NULL)
             goto fail;
         Py_DECREF(r);
     }
+    Py_DECREF(next);
     return call;
 fail:
+    Py_DECREF(next);
     Py_DECREF(call);
     return NULL;
 }
@@ -926,8 +925,19 @@ view_holds(PyObject *t, PyObject *entry)
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 6)
         return 0;
     PyObject *ref = PyTuple_GET_ITEM(entry, 0);
-    if (!PyWeakref_CheckRef(ref) || PyWeakref_GetObject(ref) != t)
+    if (!PyWeakref_CheckRef(ref))
         return 0;
+#if PY_VERSION_HEX >= 0x030D0000 /* PyWeakref_GetObject is deprecated from 3.13 */
+    PyObject *target;
+    if (PyWeakref_GetRef(ref, &target) < 0)
+        return -1;
+    Py_XDECREF(target); /* compared as a pointer only: t is alive, held by our caller */
+    if (target != t)
+        return 0;
+#else
+    if (PyWeakref_GetObject(ref) != t)
+        return 0;
+#endif
     PyObject *v = PyObject_CallMethodNoArgs(t, s_data_ptr);
     int ok = v == NULL ? -1 : PyObject_RichCompareBool(v, PyTuple_GET_ITEM(entry, 1), Py_EQ);
     Py_XDECREF(v);
