@@ -12,7 +12,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from typing import Any
 
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
+from .companions import live_linger, say, start_live, start_watchdog, stop_watchdog
 from .elastic import Round, await_round, close_rounds, join_round
 from .foreign_alarm import ForeignAlarm
 from .nodewatch import Detached, DetachedPeers, NodeWatch, as_death
@@ -70,11 +70,6 @@ class JobOptions:
     #: ``stop`` (default: a failed rank ends the job) or ``continue`` (docs/recovery.md)
     on_failure: str = "stop"
     respawn: int = 0
-
-
-def _say(text: str) -> None:
-    sys.stdout.flush()
-    print(text, file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -168,36 +163,6 @@ def resolve_job_token(opts: JobOptions) -> tuple[str | None, str]:
     return None, "none"
 
 
-def _start_watchdog(marker: str, run_dir: str) -> subprocess.Popen[bytes] | None:
-    """The process that kills whatever of the job outlives the launcher and removes
-    ``run_dir`` (``watchdog.py``)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
-    try:
-        return subprocess.Popen([sys.executable, "-I", script, marker, run_dir],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-    except OSError as exc:
-        _say(f"rankwise run: warning: could not start the watchdog ({exc}); processes the "
-             "workers start may outlive a killed launcher")
-        return None
-
-
-def _stop_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
-    """Close its pipe (it then kills anything of the job still running) and wait for it."""
-    if watchdog is None:
-        return
-    assert watchdog.stdin is not None
-    watchdog.stdin.close()
-    try:
-        watchdog.wait(15.0)
-    except subprocess.TimeoutExpired:
-        watchdog.kill()
-        watchdog.wait()
-
-
 def run_job(opts: JobOptions) -> int:
     """Run the job on this node; return the exit code the launcher should exit with."""
     run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
@@ -209,12 +174,12 @@ def run_job(opts: JobOptions) -> int:
     watchdog: subprocess.Popen[bytes] | None = None
     token, origin = resolve_job_token(opts)
     if origin == "none":
-        _say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
+        say("rankwise run: warning: no shared token (RANKWISE_TOKEN_FILE, RANKWISE_TOKEN or "
              "--token-file); anyone who reaches the store port can read and change this "
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
-    alarm = ForeignAlarm(token, _say)
-    torch_store = TorchStoreHost(_say)
+    alarm = ForeignAlarm(token, say)
+    torch_store = TorchStoreHost(say)
     try:
         try:
             hosts = opts.max_nodes == 1 or opts.node_rank in (None, 0)
@@ -224,22 +189,24 @@ def run_job(opts: JobOptions) -> int:
             if opts.max_nodes > 1:
                 first = _first_round(opts, port)
                 if first is None:
-                    _say("rankwise run: the job ended, or has no restart left, before a next "
+                    say("rankwise run: the job ended, or has no restart left, before a next "
                          "rendezvous round opened; this node was not needed")
                     return 0
                 rounds.append(first)
                 node_rank, nnodes = first.node_rank, first.nnodes
         except DistError as exc:
-            _say(f"rankwise run: {exc}")
+            say(f"rankwise run: {exc}")
             return 1
         base_env = dict(os.environ)
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
-        live = _start_live(opts, port, nnodes) if server is not None else None
+        live = (start_live(opts.live, opts.master_addr, port, opts.token,
+                           opts.nproc * nnodes if opts.max_nodes == 1 else 0)
+                if server is not None else None)
         if opts.live:  # ranks publish for the page if node 0 serves one (a store key says)
             base_env["RANKWISE_LIVE"] = "1"
         alarm.marker = marker
-        watchdog = _start_watchdog(marker, run_dir)
+        watchdog = start_watchdog(marker, run_dir)
         base_env.pop("RANKWISE_TOKEN_FILE", None)  # the token itself is what workers get
         if opts.token:
             # the environment, never the command line: /proc/<pid>/environ is readable by
@@ -272,41 +239,15 @@ def run_job(opts: JobOptions) -> int:
         for rnd in rounds:
             rnd.watch.stop()
         runner.drain(2.0)
-        _stop_watchdog(watchdog)
+        stop_watchdog(watchdog)
         if notices is not None:
             notices.close()
         if live is not None:
-            live.close(_live_linger())
+            live.close(live_linger())
         torch_store.close()
         if server is not None:
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _start_live(opts: JobOptions, port: int, nnodes: int) -> Any | None:
-    """The live page (``rankwise.live``) on the node that hosts the store, its address
-    printed; None when turned off (``--no-live``) or when it cannot start."""
-    if not opts.live:
-        return None
-    from ..live.serve import start_page
-
-    try:
-        page = start_page(opts.live, opts.master_addr, port, opts.token,
-                          opts.nproc * nnodes if opts.max_nodes == 1 else 0)
-    except (OSError, ValueError, DistError) as exc:
-        _say(f"rankwise run: the live page could not start on {opts.live} ({exc}); "
-             "running without it")
-        return None
-    _say(f"rankwise run: live page at {page.url}")
-    return page
-
-
-def _live_linger() -> float:
-    """``RANKWISE_LIVE_LINGER``: seconds the live page stays up after the job ended."""
-    try:
-        return max(0.0, float(os.environ.get("RANKWISE_LIVE_LINGER", "0")))
-    except ValueError:
-        return 0.0
 
 
 def _finish(peers: StorePeers, watch: NodeWatch | None, code: int, nnodes: int, hosting: bool,
@@ -333,7 +274,7 @@ def _clients(opts: JobOptions, port: int) -> Callable[[float | None], Any]:
 
 def _join(opts: JobOptions, port: int, number: int, node_rank: int) -> Round:
     return join_round(number, _clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                      opts.rdzv_id or "none", node_rank, opts.timeout, _say)
+                      opts.rdzv_id or "none", node_rank, opts.timeout, say)
 
 
 def _first_round(opts: JobOptions, port: int) -> Round | None:
@@ -344,10 +285,10 @@ def _first_round(opts: JobOptions, port: int) -> Round | None:
     except RendezvousClosed as exc:
         if opts.min_nodes == opts.max_nodes or opts.max_restarts == 0:
             raise
-        _say(f"rankwise run: {exc}; waiting (up to --timeout {opts.timeout:g}s) to join at "
+        say(f"rankwise run: {exc}; waiting (up to --timeout {opts.timeout:g}s) to join at "
              f"the job's next restart")
     return await_round(_clients(opts, port), opts.nproc, opts.min_nodes, opts.max_nodes,
-                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout, _say)
+                       opts.rdzv_id or "none", opts.max_restarts, opts.timeout, say)
 
 
 def _release_waiting_nodes(opts: JobOptions, port: int, current: int) -> None:
@@ -408,7 +349,7 @@ def _next_round(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port: 
     agent.config = replace(agent.config, node_rank=new.node_rank, nnodes=new.nnodes)
     agent.peers = DetachedPeers(new.peers, runner)
     new.watch.start(agent.abort)
-    _say(f"rankwise run: rendezvous round {new.number}: {new.nnodes} node(s), this is node "
+    say(f"rankwise run: rendezvous round {new.number}: {new.nnodes} node(s), this is node "
          f"{new.node_rank}; {new.nnodes * opts.nproc} ranks")
 
 
@@ -420,7 +361,7 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
             result = agent.run_attempt(attempt)
             if result.interrupted_by is not None:
                 name = signal.Signals(result.interrupted_by).name
-                _say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
+                say(f"rankwise run: stopped by {name}; every rank was signalled and has exited")
                 return 128 + result.interrupted_by
             if not result.failed:
                 dropped = _dropped_ranks(opts, port, attempt)
@@ -429,17 +370,17 @@ def _run_attempts(agent: LocalAgent, opts: JobOptions, rounds: list[Round], port
             rnd = rounds[-1] if rounds else None
             short = _too_few_left(result, opts, rnd, attempt) if attempt < opts.max_restarts else ""
             if short:
-                _say(short)
+                say(short)
             elif attempt < opts.max_restarts and _may_restart(result, opts, rnd):
                 cause = root_cause(result.outcomes)
                 what = cause_line(cause) if cause else (result.remote_failure or result.aborted)
-                _say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
+                say(f"rankwise run: attempt {attempt} failed ({what}); restarting the group "
                      f"(restart {attempt + 1} of {opts.max_restarts})")
                 if rounds:
                     try:
                         _next_round(agent, opts, rounds, port, runner)
                     except DistError as exc:
-                        _say(f"rankwise run: could not meet the other nodes again: {exc}")
+                        say(f"rankwise run: could not meet the other nodes again: {exc}")
                         return 1
                 continue
             return _report(result, attempt, opts, rnd.peers if rnd else None,
@@ -479,7 +420,7 @@ def _went_on(result: AttemptResult, dropped: list[str]) -> int:
     """The end of a job that lost ranks and finished without them: say which were lost,
     and exit with ``LOST_RANKS_EXIT`` so a script can tell it from a clean run."""
     lost = [cause_line(o) for o in result.lost] + result.lost_nodes + dropped
-    _say("rankwise run: the job finished, but lost ranks on the way (--on-failure="
+    say("rankwise run: the job finished, but lost ranks on the way (--on-failure="
          "continue):\n  " + "\n  ".join(lost) + f"\nrankwise run: exit status "
          f"{LOST_RANKS_EXIT} (ranks were lost; the others finished)")
     return LOST_RANKS_EXIT
@@ -502,7 +443,7 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
     if lost and watch is not None:
         lost = as_death(watch, lost, result.outcomes)
     if lost:  # a lost node is the root cause of whatever failed after it
-        _say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
+        say(format_summary(result.outcomes, restarts="", launcher_cause=lost))
         return 1
     cause = root_cause([o for o in (local, remote) if o is not None])
     remote_line = cause_line(remote) if remote is not None and cause is remote else ""
@@ -513,7 +454,7 @@ def _report(result: AttemptResult, attempt: int, opts: JobOptions, peers: StoreP
     # the launcher's own reason, unless a rank failed on its own before it
     launcher_line = result.aborted if local is None or local.secondary else ""
     restarts = f"{attempt} of {opts.max_restarts} restarts used" if opts.max_restarts else ""
-    _say(format_summary(result.outcomes, restarts=restarts, remote_cause=remote_line,
+    say(format_summary(result.outcomes, restarts=restarts, remote_cause=remote_line,
                         launcher_cause=launcher_line))
     if launcher_line:
         return 1
