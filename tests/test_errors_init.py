@@ -64,9 +64,9 @@ def test_world_size_disagreement_fails_every_process_at_once() -> None:
 def _join_as_version(rank: int, world: int, port: int, versions: list[str],
                      timeout: float) -> float:
     """``_join`` as a process whose rankwise says it is ``versions[rank]``."""
-    from rankwise.api import init
+    from rankwise.api import rendezvous
 
-    init.__version__ = versions[rank]  # type: ignore[attr-defined]
+    rendezvous.__version__ = versions[rank]
     return _join(rank, world, port, list(range(world)), [world] * world, timeout)
 
 

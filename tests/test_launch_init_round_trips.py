@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rankwise.api.init import _rendezvous
 from rankwise.api.init_done import wait_all_initialized
+from rankwise.api.rendezvous import rendezvous as _rendezvous
 from rankwise.errors import InvalidArgument
 from rankwise.store import HashStore, PrefixStore
 
