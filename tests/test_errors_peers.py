@@ -305,5 +305,7 @@ def test_unanswered_waits_end_at_the_timeout_naming_the_call(tmp_path: Any) -> N
     for info, bound in ((short, 0.5), (recv, 2.0)):
         assert "DistTimeout" in info["mro"], info
         assert bound - 0.1 < info["elapsed"] < bound + 2.0, info
+        # the report names the limit that applied: wait(timeout=) or the group's
+        assert f"timed out after {bound:g}s in recv" in info["message"], info["message"]
     line = line_of(__file__, "# RECV-HERE")
     assert "rank 1" in recv["message"] and f"{ME}:{line}" in recv["message"], recv["message"]

@@ -81,9 +81,10 @@ def _finish_recv(g: ProcessGroup, pending: Pending, buf: Buffer, src: int, tag: 
     site = capture()
     comm = g.comm
     started = time.time()
+    limit = g.timeout if timeout is None else timeout  # the one the error then names
     frame = _in_recv(g, src, tag, lambda: comm.wait(
-        pending, time.monotonic() + (g.timeout if timeout is None else timeout),
-        lambda: f"rank {comm.rank} timed out after {g.timeout:.0f}s in recv from {who} "
+        pending, time.monotonic() + limit,
+        lambda: f"rank {comm.rank} timed out after {limit:g}s in recv from {who} "
                 f"(tag {tag}) at {site.short}: no matching send arrived",
     ), site)
     if comm.tracer is not None:
