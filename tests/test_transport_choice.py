@@ -53,8 +53,20 @@ def w_job(rank: int, size: int, port: int, hosts: str) -> Any:
     return kinds
 
 
-def _run(hosts: str, transport: str, **env: str) -> list[Any]:
-    return run_ranks(w_job, len(hosts), args=(free_port(), hosts), init=False,
+def w_job_without_shm(rank: int, size: int, port: int, hosts: str) -> Any:
+    """``w_job`` where shared memory cannot be used: every segment fails to open."""
+    from rankwise.shmem.errors import ShmUnavailable
+    from rankwise.transport import shm
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ShmUnavailable("shared memory refused by the test")
+
+    shm.open_segment = refuse  # type: ignore[assignment]
+    return w_job(rank, size, port, hosts)
+
+
+def _run(hosts: str, transport: str, job: Any = w_job, **env: str) -> list[Any]:
+    return run_ranks(job, len(hosts), args=(free_port(), hosts), init=False,
                      timeout=TIMEOUT, env={"RANKWISE_TRANSPORT": transport,
                                            "RANKWISE_ENGINE": "tcp", **env})
 
@@ -79,7 +91,7 @@ def test_shm_across_hosts_is_an_error_on_every_rank() -> None:
 
 @pytest.mark.procs
 def test_auto_falls_back_to_tcp_when_shared_memory_is_unusable() -> None:
-    results = _run("AAA", "auto", RANKWISE_SHM_METHOD="no-such-method")
+    results = _run("AAA", "auto", job=w_job_without_shm)
     assert all(r.ok for r in results), [r.traceback or r.message for r in results]
     assert all(set(r.value.values()) == {"TcpTransport"} for r in results)
 

@@ -8,9 +8,9 @@ every rank as an exception naming the rank, the operation and the user's file:li
 
 from __future__ import annotations
 
-import os as _os
 from typing import Any as _Any
 
+from . import config as _config
 from ._version import __version__ as __version__
 from .api.collectives import (
     all_gather,
@@ -145,7 +145,7 @@ def __getattr__(name: str) -> _Any:
     raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
 
 
-if _os.environ.get("RANKWISE_LAUNCHED") == "1":
+if _config.flag("RANKWISE_LAUNCHED"):
     try:
         from .launch.worker import install_worker_hooks as _install_worker_hooks
 

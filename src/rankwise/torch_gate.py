@@ -18,9 +18,10 @@ check (at your own risk: to try a newer torch).
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
+
+from . import config
 
 __all__ = ["SUPPORTED", "check_torch", "supported"]
 
@@ -41,7 +42,7 @@ def supported(version: str) -> bool:
 
 def check_torch(torch: Any = None) -> None:
     """Refuse (``ImportError``, one line) a torch outside ``SUPPORTED``."""
-    if os.environ.get(ANY_ENV, "").strip() in ("1", "true", "yes"):
+    if config.flag(ANY_ENV):
         return
     if torch is None:
         import torch

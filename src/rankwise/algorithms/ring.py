@@ -11,12 +11,12 @@ all ranks end bit-identical.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..wire import hugepages
 from .link import Array, Handle, Lane, Link
 
@@ -28,9 +28,9 @@ __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segmen
 #: frames were many or ragged. Bandwidth ratio to gloo, 1 MiB -> 4 MiB segments:
 #: 3-rank ring at 4 MiB 0.85 -> 1.03; 4 ranks at 64 MiB 1.09 -> 1.15; 5 ranks at
 #: 16 MiB 0.99 -> 1.12. A chunk bigger than this is still forwarded piece by piece.
-SEGMENT_BYTES = int(os.environ.get("RANKWISE_SEGMENT_BYTES", str(4 << 20)))
+SEGMENT_BYTES = config.integer("RANKWISE_SEGMENT_BYTES")
 #: chunks at least this big wait for the right neighbour's clear-to-send before step 0
-CTS_BYTES = int(os.environ.get("RANKWISE_CTS_BYTES", str(1 << 20)))
+CTS_BYTES = config.integer("RANKWISE_CTS_BYTES")
 _EMPTY = np.empty(0, np.uint8)
 
 

@@ -12,14 +12,14 @@ for the whole job).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import config
 from ..core.work import Work
-from ..errors import DistTimeout, InvalidArgument
+from ..errors import DistTimeout
 from ..identity.calls import Fingerprint
 from ..identity.callsite import CallSite
 from ..wire.frames import Kind, Op
@@ -48,9 +48,7 @@ def _call(fn: Callable[[], None]) -> None:
 
 def enabled(engine_name: str) -> bool:
     """The switch (validated before any I/O): see the module's doc."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise InvalidArgument(f"{ENV}={raw!r} must be 0 (host memory) or 1 (NCCL)")
+    raw = config.choice(ENV)
     return raw == "1" or (raw == "" and engine_name == "nccl")
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .. import config
 from ..errors import DeadlockError, DistError
 from ..wire.frames import Kind, encode_header
 from .deadlock import CONFIRM_GAP, find_deadlock, snapshot
@@ -105,13 +105,9 @@ class Notes:
 
 
 def _env_after() -> float:
-    if os.environ.get("RANKWISE_DEADLOCK", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not config.flag("RANKWISE_DEADLOCK"):
         return math.inf
-    try:
-        value = float(os.environ.get("RANKWISE_DEADLOCK_AFTER", "") or 1.0)
-    except ValueError:
-        return 1.0
-    return value if value > 0 else 1.0
+    return config.number("RANKWISE_DEADLOCK_AFTER")
 
 
 class DeadlockWatch:

@@ -21,11 +21,11 @@ pays for none of it beyond a clock read per wait.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import config
 from ..checks.deadlock import blocked_state
 from ..checks.prober import DeadlockWatch
 from ..checks.report import build_report, format_where
@@ -48,11 +48,7 @@ _COLL = int(Kind.COLL)
 
 
 def _env_seconds(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return value if value > 0 else default
+    return config.number(name, default)
 
 
 class Communicator:

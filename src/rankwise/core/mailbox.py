@@ -4,7 +4,6 @@ matches frames to them."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import config
 from ..errors import DistTimeout
 from ..identity.calls import Fingerprint
 from ..wire.buffers import dtype_by_code
@@ -91,11 +91,7 @@ OVERHEAD = 256
 
 
 def env_bytes(name: str, default: int) -> int:
-    try:
-        value = int(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return value if value > 0 else default
+    return config.integer(name, default)
 
 
 #: defaults of the parking caps (read from the environment when a Router is made)

@@ -8,7 +8,6 @@ control plane. Algorithm choice by size lives here, not in the API.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import algorithms as alg
+from .. import config
 from ..algorithms.link import Lane, Link
 from ..engines.base import Array, Call
 from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
@@ -35,11 +35,11 @@ _pack = HEADER.pack
 _LANE_FLAGS = {Lane.DATA: 0, Lane.CTS: int(Flag.CTS), Lane.GATHER: int(Flag.GATHER)}
 
 #: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
-RING_THRESHOLD = int(os.environ.get("RANKWISE_RING_THRESHOLD", str(256 << 10)))
-ALLREDUCE_ALGORITHM = os.environ.get("RANKWISE_ALLREDUCE", "auto")
+RING_THRESHOLD = config.integer("RANKWISE_RING_THRESHOLD")
+ALLREDUCE_ALGORITHM = config.choice("RANKWISE_ALLREDUCE")
 #: from this size a blocking collective reads its own frames (transport.drive_begin):
 #: the hand-over costs a few wake-ups, each saved frame hand-off one or two
-DRIVE_BYTES = int(os.environ.get("RANKWISE_DRIVE_BYTES", str(256 << 10)))
+DRIVE_BYTES = config.integer("RANKWISE_DRIVE_BYTES")
 
 
 #: from this group size a crowded job (``transport.crowding``) reduces small messages up a

@@ -8,9 +8,9 @@ short timeouts, and nothing here may raise: the original error is what matters.
 
 from __future__ import annotations
 
-import os
 import sys
 
+from .. import config
 from .findings import Finding
 from .inputs import gather
 from .probes import GpuProbes, NetProbes
@@ -37,7 +37,7 @@ def init_findings(hosting: bool | None, token: bytes | None) -> list[Finding]:
 def explain_init_failure(exc: BaseException, hosting: bool | None,
                          token: bytes | None = None) -> None:
     """Attach the findings to ``exc`` (a note, shown with its traceback); never raises."""
-    if os.environ.get("RANKWISE_DOCTOR", "1") in ("0", "false", "no"):
+    if not config.flag("RANKWISE_DOCTOR"):
         return
     try:
         findings = init_findings(hosting, token)

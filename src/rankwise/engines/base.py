@@ -12,14 +12,14 @@ group-local.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy.typing as npt
 
-from ..errors import DistError, InvalidArgument
+from .. import config
+from ..errors import DistError
 from ..identity.calls import describe, op_name
 from ..slots import fast_new
 from ..wire.buffers import DType, ReduceOp
@@ -36,15 +36,12 @@ Array = npt.NDArray[Any]
 
 #: how engines whose data rankwise does not own check calls (``core.ring_check``)
 CHECK_ENV = "RANKWISE_CHECK"
-CHECK_MODES = ("async", "sync", "off")
+CHECK_MODES = config.choices(CHECK_ENV)
 
 
 def check_mode() -> str:
     """The check mode the environment asks for, validated before any I/O."""
-    value = os.environ.get(CHECK_ENV, "async").strip().lower() or "async"
-    if value not in CHECK_MODES:
-        raise InvalidArgument(f"{CHECK_ENV}={value!r} is not one of {', '.join(CHECK_MODES)}")
-    return value
+    return config.choice(CHECK_ENV)
 
 
 class EngineUnavailable(DistError):

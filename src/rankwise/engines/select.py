@@ -23,10 +23,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import config
 from ..errors import DistError, InvalidArgument
 from ..shmem.host import host_identity
 from ..store.gather import gather
@@ -43,7 +43,7 @@ __all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_mi
 log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
-ENGINES = ("auto", "tcp", "shm", "tiers", "torch-gloo")
+ENGINES = config.choices(ENGINE_ENV)
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the
@@ -58,9 +58,7 @@ def requested_engine(backend: str | None = None) -> str:
     by_backend = ENGINE_BACKENDS.get(parse_backend(backend).cpu if backend else "")
     value = by_backend
     if value is None:
-        value = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
-        if value not in ENGINES:
-            raise InvalidArgument(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}")
+        value = config.choice(ENGINE_ENV)
     if value.startswith("torch-") and importlib.util.find_spec("torch") is None:
         how = f"backend {backend!r}" if by_backend else f"{ENGINE_ENV}={value}"
         raise InvalidArgument(f"{how} needs torch, which is not installed: pip install torch, "

@@ -16,12 +16,12 @@ hosts carry the call's, so a disagreement anywhere is found on every side.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import config
 from ..wire.buffers import ReduceOp, divide_in_place
 from .base import Array, Call
 from .shm_engine import ShmEngine
@@ -33,7 +33,7 @@ __all__ = ["TIERS_BYTES", "TieredEngine"]
 
 #: all_reduce from this size goes through the tiers; smaller calls are latency-bound,
 #: and the message engine's recursive doubling is one hop fewer
-TIERS_BYTES = int(os.environ.get("RANKWISE_TIERS_BYTES", str(256 << 10)))
+TIERS_BYTES = config.integer("RANKWISE_TIERS_BYTES")
 
 _local = threading.local()
 

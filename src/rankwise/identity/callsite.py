@@ -27,6 +27,8 @@ import zlib
 from dataclasses import dataclass
 from types import FrameType
 
+from .. import config
+
 __all__ = ["CallSite", "calling", "capture", "enabled", "is_library", "set_enabled", "site_text",
            "skip_directory", "stack_of"]
 
@@ -53,8 +55,7 @@ _skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)
 
 #: RANKWISE_DIAGNOSIS=0 turns call-site capture off (every call gets UNKNOWN): the switch
 #: that ``benchmarks/diagnosis.py`` flips to measure what diagnosis costs
-_enabled = os.environ.get("RANKWISE_DIAGNOSIS", "1").strip().lower() not in ("0", "false",
-                                                                            "no", "off")
+_enabled = config.flag("RANKWISE_DIAGNOSIS")
 
 
 def enabled() -> bool:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+from .. import config
 from ..errors import DistError
 
 __all__ = ["live_linger", "say", "start_live", "start_watchdog", "stop_watchdog"]
@@ -73,7 +74,4 @@ def start_live(live: str | None, master_addr: str, port: int, token: str | None,
 
 def live_linger() -> float:
     """``RANKWISE_LIVE_LINGER``: seconds the live page stays up after the job ended."""
-    try:
-        return max(0.0, float(os.environ.get("RANKWISE_LIVE_LINGER", "0")))
-    except ValueError:
-        return 0.0
+    return config.number("RANKWISE_LIVE_LINGER")

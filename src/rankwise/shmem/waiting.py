@@ -25,6 +25,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from .. import config
+
 __all__ = ["YIELD_ENV", "Arrivals", "Policy", "policy_for", "usable_cpus"]
 
 YIELD_ENV = "RANKWISE_SHM_YIELD_US"
@@ -56,10 +58,8 @@ class Policy:
 
 
 def _env_us(name: str, default: float) -> float:
-    try:
-        return max(0.0, float(os.environ[name])) * 1e-6
-    except (KeyError, ValueError):
-        return default
+    value = config.number(name, math.nan)
+    return default if math.isnan(value) else value * 1e-6
 
 
 def policy_for(nranks: int) -> Policy:

@@ -344,9 +344,9 @@ class TCPStore(Store):
                 if _dead_connection(exc):
                     raise StoreError(
                         f"the connection to the store at {self._peer} died during {what}: its "
-                        f"host stopped answering TCP keepalive probes (RANKWISE_HEARTBEAT_"
-                        f"TIMEOUT); likely a network partition, the host down or a frozen "
-                        f"process"
+                        f"host stopped answering TCP keepalive probes "
+                        f"(RANKWISE_HEARTBEAT_TIMEOUT); likely a network partition, the host "
+                        "down or a frozen process"
                     ) from exc
                 if isinstance(exc, socket.timeout) or isinstance(exc.__cause__, socket.timeout):
                     raise DistTimeout(

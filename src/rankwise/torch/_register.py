@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from .. import config
 from ..api import init as _init
 from ..api.world import current, maybe_current
 from ..errors import InvalidArgument
@@ -36,13 +37,11 @@ from ._cuda_backend import DEVICES, attach_cuda
 
 __all__ = ["install"]
 
-_TRUE = ("1", "true", "True", "yes")
 _views: list[TorchStoreView] = []  #: the store views handed to torch, kept alive
 
 
 def _launched_by_rankwise() -> bool:
-    return os.environ.get("RANKWISE_LAUNCHED") == "1" and (
-        os.environ.get("RANKWISE_AGENT_STORE") in _TRUE)
+    return config.flag("RANKWISE_LAUNCHED") and config.flag("RANKWISE_AGENT_STORE")
 
 
 def _wrap_env_handler(torch_handler: Callable[..., Iterator[Any]]

@@ -21,11 +21,11 @@ the mesh costs little and the first calls pay no handshakes; lazy from there). O
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from typing import Protocol
 
-from ..errors import DistError, DistNetworkError, InvalidArgument
+from .. import config
+from ..errors import DistError, DistNetworkError
 from ..shmem.errors import ShmUnavailable
 from ..shmem.host import host_identity
 from ..shmem.segment import StoreLike
@@ -41,9 +41,9 @@ __all__ = ["CONNECT_ENV", "LAZY_FROM", "TRANSPORTS", "TRANSPORT_ENV", "connects_
 log = logging.getLogger("rankwise")
 
 TRANSPORT_ENV = "RANKWISE_TRANSPORT"
-TRANSPORTS = ("tcp", "shm", "auto")
+TRANSPORTS = config.choices(TRANSPORT_ENV)
 CONNECT_ENV = "RANKWISE_CONNECT"
-CONNECTS = ("auto", "eager", "lazy")
+CONNECTS = config.choices(CONNECT_ENV)
 #: from this many ranks on, connections are opened on demand (docs/scale.md, "Connections")
 LAZY_FROM = 32
 
@@ -56,18 +56,14 @@ class _Store(StoreLike, Protocol):
 
 def requested_transport() -> str:
     """The transport the environment asks for, validated before any I/O."""
-    value = os.environ.get(TRANSPORT_ENV, "tcp").strip().lower() or "tcp"
-    if value not in TRANSPORTS:
-        raise InvalidArgument(f"{TRANSPORT_ENV}={value!r} is not one of {', '.join(TRANSPORTS)}")
+    value = config.choice(TRANSPORT_ENV)
     connects_lazily(2)  # a bad RANKWISE_CONNECT is refused before any I/O too
     return value
 
 
 def connects_lazily(world_size: int) -> bool:
     """Whether a tcp job of ``world_size`` ranks opens its connections on demand."""
-    value = os.environ.get(CONNECT_ENV, "auto").strip().lower() or "auto"
-    if value not in CONNECTS:
-        raise InvalidArgument(f"{CONNECT_ENV}={value!r} is not one of {', '.join(CONNECTS)}")
+    value = config.choice(CONNECT_ENV)
     return value == "lazy" or (value == "auto" and world_size >= LAZY_FROM)
 
 

@@ -8,10 +8,9 @@ twice the heartbeat timeout, so the heartbeat's more precise report comes first.
 
 from __future__ import annotations
 
-import os
 import socket
 
-from ..errors import InvalidArgument
+from .. import config
 
 __all__ = ["DEFAULT_TIMEOUT", "heartbeat_timeout", "keep_alive"]
 
@@ -23,17 +22,7 @@ _ENV = "RANKWISE_HEARTBEAT_TIMEOUT"
 def heartbeat_timeout() -> float:
     """``RANKWISE_HEARTBEAT_TIMEOUT`` in seconds; 0 turns heartbeats off; a bad value is
     refused at once (a typo must not silently disable failure detection)."""
-    raw = os.environ.get(_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidArgument(f"{_ENV} must be a number of seconds (0 turns heartbeats off), "
-                         f"got {raw!r}") from None
-    if not value >= 0:  # negative, or nan
-        raise InvalidArgument(f"{_ENV} must be >= 0 seconds, got {raw!r}")
-    return value
+    return config.number(_ENV, DEFAULT_TIMEOUT)
 
 
 def keep_alive(sock: socket.socket, timeout: float | None = None) -> None:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import socket
 from dataclasses import dataclass
 
+from .. import config
 from ..errors import AuthError, DistNetworkError
 
 __all__ = ["NotRankwiseEndpoint", "PendingProof", "ServerHandshake", "client_handshake",
@@ -65,9 +65,10 @@ def resolve_token(token: str | bytes | None) -> bytes | None:
     """The token to use: the explicit argument, else ``RANKWISE_TOKEN``, else the file
     named by ``RANKWISE_TOKEN_FILE``, else none."""
     if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
-    if token is None and os.environ.get(TOKEN_FILE_ENV):
-        token = read_token_file(os.environ[TOKEN_FILE_ENV])
+        token = config.text(TOKEN_ENV)
+    path = config.text(TOKEN_FILE_ENV)
+    if token is None and path:
+        token = read_token_file(path)
     if token is None:
         return None
     raw = token.encode() if isinstance(token, str) else bytes(token)

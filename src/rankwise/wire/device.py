@@ -19,14 +19,13 @@ flag: the check sits on every call's path.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidArgument
+from .. import config
 
 __all__ = ["TENSOR_PATH_ENV", "concat", "device_dtype", "flat", "flat_copy", "host_empty",
            "is_tensor", "same_memory", "tensor_path", "to_host", "to_tensor"]
@@ -41,10 +40,7 @@ def tensor_path() -> str:
     """The test switch's value ("" when off), validated (``init_process_group`` calls this
     before any I/O, so a typo is an error rather than a silently untested path)."""
     global CPU_TENSORS
-    mode = os.environ.get(TENSOR_PATH_ENV, "").strip().lower()
-    if mode not in _MODES:
-        raise InvalidArgument(f"{TENSOR_PATH_ENV}={mode!r} is not one of "
-                              f"{', '.join(repr(m) for m in _MODES)} (a test switch)")
+    mode = config.choice(TENSOR_PATH_ENV)
     CPU_TENSORS = mode != ""
     return mode
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -35,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .. import config
 
 __all__ = ["MIN_BYTES", "PAGE", "advise", "empty", "enabled"]
 
@@ -67,7 +68,7 @@ def _get_madvise() -> Callable[[int, int, int], int] | None:
 
 
 def _load() -> Callable[[int, int, int], int] | None:
-    if os.environ.get("RANKWISE_HUGEPAGES", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not config.flag("RANKWISE_HUGEPAGES"):
         return None
     if not sys.platform.startswith("linux"):
         return None

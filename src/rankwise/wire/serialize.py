@@ -10,7 +10,6 @@ Anything else raises ``InvalidArgument`` that explains the opt-in: ``allow_pickl
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import struct
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..errors import InvalidArgument
 from .host_view import host_view
 
@@ -41,7 +41,7 @@ _TORCH_OK = frozenset((
 def pickle_allowed(flag: bool | None) -> bool:
     if flag is not None:
         return bool(flag)
-    return os.environ.get(_PICKLE_ENV, "") not in ("", "0", "false", "False")
+    return config.flag(_PICKLE_ENV)
 
 
 def _opt_in_help(what: str) -> str:
