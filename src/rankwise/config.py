@@ -46,7 +46,7 @@ class Var:
     def accepts(self) -> str:
         """What the variable takes, for its error and README's table."""
         if self.kind == "flag":
-            return "1 or 0 (also true/false, yes/no, on/off)"
+            return "1/0, true/false, yes/no, on/off"
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
         if self.kind in ("int", "number"):
