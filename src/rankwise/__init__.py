@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any as _Any
 
-from . import config as _config
+from . import settings as _settings
 from ._version import __version__ as __version__
 from .api.collectives import (
     all_gather,
@@ -145,7 +145,7 @@ def __getattr__(name: str) -> _Any:
     raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
 
 
-if _config.flag("RANKWISE_LAUNCHED"):
+if _settings.flag("RANKWISE_LAUNCHED"):
     try:
         from .launch.worker import install_worker_hooks as _install_worker_hooks
 

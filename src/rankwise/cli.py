@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import config
+from . import settings
 from .launch.job import JobOptions, run_job
 
 __all__ = ["build_parser", "main", "parse_nnodes", "parse_run_args"]
@@ -240,8 +240,8 @@ def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | Non
     from .errors import AuthError
     from .wire.auth import read_token_file
 
-    path = ns.token_file or (None if ns.token or config.text("RANKWISE_TOKEN")
-                             else config.text("RANKWISE_TOKEN_FILE"))
+    path = ns.token_file or (None if ns.token or settings.text("RANKWISE_TOKEN")
+                             else settings.text("RANKWISE_TOKEN_FILE"))
     if path:
         try:
             return read_token_file(path)
@@ -251,7 +251,7 @@ def _token(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | Non
         print("rankwise run: warning: --token is visible to every user of this machine "
               "(ps, /proc/<pid>/cmdline); use --token-file or RANKWISE_TOKEN instead",
               file=sys.stderr)
-    return ns.token or config.text("RANKWISE_TOKEN")
+    return ns.token or settings.text("RANKWISE_TOKEN")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

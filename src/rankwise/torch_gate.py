@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import config
+from . import settings
 
 __all__ = ["SUPPORTED", "check_torch", "supported"]
 
@@ -42,7 +42,7 @@ def supported(version: str) -> bool:
 
 def check_torch(torch: Any = None) -> None:
     """Refuse (``ImportError``, one line) a torch outside ``SUPPORTED``."""
-    if config.flag(ANY_ENV):
+    if settings.flag(ANY_ENV):
         return
     if torch is None:
         import torch

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from .. import settings
 from ..wire import hugepages
 from .link import Array, Handle, Lane, Link
 
@@ -28,9 +28,9 @@ __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter", "segmen
 #: frames were many or ragged. Bandwidth ratio to gloo, 1 MiB -> 4 MiB segments:
 #: 3-rank ring at 4 MiB 0.85 -> 1.03; 4 ranks at 64 MiB 1.09 -> 1.15; 5 ranks at
 #: 16 MiB 0.99 -> 1.12. A chunk bigger than this is still forwarded piece by piece.
-SEGMENT_BYTES = config.integer("RANKWISE_SEGMENT_BYTES")
+SEGMENT_BYTES = settings.integer("RANKWISE_SEGMENT_BYTES")
 #: chunks at least this big wait for the right neighbour's clear-to-send before step 0
-CTS_BYTES = config.integer("RANKWISE_CTS_BYTES")
+CTS_BYTES = settings.integer("RANKWISE_CTS_BYTES")
 _EMPTY = np.empty(0, np.uint8)
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..errors import InvalidArgument
 from ..identity.calls import COMM_LABEL
 from ..wire.reduce_op import ReduceOp, coerce_reduce_op
@@ -84,7 +84,7 @@ def is_torchelastic_launched() -> bool:
     """True under torchrun (as torch: ``TORCHELASTIC_RUN_ID`` is set) and under
     ``rankwise run``, which exports the same env:// variables: code that asks this to
     choose env:// initialization then does the right thing under either launcher."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or config.flag("RANKWISE_LAUNCHED")
+    return "TORCHELASTIC_RUN_ID" in os.environ or settings.flag("RANKWISE_LAUNCHED")
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:

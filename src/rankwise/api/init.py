@@ -12,7 +12,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..checks.groups import GroupEntry, agree_on_group
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup, seconds
@@ -56,7 +56,7 @@ __all__ = [
     "new_group",
 ]
 
-DEFAULT_TIMEOUT = config.number("RANKWISE_TIMEOUT")
+DEFAULT_TIMEOUT = settings.number("RANKWISE_TIMEOUT")
 #: the plain backend names init_process_group accepts on every machine (``"nccl"`` and
 #: the ``"cpu:gloo,cuda:nccl"`` forms too where NCCL can run: ``engines.backends``)
 BACKENDS = frozenset(("tcp", "gloo", "cpu:gloo", "cpu:tcp", "torch-gloo", "cpu:torch-gloo"))
@@ -106,7 +106,7 @@ def init_process_group(
     if maybe_current() is not None:
         raise InvalidArgument("init_process_group was already called in this process; call "
                               "destroy_process_group() first to re-initialize")
-    config.check_all()  # every RANKWISE_* variable's value, before any I/O
+    settings.check_all()  # every RANKWISE_* variable's value, before any I/O
     tensor_path()  # the test switch (wire.device), read before the backend's checks
     backend_name = _check_backend(backend)
     requested_engine(backend_name)  # a bad RANKWISE_ENGINE fails here, before any connection
@@ -120,7 +120,7 @@ def init_process_group(
     if store is not None and init_method is not None:
         raise InvalidArgument("pass either store= or init_method=, not both")
     secret = resolve_token(token)
-    restart = config.text("RANKWISE_RESTART_COUNT") or \
+    restart = settings.text("RANKWISE_RESTART_COUNT") or \
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
 
     # arguments and environment first: their errors are raised before any I/O, and are
@@ -138,11 +138,11 @@ def init_process_group(
             store = _open_store(spec, timeout_s, secret, prove_with_first_request=True)
         stage = "rendezvous"
         base = PrefixStore(f"rankwise/{restart}", store)
-        bind = config.text("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
+        bind = settings.text("RANKWISE_BIND_ADDR") or local_address_for(master_addr)
         plan = WorldSpec(store, base, backend_name, timeout_s, bind, secret, device,
                          device_id, group_name)
         generation, launch_ranks, admitted = 0, tuple(range(world_size)), 0
-        if config.flag(JOIN_ENV):  # a late or restarted process: ``api.recovery``
+        if settings.flag(JOIN_ENV):  # a late or restarted process: ``api.recovery``
             from ..recovery.agreement import await_ticket, request_admission
 
             ticket = await_ticket(base, request_admission(base, rank), timeout_s)
@@ -159,7 +159,7 @@ def init_process_group(
         raise
     world = start_world(plan, scoped, rank, world_size, transport, generation, joined=joined)
     world.launch_ranks, world.admitted = launch_ranks, admitted
-    world.joined = config.flag(JOIN_ENV)
+    world.joined = settings.flag(JOIN_ENV)
 
 
 #: set (to "1") in a process that joins a running job (``rankwise.grow``) instead of
@@ -218,7 +218,7 @@ def start_world(plan: WorldSpec, scoped: Any, rank: int, world_size: int, transp
     _set_watcher(plan.store, _store_watcher(comm))
     set_world(world)
     _install_hooks()
-    if config.flag("RANKWISE_LIVE"):  # `rankwise run` serves the live page
+    if settings.flag("RANKWISE_LIVE"):  # `rankwise run` serves the live page
         _start_live(comm)
     if comm.dumper is not None:
         install_signal_dumps(lambda: getattr(maybe_current(), "comm", None))

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import settings
 from ..core.work import Work
 from ..errors import DistTimeout
 from ..identity.calls import Fingerprint
@@ -48,7 +48,7 @@ def _call(fn: Callable[[], None]) -> None:
 
 def enabled(engine_name: str) -> bool:
     """The switch (validated before any I/O): see the module's doc."""
-    raw = config.choice(ENV)
+    raw = settings.choice(ENV)
     return raw == "1" or (raw == "" and engine_name == "nccl")
 
 

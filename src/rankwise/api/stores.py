@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from .. import config
+from .. import settings
 from ..errors import (
     InvalidArgument,
     RendezvousError,
@@ -127,7 +127,7 @@ def _under_torchrun_agent() -> bool:
     (``TORCHELASTIC_USE_AGENT_STORE``): it speaks torch's store protocol, not rankwise's.
     (``rankwise run`` sets torchrun's variables too, for torch code, but serves a
     rankwise store.)"""
-    return ("TORCHELASTIC_RUN_ID" in os.environ and not config.flag("RANKWISE_LAUNCHED")
+    return ("TORCHELASTIC_RUN_ID" in os.environ and not settings.flag("RANKWISE_LAUNCHED")
             and _agent())
 
 

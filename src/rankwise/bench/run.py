@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .. import config
+from .. import settings
 from .patterns import PATTERNS, Pattern
 from .report import PLOT_HINT, format_tables, plot
 from .worker import OPS, WorkerConfig
@@ -262,7 +262,7 @@ def _launch(cfg: WorkerConfig, n: int) -> dict[str, Any] | None:
         raw = os.path.join(tmp, "raw.json")
         cmd = [sys.executable, "-u", "-m", "rankwise.bench.run", *_worker_argv(cfg, raw)]
         code = run_job(JobOptions(cmd=cmd, nproc=n, prefix=False, timeout=300.0,
-                                  token=config.text("RANKWISE_TOKEN")))
+                                  token=settings.text("RANKWISE_TOKEN")))
         if code != 0 or not os.path.exists(raw):
             _note(f"the {n}-rank job failed (exit code {code}); its output is above")
             return None

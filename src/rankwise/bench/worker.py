@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .. import config
+from .. import settings
 from .patterns import Pattern, timed_batch
 
 __all__ = ["OPS", "WorkerConfig", "bus_factor", "run_worker"]
@@ -399,7 +399,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
     rank, n = env.rank, env.world_size
     mpi, comm, mpi_version = _start_mpi() if cfg.mpi else (None, None, "")
     addr, port = _master(rank, comm)
-    launched = config.flag("RANKWISE_AGENT_STORE")  # the launcher hosts the store
+    launched = settings.flag("RANKWISE_AGENT_STORE")  # the launcher hosts the store
     base = TCPStore(addr, port, is_master=rank == 0 and not launched,
                     timeout=timedelta(seconds=_INIT_TIMEOUT_S))
     use_torch = cfg.gloo or _has_torch()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import settings
 from ..errors import DeadlockError, DistError
 from ..wire.frames import Kind, encode_header
 from .deadlock import CONFIRM_GAP, find_deadlock, snapshot
@@ -105,9 +105,9 @@ class Notes:
 
 
 def _env_after() -> float:
-    if not config.flag("RANKWISE_DEADLOCK"):
+    if not settings.flag("RANKWISE_DEADLOCK"):
         return math.inf
-    return config.number("RANKWISE_DEADLOCK_AFTER")
+    return settings.number("RANKWISE_DEADLOCK_AFTER")
 
 
 class DeadlockWatch:

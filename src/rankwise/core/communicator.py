@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..checks.deadlock import blocked_state
 from ..checks.prober import DeadlockWatch
 from ..checks.report import build_report, format_where
@@ -48,7 +48,7 @@ _COLL = int(Kind.COLL)
 
 
 def _env_seconds(name: str, default: float) -> float:
-    return config.number(name, default)
+    return settings.number(name, default)
 
 
 class Communicator:

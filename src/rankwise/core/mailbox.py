@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import config
+from .. import settings
 from ..errors import DistTimeout
 from ..identity.calls import Fingerprint
 from ..wire.buffers import dtype_by_code
@@ -91,7 +91,7 @@ OVERHEAD = 256
 
 
 def env_bytes(name: str, default: int) -> int:
-    return config.integer(name, default)
+    return settings.integer(name, default)
 
 
 #: defaults of the parking caps (read from the environment when a Router is made)

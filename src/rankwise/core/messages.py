@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import algorithms as alg
-from .. import config
+from .. import settings
 from ..algorithms.link import Lane, Link
 from ..engines.base import Array, Call
 from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
@@ -35,11 +35,11 @@ _pack = HEADER.pack
 _LANE_FLAGS = {Lane.DATA: 0, Lane.CTS: int(Flag.CTS), Lane.GATHER: int(Flag.GATHER)}
 
 #: below this many bytes all_reduce uses recursive doubling (latency), above it the ring
-RING_THRESHOLD = config.integer("RANKWISE_RING_THRESHOLD")
-ALLREDUCE_ALGORITHM = config.choice("RANKWISE_ALLREDUCE")
+RING_THRESHOLD = settings.integer("RANKWISE_RING_THRESHOLD")
+ALLREDUCE_ALGORITHM = settings.choice("RANKWISE_ALLREDUCE")
 #: from this size a blocking collective reads its own frames (transport.drive_begin):
 #: the hand-over costs a few wake-ups, each saved frame hand-off one or two
-DRIVE_BYTES = config.integer("RANKWISE_DRIVE_BYTES")
+DRIVE_BYTES = settings.integer("RANKWISE_DRIVE_BYTES")
 
 
 #: from this group size a crowded job (``transport.crowding``) reduces small messages up a

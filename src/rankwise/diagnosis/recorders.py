@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import config
+from .. import settings
 from .dump import Dumper
 from .trace import Tracer
 
@@ -18,9 +18,9 @@ __all__ = ["attach_recorders"]
 
 def attach_recorders(comm: Any) -> None:
     """Give ``comm`` the recorders the environment asks for (none by default)."""
-    trace_dir = config.text("RANKWISE_TRACE")
+    trace_dir = settings.text("RANKWISE_TRACE")
     if trace_dir:
         comm.tracer = Tracer(trace_dir, comm.rank)
-    dump_dir = config.text("RANKWISE_DUMP")
+    dump_dir = settings.text("RANKWISE_DUMP")
     if dump_dir:
         comm.dumper = Dumper(dump_dir, comm)

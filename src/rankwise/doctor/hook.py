@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import config
+from .. import settings
 from .findings import Finding
 from .inputs import gather
 from .probes import GpuProbes, NetProbes
@@ -37,7 +37,7 @@ def init_findings(hosting: bool | None, token: bytes | None) -> list[Finding]:
 def explain_init_failure(exc: BaseException, hosting: bool | None,
                          token: bytes | None = None) -> None:
     """Attach the findings to ``exc`` (a note, shown with its traceback); never raises."""
-    if not config.flag("RANKWISE_DOCTOR"):
+    if not settings.flag("RANKWISE_DOCTOR"):
         return
     try:
         findings = init_findings(hosting, token)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .. import config
+from .. import settings
 from .findings import Finding, Severity
 from .inputs import Inputs
 
@@ -15,14 +15,14 @@ __all__ = ["check_token"]
 
 
 def check_token(inp: Inputs) -> list[Finding]:
-    path = inp.token_file or config.text("RANKWISE_TOKEN_FILE", inp.env)
+    path = inp.token_file or settings.text("RANKWISE_TOKEN_FILE", inp.env)
     found: list[Finding] = []
     if path:
         found += _token_file(path)
-        if config.text("RANKWISE_TOKEN", inp.env) and not inp.token_file:
+        if settings.text("RANKWISE_TOKEN", inp.env) and not inp.token_file:
             found.append(Finding("token", Severity.INFO,
                                  "RANKWISE_TOKEN is set, so RANKWISE_TOKEN_FILE is not read"))
-    elif not config.text("RANKWISE_TOKEN", inp.env) and inp.multi_node():
+    elif not settings.text("RANKWISE_TOKEN", inp.env) and inp.multi_node():
         found.append(Finding(
             "token", Severity.WARNING, "a job over several nodes without a shared token",
             "neither RANKWISE_TOKEN nor RANKWISE_TOKEN_FILE is set",

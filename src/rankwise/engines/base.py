@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy.typing as npt
 
-from .. import config
+from .. import settings
 from ..errors import DistError
 from ..identity.calls import describe, op_name
 from ..slots import fast_new
@@ -36,12 +36,12 @@ Array = npt.NDArray[Any]
 
 #: how engines whose data rankwise does not own check calls (``core.ring_check``)
 CHECK_ENV = "RANKWISE_CHECK"
-CHECK_MODES = config.choices(CHECK_ENV)
+CHECK_MODES = settings.choices(CHECK_ENV)
 
 
 def check_mode() -> str:
     """The check mode the environment asks for, validated before any I/O."""
-    return config.choice(CHECK_ENV)
+    return settings.choice(CHECK_ENV)
 
 
 class EngineUnavailable(DistError):

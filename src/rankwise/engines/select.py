@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import settings
 from ..errors import DistError, InvalidArgument
 from ..shmem.host import host_identity
 from ..store.gather import gather
@@ -43,7 +43,7 @@ __all__ = ["ENGINES", "ENGINE_BACKENDS", "ENGINE_ENV", "choose_engine", "cuda_mi
 log = logging.getLogger("rankwise")
 
 ENGINE_ENV = "RANKWISE_ENGINE"
-ENGINES = config.choices(ENGINE_ENV)
+ENGINES = settings.choices(ENGINE_ENV)
 
 
 #: backend names that pick an engine themselves (every other CPU backend name leaves the
@@ -58,7 +58,7 @@ def requested_engine(backend: str | None = None) -> str:
     by_backend = ENGINE_BACKENDS.get(parse_backend(backend).cpu if backend else "")
     value = by_backend
     if value is None:
-        value = config.choice(ENGINE_ENV)
+        value = settings.choice(ENGINE_ENV)
     if value.startswith("torch-") and importlib.util.find_spec("torch") is None:
         how = f"backend {backend!r}" if by_backend else f"{ENGINE_ENV}={value}"
         raise InvalidArgument(f"{how} needs torch, which is not installed: pip install torch, "

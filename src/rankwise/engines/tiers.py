@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import config
+from .. import settings
 from ..wire.buffers import ReduceOp, divide_in_place
 from .base import Array, Call
 from .shm_engine import ShmEngine
@@ -33,7 +33,7 @@ __all__ = ["TIERS_BYTES", "TieredEngine"]
 
 #: all_reduce from this size goes through the tiers; smaller calls are latency-bound,
 #: and the message engine's recursive doubling is one hop fewer
-TIERS_BYTES = config.integer("RANKWISE_TIERS_BYTES")
+TIERS_BYTES = settings.integer("RANKWISE_TIERS_BYTES")
 
 _local = threading.local()
 

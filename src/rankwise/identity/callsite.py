@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass
 from types import FrameType
 
-from .. import config
+from .. import settings
 
 __all__ = ["CallSite", "calling", "capture", "enabled", "is_library", "set_enabled", "site_text",
            "skip_directory", "stack_of"]
@@ -55,7 +55,7 @@ _skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)
 
 #: RANKWISE_DIAGNOSIS=0 turns call-site capture off (every call gets UNKNOWN): the switch
 #: that ``benchmarks/diagnosis.py`` flips to measure what diagnosis costs
-_enabled = config.flag("RANKWISE_DIAGNOSIS")
+_enabled = settings.flag("RANKWISE_DIAGNOSIS")
 
 
 def enabled() -> bool:

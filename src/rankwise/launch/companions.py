@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..errors import DistError
 
 __all__ = ["live_linger", "say", "start_live", "start_watchdog", "stop_watchdog"]
@@ -74,4 +74,4 @@ def start_live(live: str | None, master_addr: str, port: int, token: str | None,
 
 def live_linger() -> float:
     """``RANKWISE_LIVE_LINGER``: seconds the live page stays up after the job ended."""
-    return config.number("RANKWISE_LIVE_LINGER")
+    return settings.number("RANKWISE_LIVE_LINGER")

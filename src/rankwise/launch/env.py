@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .. import config
+from .. import settings
 from ..errors import RendezvousError
 
 __all__ = [
@@ -96,7 +96,7 @@ def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
 
 
 def _torchrun(environ: Mapping[str, str]) -> ClusterEnv:
-    source = "rankwise" if config.flag("RANKWISE_LAUNCHED", environ) else "torchrun"
+    source = "rankwise" if settings.flag("RANKWISE_LAUNCHED", environ) else "torchrun"
     addr, port = _master(environ)
     rank = _int(environ, "RANK", source)
     return ClusterEnv(
@@ -175,7 +175,7 @@ def uses_agent_store(environ: Mapping[str, str]) -> bool:
     """Whether a launcher already serves the store (then rank 0 connects as a client
     instead of hosting it): the flag :func:`worker_environment` sets."""
     yes = ("1", "true", "True", "yes")
-    return (config.flag("RANKWISE_AGENT_STORE", environ)
+    return (settings.flag("RANKWISE_AGENT_STORE", environ)
             or environ.get("TORCHELASTIC_USE_AGENT_STORE") in yes)
 
 

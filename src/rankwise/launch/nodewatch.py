@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.heartbeat import heartbeat_timeout
 from ..errors import DistError
 from ..store.base import Store
+from ..transport.keepalive import heartbeat_timeout
 from .rendezvous import PREFIX
 from .summary import WorkerOutcome
 

@@ -32,7 +32,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from .. import config
+from .. import settings
 
 __all__ = ["Terminated", "install_worker_hooks", "one_line", "write_error_file"]
 
@@ -63,7 +63,7 @@ def write_error_file(
 
     Created with O_EXCL so that of two threads failing at once only the first is recorded.
     """
-    path = path or config.text(ERROR_FILE_ENV)
+    path = path or settings.text(ERROR_FILE_ENV)
     if not path:
         return False
     record: dict[str, Any] = {
@@ -145,7 +145,7 @@ def install_worker_hooks() -> None:
     def excepthook(
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
-        if not config.text(ERROR_FILE_ENV):
+        if not settings.text(ERROR_FILE_ENV):
             previous_hook(exc_type, exc, tb)
             return
         # the launcher prints the traceback once, in its summary (from the error file):

@@ -20,7 +20,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..checks.report import _state
 from ..identity.stacks import current_frames
 
@@ -171,14 +171,14 @@ def start_publisher(comm: Any) -> LivePublisher | None:
     in the worker's environment, and the page's key in the job's store: every node's
     launcher sets the variable, only node 0's serves the page), connected to the job's
     store; else None."""
-    if not config.flag("RANKWISE_LIVE"):
+    if not settings.flag("RANKWISE_LIVE"):
         return None
     from ..store import TCPStore
 
     try:
         store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                          is_master=False, timeout=timedelta(seconds=5),
-                         token=config.text("RANKWISE_TOKEN"))
+                         token=settings.text("RANKWISE_TOKEN"))
     except Exception:  # noqa: BLE001 - no page is better than a failed job
         return None
     try:
@@ -188,7 +188,7 @@ def start_publisher(comm: Any) -> LivePublisher | None:
     if not served:
         store.close()
         return None
-    attempt = config.integer("RANKWISE_RESTART_COUNT", 0)
+    attempt = settings.integer("RANKWISE_RESTART_COUNT", 0)
     global _current
     publisher = _current = LivePublisher(comm, store, attempt)
     publisher.publish()

@@ -25,7 +25,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .. import config
+from .. import settings
 
 __all__ = ["YIELD_ENV", "Arrivals", "Policy", "policy_for", "usable_cpus"]
 
@@ -58,7 +58,7 @@ class Policy:
 
 
 def _env_us(name: str, default: float) -> float:
-    value = config.number(name, math.nan)
+    value = settings.number(name, math.nan)
     return default if math.isnan(value) else value * 1e-6
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import config
+from .. import settings
 from ..errors import DistTimeout
 
 __all__ = ["RankResult", "free_port", "run_ranks"]
@@ -27,7 +27,7 @@ def _context() -> Any:
     imported once in the server, or ``spawn`` (``RANKWISE_TEST_START=spawn``). A spawned
     rank of a torch test imported torch again (~1.6 s of CPU each, hundreds of ranks per
     suite run); a forked one starts in milliseconds, and still a fresh process per run."""
-    method = config.choice("RANKWISE_TEST_START")
+    method = settings.choice("RANKWISE_TEST_START")
     if method != "forkserver" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
@@ -123,7 +123,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, 
     threading.Thread(target=_exit_at, args=(deadline + ORPHAN_GRACE,), daemon=True).start()
     import rankwise
 
-    if config.choice("RANKWISE_ENGINE").startswith("torch"):
+    if settings.choice("RANKWISE_ENGINE").startswith("torch"):
         # ``elapsed`` bounds how fast rankwise reacts; importing torch (seconds on a
         # loaded machine) is not part of that
         import torch  # noqa: F401

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from .. import config
+from .. import settings
 from ..api import init as _init
 from ..api.world import current, maybe_current
 from ..errors import InvalidArgument
@@ -41,7 +41,7 @@ _views: list[TorchStoreView] = []  #: the store views handed to torch, kept aliv
 
 
 def _launched_by_rankwise() -> bool:
-    return config.flag("RANKWISE_LAUNCHED") and config.flag("RANKWISE_AGENT_STORE")
+    return settings.flag("RANKWISE_LAUNCHED") and settings.flag("RANKWISE_AGENT_STORE")
 
 
 def _wrap_env_handler(torch_handler: Callable[..., Iterator[Any]]

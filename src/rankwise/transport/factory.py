@@ -24,7 +24,7 @@ import logging
 import socket
 from typing import Protocol
 
-from .. import config
+from .. import settings
 from ..errors import DistError, DistNetworkError
 from ..shmem.errors import ShmUnavailable
 from ..shmem.host import host_identity
@@ -41,9 +41,9 @@ __all__ = ["CONNECT_ENV", "LAZY_FROM", "TRANSPORTS", "TRANSPORT_ENV", "connects_
 log = logging.getLogger("rankwise")
 
 TRANSPORT_ENV = "RANKWISE_TRANSPORT"
-TRANSPORTS = config.choices(TRANSPORT_ENV)
+TRANSPORTS = settings.choices(TRANSPORT_ENV)
 CONNECT_ENV = "RANKWISE_CONNECT"
-CONNECTS = config.choices(CONNECT_ENV)
+CONNECTS = settings.choices(CONNECT_ENV)
 #: from this many ranks on, connections are opened on demand (docs/scale.md, "Connections")
 LAZY_FROM = 32
 
@@ -56,14 +56,14 @@ class _Store(StoreLike, Protocol):
 
 def requested_transport() -> str:
     """The transport the environment asks for, validated before any I/O."""
-    value = config.choice(TRANSPORT_ENV)
+    value = settings.choice(TRANSPORT_ENV)
     connects_lazily(2)  # a bad RANKWISE_CONNECT is refused before any I/O too
     return value
 
 
 def connects_lazily(world_size: int) -> bool:
     """Whether a tcp job of ``world_size`` ranks opens its connections on demand."""
-    value = config.choice(CONNECT_ENV)
+    value = settings.choice(CONNECT_ENV)
     return value == "lazy" or (value == "auto" and world_size >= LAZY_FROM)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 
-from .. import config
+from .. import settings
 
 __all__ = ["DEFAULT_TIMEOUT", "heartbeat_timeout", "keep_alive"]
 
@@ -22,7 +22,7 @@ _ENV = "RANKWISE_HEARTBEAT_TIMEOUT"
 def heartbeat_timeout() -> float:
     """``RANKWISE_HEARTBEAT_TIMEOUT`` in seconds; 0 turns heartbeats off; a bad value is
     refused at once (a typo must not silently disable failure detection)."""
-    return config.number(_ENV, DEFAULT_TIMEOUT)
+    return settings.number(_ENV, DEFAULT_TIMEOUT)
 
 
 def keep_alive(sock: socket.socket, timeout: float | None = None) -> None:

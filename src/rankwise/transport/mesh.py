@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from .. import config
+from .. import settings
 from ..errors import AuthError, DistError, DistNetworkError, DistTimeout, RendezvousError
 from . import crowding
 from .hello import Hello
@@ -42,7 +42,7 @@ class _KV(Exits, Protocol):
 
 #: how long one incoming connection may take to prove itself (token and hello); a
 #: connection that says nothing is dropped after this, never holding up the others
-HANDSHAKE_TIMEOUT = config.number("RANKWISE_HANDSHAKE_TIMEOUT")
+HANDSHAKE_TIMEOUT = settings.number("RANKWISE_HANDSHAKE_TIMEOUT")
 _CHECK_EVERY = 0.25  # how often a waiting rank looks for news from the launcher
 _CONNECTORS = 16  #: connections opened at once (each a blocking handshake)
 _KEYS_PER_WAIT = 4096  #: the store's ``Limits.max_keys``

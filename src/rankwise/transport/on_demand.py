@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from .. import config
+from .. import settings
 from ..errors import DistError, DistNetworkError, DistTimeout
 from .base import FrameHandler
 from .keepalive import keep_alive
@@ -144,7 +144,7 @@ def tuned(sock: socket.socket) -> socket.socket:
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     keep_alive(sock)  # a vanished host's connection errors out in the end
-    bufsize = config.integer("RANKWISE_SOCKBUF", _SOCK_BUF)
+    bufsize = settings.integer("RANKWISE_SOCKBUF", _SOCK_BUF)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:  # fewer wake-ups per MiB moved; the kernel caps it at its maximum
             sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .. import config
+from .. import settings
 from ..errors import DistError, DistNetworkError, DistTimeout
 from ..shmem.errors import ShmUnavailable
 from ..shmem.futex import fence, futex_wait, futex_wake, supported
@@ -112,7 +112,7 @@ class ShmTransport(NoDriving):
         #: sleep. Not at all when the host's ranks outnumber the CPUs: each rank has two
         #: threads yielding then, and 4 ranks on 2 CPUs measured a 16 MiB all_reduce at
         #: 0.6-1.4 s with 1 ms of yielding against 160 ms sleeping at once (tcp: 130-180)
-        oversubscribed = lay.nranks > usable_cpus() and config.text(YIELD_ENV) is None
+        oversubscribed = lay.nranks > usable_cpus() and settings.text(YIELD_ENV) is None
         self._yield_s = 0.0 if oversubscribed else policy_for(lay.nranks).yield_s
 
     @classmethod
@@ -128,12 +128,12 @@ class ShmTransport(NoDriving):
             raise ShmUnavailable("the shared-memory transport relies on x86_64 memory "
                                  "ordering (TSO) and Linux futexes; this is not x86_64 Linux")
         n = len(ranks)
-        size = ring_bytes or config.integer(RING_BYTES_ENV, 0) or min(
+        size = ring_bytes or settings.integer(RING_BYTES_ENV, 0) or min(
             _RING_MAX, max(_RING_MIN, _RINGS_TOTAL // max(1, n * (n - 1))))
         size = max(65536, size // 65536 * 65536)
         seg = open_segment(store, prefix, list(ranks).index(rank), len(ranks),
                            slot_bytes=size, timeout=timeout, kind=RingLayout,
-                           method=method or config.choice("RANKWISE_SHM_METHOD"))
+                           method=method or settings.choice("RANKWISE_SHM_METHOD"))
         return cls(seg, rank, world_size, ranks)
 
     # --- waking -----------------------------------------------------------------------

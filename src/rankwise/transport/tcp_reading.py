@@ -8,7 +8,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from .. import config
+from .. import settings
 from ..errors import DistNetworkError
 from ..wire.frames import DROP, HEADER, HOLD, Frame, WireError, decode_header
 from .base import FrameHandler
@@ -17,7 +17,7 @@ __all__ = ["FrameReader"]
 
 _STAGE = 1 << 18  #: staging buffer per connection for small frames
 _DIRECT_MIN = 1 << 15  #: payload remainders at least this big are read straight into place
-_LOWAT_MAX = config.integer("RANKWISE_RCVLOWAT")
+_LOWAT_MAX = settings.integer("RANKWISE_RCVLOWAT")
 #: bytes read from one connection before the I/O thread looks at the others again: a peer
 #: streaming a large message must not delay noticing that another peer died
 _READ_BUDGET = 8 << 20

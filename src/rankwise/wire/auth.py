@@ -29,7 +29,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-from .. import config
+from .. import settings
 from ..errors import AuthError, DistNetworkError
 
 __all__ = ["NotRankwiseEndpoint", "PendingProof", "ServerHandshake", "client_handshake",
@@ -65,8 +65,8 @@ def resolve_token(token: str | bytes | None) -> bytes | None:
     """The token to use: the explicit argument, else ``RANKWISE_TOKEN``, else the file
     named by ``RANKWISE_TOKEN_FILE``, else none."""
     if token is None:
-        token = config.text(TOKEN_ENV)
-    path = config.text(TOKEN_FILE_ENV)
+        token = settings.text(TOKEN_ENV)
+    path = settings.text(TOKEN_FILE_ENV)
     if token is None and path:
         token = read_token_file(path)
     if token is None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import config
+from .. import settings
 
 __all__ = ["TENSOR_PATH_ENV", "concat", "device_dtype", "flat", "flat_copy", "host_empty",
            "is_tensor", "same_memory", "tensor_path", "to_host", "to_tensor"]
@@ -40,7 +40,7 @@ def tensor_path() -> str:
     """The test switch's value ("" when off), validated (``init_process_group`` calls this
     before any I/O, so a typo is an error rather than a silently untested path)."""
     global CPU_TENSORS
-    mode = config.choice(TENSOR_PATH_ENV)
+    mode = settings.choice(TENSOR_PATH_ENV)
     CPU_TENSORS = mode != ""
     return mode
 

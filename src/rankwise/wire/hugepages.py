@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import config
+from .. import settings
 
 __all__ = ["MIN_BYTES", "PAGE", "advise", "empty", "enabled"]
 
@@ -68,7 +68,7 @@ def _get_madvise() -> Callable[[int, int, int], int] | None:
 
 
 def _load() -> Callable[[int, int, int], int] | None:
-    if not config.flag("RANKWISE_HUGEPAGES"):
+    if not settings.flag("RANKWISE_HUGEPAGES"):
         return None
     if not sys.platform.startswith("linux"):
         return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from .. import settings
 from ..errors import InvalidArgument
 from .host_view import host_view
 
@@ -41,7 +41,7 @@ _TORCH_OK = frozenset((
 def pickle_allowed(flag: bool | None) -> bool:
     if flag is not None:
         return bool(flag)
-    return config.flag(_PICKLE_ENV)
+    return settings.flag(_PICKLE_ENV)
 
 
 def _opt_in_help(what: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ... import config
+from ... import settings
 from ...errors import DistError, InvalidArgument
 from ...identity import callsite as _callsite
 from ...identity.calls import Fingerprint
@@ -66,11 +66,11 @@ class ShmGroup:
                                  "(TSO) and Linux futexes; this machine is not x86_64 Linux")
         if not 0 <= rank < size:
             raise InvalidArgument(f"rank {rank} is not in a group of {size}")
-        slot = slot_bytes or config.integer("RANKWISE_SHM_SLOT_BYTES", (
+        slot = slot_bytes or settings.integer("RANKWISE_SHM_SLOT_BYTES", (
             min(OVERSUBSCRIBED_SLOT_BYTES, OVERSUBSCRIBED_GROUP_BYTES // (2 * size))
             if size > usable_cpus() else DEFAULT_SLOT_BYTES))
         slot = max(65536, slot // 65536 * 65536) + padding(size)
-        how = method or config.choice("RANKWISE_SHM_METHOD")
+        how = method or settings.choice("RANKWISE_SHM_METHOD")
         self.rank = rank
         self.size = size
         self.seg = open_segment(store, prefix, rank, size, slot_bytes=slot, method=how,

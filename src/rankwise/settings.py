@@ -238,7 +238,7 @@ def check_all(env: Mapping[str, str] | None = None) -> None:
 
 
 def table() -> str:
-    """README's table of variables (tests/test_config.py keeps README equal to it)."""
+    """README's table of variables (tests/test_settings.py keeps README equal to it)."""
     rows = ["| variable | takes | default | what it does |", "|---|---|---|---|"]
     for v in VARIABLES.values():
         default = "computed" if v.default is None else (v.default or "unset")

@@ -1,4 +1,4 @@
-"""``rankwise.config``: every ``RANKWISE_*`` variable declared once, validated, and README's
+"""``rankwise.settings``: every ``RANKWISE_*`` variable declared once, validated, and README's
 table equal to the declarations."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from rankwise import config
+from rankwise import settings
 from rankwise.errors import InvalidArgument
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"RANKWISE_[A-Z0-9_]*[A-Z0-9]")
 #: names that look like variables but are not: ``doctor.probes.PortState.RANKWISE_STORE``
 NOT_VARIABLES = {"RANKWISE_STORE"}
-BEGIN = "<!-- config table: rankwise.config.table(); tests/test_config.py checks it -->"
+BEGIN = "<!-- config table: rankwise.settings.table(); tests/test_settings.py checks it -->"
 END = "<!-- end of config table -->"
 
 
@@ -36,27 +36,27 @@ def _readme_table() -> str:
 
 
 def test_every_variable_named_in_src_is_declared() -> None:
-    missing = {n: p for n, p in _names_in_src().items() if n not in config.VARIABLES}
-    assert not missing, f"named in src but not declared in rankwise/config.py: {missing}"
+    missing = {n: p for n, p in _names_in_src().items() if n not in settings.VARIABLES}
+    assert not missing, f"named in src but not declared in rankwise/settings.py: {missing}"
 
 
 def test_every_declared_variable_is_used_in_src() -> None:
     used = _names_in_src()
-    unused = [n for n in config.VARIABLES if n not in used]
-    assert not unused, f"declared in rankwise/config.py but read nowhere: {unused}"
+    unused = [n for n in settings.VARIABLES if n not in used]
+    assert not unused, f"declared in rankwise/settings.py but read nowhere: {unused}"
 
 
 def test_readme_table_is_the_generated_one() -> None:
-    assert _readme_table() == config.table(), (
-        "README.md's table of variables differs from rankwise.config.table(); paste "
-        "`python -c 'from rankwise.config import table; print(table())'` between the markers")
+    assert _readme_table() == settings.table(), (
+        "README.md's table of variables differs from rankwise.settings.table(); paste "
+        "`python -c 'from rankwise.settings import table; print(table())'` between the markers")
     rows = re.findall(r"^\| `(RANKWISE_[A-Z0-9_]+)`", _readme_table(), re.MULTILINE)
-    assert sorted(rows) == sorted(config.VARIABLES)
+    assert sorted(rows) == sorted(settings.VARIABLES)
 
 
 @pytest.mark.parametrize(("name", "value", "says"), [
     ("RANKWISE_ENGINE", "infiniband", "one of auto, tcp"),
-    ("RANKWISE_DEADLOCK", "maybe", "1 or 0"),
+    ("RANKWISE_DEADLOCK", "maybe", "1/0, true/false"),
     ("RANKWISE_WARN_AFTER", "0", "a number > 0"),
     ("RANKWISE_WARN_AFTER", "soon", "a number > 0"),
     ("RANKWISE_HEARTBEAT_TIMEOUT", "-1", "a number >= 0"),
@@ -68,21 +68,21 @@ def test_a_bad_value_names_the_variable_and_what_it_takes(name: str, value: str,
                                                           monkeypatch: Any) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(InvalidArgument, match=f"{name}={value!r} is not {says}"):
-        config.check_all()
+        settings.check_all()
 
 
 def test_values_parse_and_unset_or_empty_means_the_default(monkeypatch: Any) -> None:
     env = {"RANKWISE_DEADLOCK": " OFF ", "RANKWISE_ENGINE": "Shm", "RANKWISE_TIMEOUT": "2.5",
            "RANKWISE_SOCKBUF": "65536", "RANKWISE_TOKEN": " spaced ", "RANKWISE_CHECK": " "}
-    assert config.flag("RANKWISE_DEADLOCK", env) is False
-    assert config.choice("RANKWISE_ENGINE", env) == "shm"
-    assert config.number("RANKWISE_TIMEOUT", env=env) == 2.5
-    assert config.integer("RANKWISE_SOCKBUF", env=env) == 65536
-    assert config.text("RANKWISE_TOKEN", env) == " spaced "  # a secret is taken as written
-    assert config.choice("RANKWISE_CHECK", env) == "async"
-    assert config.flag("RANKWISE_DIAGNOSIS", {}) is True
-    assert config.integer("RANKWISE_SHM_SLOT_BYTES", 123, {}) == 123  # a computed default
-    assert config.text("RANKWISE_DUMP", {}) is None
+    assert settings.flag("RANKWISE_DEADLOCK", env) is False
+    assert settings.choice("RANKWISE_ENGINE", env) == "shm"
+    assert settings.number("RANKWISE_TIMEOUT", env=env) == 2.5
+    assert settings.integer("RANKWISE_SOCKBUF", env=env) == 65536
+    assert settings.text("RANKWISE_TOKEN", env) == " spaced "  # a secret is taken as written
+    assert settings.choice("RANKWISE_CHECK", env) == "async"
+    assert settings.flag("RANKWISE_DIAGNOSIS", {}) is True
+    assert settings.integer("RANKWISE_SHM_SLOT_BYTES", 123, {}) == 123  # a computed default
+    assert settings.text("RANKWISE_DUMP", {}) is None
 
 
 def test_init_refuses_a_bad_value_before_any_io(monkeypatch: Any) -> None:
