@@ -1,5 +1,5 @@
-"""Fakes shared by the device hot path's tests (``test_device_hot_activity.py``,
-``test_hotcall.py``): ``CudaStreams`` over a ``torch.cuda`` that has nothing to do."""
+"""Fakes for the device path's tests (``test_device_hot_activity.py``): ``CudaStreams``
+over a ``torch.cuda`` that has nothing to do."""
 
 from __future__ import annotations
 

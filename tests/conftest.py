@@ -135,19 +135,3 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     else:
         monkeypatch.setenv("RANKWISE_ENGINE", request.param)
     return str(request.param)
-
-
-@pytest.fixture(params=["python", "c"])
-def in_c(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """The device hot path's steps in Python, or in C (``rankwise._hotcall``) where it
-    was built: a test taking this runs both, which must give the same results."""
-    from rankwise.api import collectives
-    from rankwise.engines.torch import engine, streams
-
-    on = request.param == "c"
-    if on and collectives._CAllReduce is None:
-        pytest.skip("rankwise._hotcall was not built (no compiler at install time)")
-    monkeypatch.setattr(collectives, "hot_in_c", on)
-    monkeypatch.setattr(engine, "hot_in_c", on)
-    monkeypatch.setattr(streams, "order_in_c", on)
-    return on

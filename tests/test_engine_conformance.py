@@ -42,7 +42,7 @@ class _TensorFed:
     def __getattr__(self, op: str) -> Any:
         import torch
 
-        if op in ("settle", "close", "run_inline", "adopt_async", "device"):
+        if op in ("settle", "close", "caps", "device"):
             return getattr(self.base if op in ("settle", "close") else self.inner, op)
         method = getattr(self.inner, op)
 

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 
 from test_ddp_harness import run_ranks
 
+from rankwise.api.views import MAX_BYTES, TensorViews
 from rankwise.errors import InvalidArgument
-from rankwise.torch._views import MAX_BYTES, TensorViews
 from rankwise.torch._work import DoneWork
 
 # --- in one process -----------------------------------------------------------------------

@@ -20,8 +20,9 @@ from ..identity.callsite import capture
 from ..wire.buffers import as_buffer
 from ..wire.frames import Kind, Op
 from ..wire.serialize import dumps, loads, pickle_allowed
-from .collectives import _root, launch
+from .collectives import _root
 from .p2p import _peer
+from .path import launch
 from .world import resolve_group
 
 __all__ = [

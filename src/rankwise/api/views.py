@@ -1,7 +1,8 @@
 """The numpy view of a torch tensor, kept from one backend call to the next.
 
 Why: a training loop (a metric ``all_reduce``, DDP's bucket tensors, through rankwise's
-API or torch's backend) hands the same few tensors to every call, and viewing a tensor
+API or torch's backend: both ask the one cache, ``api.plans.views``) hands the same few
+tensors to every call, and viewing a tensor
 afresh (``as_buffer``: seven attribute checks and a numpy view) is the largest
 single part of a small call's Python. Imported only once a torch tensor is seen (it
 imports torch). A cached view is reused
@@ -12,7 +13,8 @@ refuse it). Anything else (``resize_``, ``set_``, ``.data = ...``, ``as_strided_
 changes one of those and the tensor is viewed, and checked, again.
 
 Each view carries a ``memo`` for what its user derives from it and would otherwise
-rebuild per call (an all_reduce body per reduce op); it goes when the view goes.
+rebuild per call (``api.plans.Plan``: an all_reduce's body and fingerprint per reduce op);
+it goes when the view goes.
 
 Only small tensors are kept (``MAX_BYTES``): on a large one the data movement dwarfs the
 view's cost, and a view keeps its storage alive until the tensor itself dies, so a stale
@@ -48,13 +50,6 @@ class TensorViews:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @property
-    def entries(self) -> dict[int, Any]:
-        """``{id(t): (weakref, data_ptr, shape, dtype, view, memo)}``: read, never
-        written, by ``all_reduce``'s checks in C (``_hotcall.Front``), which make
-        ``view``'s checks of a kept entry in the same order."""
-        return self._entries
 
     def view(self, t: torch.Tensor, what: str) -> tuple[Buffer, dict[Any, Any]]:
         """The writable flat view of ``t`` and its memo (empty when the view is new);

@@ -17,7 +17,7 @@ import numpy as np
 from .. import algorithms as alg
 from .. import settings
 from ..algorithms.link import Lane, Link
-from ..engines.base import Array, Call
+from ..engines.base import HOST_CAPS, Array, Call
 from ..wire.buffers import DType, ReduceOp, divide_in_place, reduce_into
 from ..wire.frames import HEADER, MAGIC, VERSION, Flag, Kind
 from .communicator import Communicator
@@ -192,6 +192,7 @@ class MessageEngine:
     #: frames carry (group, seq): any number of calls may be in flight at once
     serial = False
     framed = True
+    caps = HOST_CAPS
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm

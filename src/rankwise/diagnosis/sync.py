@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..api.collectives import launch
+from ..api.path import launch
 from ..api.world import resolve_group
 from ..checks.report import rank_list
 from ..core.group import seconds

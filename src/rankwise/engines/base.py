@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from ..identity.calls import Fingerprint
     from ..identity.callsite import CallSite
 
-__all__ = ["CHECK_ENV", "CHECK_MODES", "Array", "Call", "CallsDisagree", "DeadlinePassed",
-           "Engine", "EngineFact", "EngineUnavailable", "PeerGone", "check_mode"]
+__all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "Array", "Call", "CallsDisagree", "Caps",
+           "DeadlinePassed", "Engine", "EngineFact", "EngineUnavailable", "PeerGone",
+           "check_mode"]
 
 Array = npt.NDArray[Any]
 
@@ -159,6 +160,26 @@ class Call:
 new_call = fast_new(Call)
 
 
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What an engine can do besides running a call to its end on the caller's thread,
+    declared (``Engine.caps``) so that the call path (``api.path``) asks a field, never
+    ``getattr``. None: the engine cannot, the call path does without.
+
+    ``run_inline(call, job, *args) -> (device side, error)``: an ``async_op`` call runs
+    ``job(*args)`` here, on the caller's thread, its works ordered on the caller's stream
+    when the ``Work`` is waited for (a device engine: ``DeviceWaits.run_inline``).
+    ``adopt_async(job) -> (job, device side)``: an async call queued on the async worker
+    runs after what the caller's stream holds now (a device engine's side stream)."""
+
+    run_inline: Callable[..., tuple[Any, BaseException | None]] | None = None
+    adopt_async: Callable[[Callable[[], None]], tuple[Callable[[], None], Any]] | None = None
+
+
+#: a host engine's: every call on the caller's thread or the async worker, no streams
+HOST_CAPS = Caps()
+
+
 class Engine(Protocol):
     """What a group's data plane offers. ``name`` is shown in reports and benchmarks.
 
@@ -175,6 +196,8 @@ class Engine(Protocol):
     #: the data moves in frames that the router matches to calls (it must be told of
     #: each call); False for engines that never send a collective frame
     framed: bool
+    #: what else it can do (``Caps``; host engines: ``HOST_CAPS``)
+    caps: Caps
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         """Root's ``data`` into every rank's ``data``."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from ..identity.calls import describe_call
 from ..identity.callsite import CallSite
-from .base import Array, Call, CallsDisagree, DeadlinePassed, EngineUnavailable, PeerGone
+from .base import HOST_CAPS, Array, Call, CallsDisagree, DeadlinePassed, EngineUnavailable, PeerGone
 from .shm import ShmGroup, ShmUnavailable
 from .shm.errors import ShmCallMismatch
 
@@ -37,6 +37,7 @@ class ShmEngine:
     serial = True
     #: rounds on the segment, never a collective frame
     framed = False
+    caps = HOST_CAPS
 
     def __init__(self, group: ProcessGroup, core: ShmGroup) -> None:
         self.group = group

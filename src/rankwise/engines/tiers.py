@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import settings
 from ..wire.buffers import ReduceOp, divide_in_place
-from .base import Array, Call
+from .base import HOST_CAPS, Array, Call
 from .shm_engine import ShmEngine
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class TieredEngine:
     serial = True
     #: small calls and the cross-host tier move in the call's frames
     framed = True
+    caps = HOST_CAPS
 
     def __init__(self, group: ProcessGroup, host: ShmEngine, layout: list[list[int]]) -> None:
         self.group = group

@@ -12,9 +12,9 @@ validate and unpack, then call these methods with lists of tensors and an option
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
 ``identity.callsite.skip_directory``) and failure reports. ``allreduce``, the call of every
-``torch.distributed.all_reduce`` and every DDP bucket, takes a shorter way to the same
-``launch``: the tensor's view is remembered between calls (``_views``) and the reduce op
-is read once, by its hash, so what the backend adds to rankwise's own call is about
+``torch.distributed.all_reduce`` and every DDP bucket, takes the way rankwise's own
+``all_reduce`` of a tensor takes (``api.plans.all_reduce_tensor``: one view cache and one
+plan per kept tensor for both) and the reduce op is read once, by its hash, so what the backend adds to rankwise's own call is about
 torch's Python wrapper and no more (``benchmarks/torch_backend.py``).
 
 Collectives run inline and return a completed ``Work`` (``_work.DoneWork``: its future,
@@ -49,14 +49,13 @@ import torch.distributed as tdist
 
 from ..api import collectives as coll
 from ..api import p2p, profiling
+from ..api.plans import all_reduce_tensor
 from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
 from ..wire.buffers import ReduceOp, coerce_reduce_op
-from ..wire.frames import Op
 from ..wire.reduce_op import make_premul_sum, torch_premul_factor
 from ._sparse import check_sparse, sparse_all_reduce
-from ._views import TensorViews
 from ._work import AsyncWork, DoneWork, RecvWork
 
 __all__ = ["BACKEND_NAME", "TorchProcessGroup"]
@@ -162,7 +161,6 @@ class TorchProcessGroup(tdist.ProcessGroup):
         super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
         self.group = group
         self._owns_world = owns_world
-        self._views = TensorViews()
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -221,21 +219,16 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED \
                 or tensors[0].requires_grad or opts.timeout != _UNSET_TIMEOUT:
             return self._allreduce(tensors, opts)
-        # the hot path (every torch.distributed.all_reduce, every DDP bucket): what
-        # ``coll.all_reduce`` does, with the tensor's view remembered (``_views``)
-        rop = _reduce_op(opts)
+        # every torch.distributed.all_reduce, every DDP bucket: the call rankwise's own
+        # ``all_reduce`` of a tensor makes (one view cache, one plan per kept tensor)
         g = resolve_group(self.group)
         assert g is not None  # torch makes a group only on its members
-        buf, memo = self._views.view(tensors[0], "tensor")
-        plan = coll.memo_plan(buf, memo, rop)  # a view's checked body per op
         if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
-            coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, False,
-                        shape=buf.shape, inputs=tensors, plan=plan)
+            all_reduce_tensor(g, tensors[0], _reduce_op(opts), False, tensors, tensors)
             return None
         # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
         # goes on while the bucket is reduced (torch's callbacks run on that worker)
-        work = coll.launch(g, Op.all_reduce, buf.dtype, plan.count, rop, 0, plan.body, True,
-                           shape=buf.shape, outputs=tensors, inputs=tensors, plan=plan)
+        work = all_reduce_tensor(g, tensors[0], _reduce_op(opts), True, tensors, tensors)
         assert work is not None
         return AsyncWork(work, tensors)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...wire.frames import Flag
-from ..base import Array, Call, Engine
+from ..base import HOST_CAPS, Array, Call, Engine
 from .staged import Staged
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ class DevicePair:
     """A group's two data planes: ``host`` for host memory, ``device`` for tensors. The
     API sends tensor calls to ``device`` itself (``device_engine``); every method here
     is the host plane's."""
+
+    #: the host plane's: a host engine streams nothing
+    caps = HOST_CAPS
 
     def __init__(self, host: Engine, device: Engine) -> None:
         self.host = host

@@ -14,13 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 from ...wire.device import host_empty, to_host, to_tensor
-from ..base import Call, Engine
+from ..base import HOST_CAPS, Call, Engine
 
 __all__ = ["Staged"]
 
 
 class Staged:
     """``inner`` (a host-memory engine) run on flat torch tensors via host copies."""
+
+    #: host copies, then a host engine's calls: nothing on a stream
+    caps = HOST_CAPS
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner

@@ -24,19 +24,12 @@ import torch.distributed as tdist
 
 from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
-from ..base import Array, Call, check_mode
+from ..base import HOST_CAPS, Array, Call, Caps, check_mode
 from .splits import check_splits
-from .streams import DeviceWaits, DeviceWork, Streams, holders
-from .tensors import DeviceTensors, HostArrays, Tensors
+from .streams import DeviceWaits, Streams
+from .tensors import HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
-from .watchdog import GRACE, Pending, Watchdog, new_pending
-
-try:  # the hot path's steps in C, built by ``pip install`` where a compiler was found
-    from ..._hotcall import Enqueue
-except ImportError:
-    Enqueue = None  # type: ignore[assignment,misc]
-#: tests turn the C steps off to run the Python closure (both give the same records)
-hot_in_c = True
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -156,18 +149,17 @@ class TorchEngine:
         self._aborting: threading.Thread | None = None
         #: the device engine's waits (NCCL and its stand-in), None on host memory
         self.device: DeviceWaits | None = None
-        #: ``async_op`` calls run on the caller's thread (``streams.DeviceWaits.run_inline``)
-        #: where there is a device; None: on the async worker
-        self.run_inline: Callable[..., Any] | None = None
+        #: on a device, ``async_op`` calls run on the caller's thread and stream
+        #: (``DeviceWaits.run_inline``); calls queued on the async worker run on the side
+        #: stream after it (``DeviceWaits.adopt_async``). On host memory: neither
+        self.caps = HOST_CAPS
         if streams is not None:
             plane = CommPlane(self.waiter, self._flush)
             watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
-            self.run_inline = self.device.run_inline
+            self.caps = Caps(run_inline=self.device.run_inline,
+                             adopt_async=self.device.adopt_async)
             watchdog.start()
-        #: the device waits where the buffers are the tensors themselves (``DeviceTensors``:
-        #: ``values`` is the identity), for ``hot_all_reduce``; None: no hot path
-        self._hot = self.device if isinstance(self.tensors, DeviceTensors) else None
         #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
@@ -198,14 +190,6 @@ class TorchEngine:
         thread: ``RingCheck.flush``)."""
         self.check.flush()
         return True
-
-    def adopt_async(self, job: Callable[[], None]) -> tuple[Callable[[], None],
-                                                              DeviceWork | None]:
-        """An ``async_op`` call about to be queued: on a device engine it runs on the
-        side stream after the caller's (see ``streams``)."""
-        if self.device is None:
-            return job, None
-        return self.device.adopt_async(job)
 
     def _abort(self, failure: BaseException | None) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
@@ -301,62 +285,6 @@ class TorchEngine:
         self._before(call, data)
         self._all_reduce(call, self._values(data, call))
         self.check.after()
-
-    def hot_all_reduce(self, data: Any, op: str) -> Callable[[Call, bool], Pending] | None:
-        """The device engine's hot path for one kept tensor view and reduce op (a small
-        NCCL all_reduce of a dtype torch reduces as it is): ``hot(call, then)`` runs the
-        steps of ``_before``, ``_all_reduce`` and ``_wait`` with every lookup made once,
-        here, and returns the work's record. ``then``: a blocking call (the caller's
-        stream is ordered after the work, then checked again); else an async call's
-        ``Work`` orders it when waited for (``Pending.wait``). None: no hot path.
-        The device check is made here, once: a kept view's tensor stays where it is (one
-        moved gets another view, so another plan); a tensor elsewhere gets no hot path,
-        and ``all_reduce`` names it on every call."""
-        device = self._hot
-        if device is None or data.dtype not in _AS_IS or op == "PREMUL_SUM" \
-                or not self.tensors.holds(data):  # PREMUL_SUM: the API multiplies first
-            return None
-        opts = _ALLREDUCE_OPTS[op]
-        allreduce = self.pg.allreduce  # the group's torch group is the engine's for good
-        tensors = [data]  # torch copies the list into its op: one list serves every call
-        watchdog, check, name = device.watchdog, self.check, self.name
-        clock, append, after = watchdog.clock, watchdog.records.append, check.after
-        ordered, checking, thread = device.in_order, check.mode != "off", threading.get_ident
-        order = device.order
-        if Enqueue is not None and hot_in_c:  # the same steps in C (``rankwise._hotcall``)
-            return Enqueue(allreduce, tensors, opts, watchdog, check if checking else None,
-                           name, clock, clock is time.monotonic, ordered, append, new_pending,
-                           holders, order, after, Call, GRACE)
-
-        def hot(call: Call, then: bool) -> Pending:
-            failed = watchdog.failed
-            if failed is not None:
-                raise failed
-            if checking:
-                check.before(call)
-            work = allreduce(tensors, opts)
-            if checking:
-                check.enqueued()
-            # who-is-where: the kernel's now (``port.busy`` written out: the caller made
-            # the call its activity; its start stands for the enqueue, microseconds apart)
-            call.enqueued = call.started
-            call.engine = name
-            # ``watchdog.watch`` written out: an append, its tail only where it has work
-            start = clock()
-            p = new_pending(watchdog, call, work, start, ordered)
-            append(p)
-            if watchdog.failed is not None or start + GRACE < watchdog.due_at:
-                watchdog.appended(p, start)
-            if then:
-                if holders:  # ``current_holder()`` written out: none runs anywhere
-                    holder = holders.get(thread())  # an async call on this thread
-                    if holder is not None:
-                        holder.pendings.append(p)
-                order(call, p)
-                after()
-            return p
-
-        return hot
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result

@@ -28,13 +28,6 @@ from ...by_thread import ByThread
 from ...errors import DistError, DistTimeout
 from .watchdog import Pending, Watchdog
 
-try:  # the CUDA stream order in C, built by ``pip install`` where a compiler was found
-    from ..._hotcall import WorkWait
-except ImportError:
-    WorkWait = None  # type: ignore[assignment,misc]
-#: tests turn the C order off to run ``DeviceWaits._order_by_work_wait`` (the same)
-order_in_c = True
-
 if TYPE_CHECKING:
     from ..base import Call
 
@@ -294,11 +287,7 @@ class DeviceWaits:
         self.in_order = streams.in_order
         #: ``order(call, p)``: what runs next on this thread sees ``p``'s result
         #: (``Streams.order``; a torch error of the op itself explained by ``op_failed``)
-        self.order: Callable[[Call, Pending], None] = \
-            self._order_by_work_wait if type(streams).order is CudaStreams.order \
-            else self._order_on_streams
-        if WorkWait is not None and order_in_c and self.order == self._order_by_work_wait:
-            self.order = WorkWait(self.order_failed, Pending)  # the same in C
+        self.order: Callable[[Call, Pending], None] = self._order_on_streams
         watchdog.order = self.order  # ``Pending.wait``: an async call's one work
 
     def wait(self, call: Call, work: Any, then: bool = True) -> None:
@@ -348,8 +337,7 @@ class DeviceWaits:
     def order_failed(self, call: Call, err: BaseException) -> BaseException:
         """What ``order`` raises for ``err``, raised while it ordered the stream: the
         watchdog's verdict (a ``DistError``) and anything but a torch ``RuntimeError`` as
-        they are; the op's own failure (torch raised it) explained by ``op_failed``. Also
-        the C steps' (``rankwise._hotcall``), which wait for the work themselves."""
+        they are; the op's own failure (torch raised it) explained by ``op_failed``."""
         if isinstance(err, RuntimeError) and not isinstance(err, DistError):
             return self._op_failed(call, err)
         return err
@@ -358,19 +346,6 @@ class DeviceWaits:
         """``order`` on any ``Streams``."""
         try:
             self.streams.order(p)
-        except BaseException as err:
-            failure = self.order_failed(call, err)
-            if failure is err:
-                raise
-            raise failure from None
-
-    def _order_by_work_wait(self, call: Call, p: Pending) -> None:
-        """``order`` on CUDA streams, ``CudaStreams.order`` written out (one Python call
-        less on every device collective): the work's own ``wait()``, a stream wait."""
-        try:
-            if p.error is not None:
-                raise p.error  # mapped as ``CudaStreams.order`` raising it would be
-            p.work.wait()  # the host does not block (no TORCH_NCCL_BLOCKING_WAIT)
         except BaseException as err:
             failure = self.order_failed(call, err)
             if failure is err:
