@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # a venv's python: keep the link
 shift
-dir=$(mktemp -d)
+dir=$(realpath "$(mktemp -d)")
 trap 'rm -rf "$dir"' EXIT
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$dir"
+git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$dir"
 cd "$dir"
 if find src -name '*.so' | grep -q .; then
     echo "a compiled extension was copied: $(find src -name '*.so')" >&2

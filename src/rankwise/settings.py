@@ -205,21 +205,22 @@ def choices(name: str) -> tuple[str, ...]:
 def integer(name: str, default: int | None = None,
             env: Mapping[str, str] | None = None) -> int:
     """The value; when unset, ``default`` (for a computed default) else the declared one."""
-    var, raw = _get(name, env)
-    assert var.kind == "int", name
-    if raw:
-        return int(var.parse(raw))
-    return default if default is not None else int(str(var.default))
+    return int(_numeric(name, "int", default, env))
 
 
 def number(name: str, default: float | None = None,
            env: Mapping[str, str] | None = None) -> float:
     """As :func:`integer`, for a float."""
+    return float(_numeric(name, "number", default, env))
+
+
+def _numeric(name: str, kind: str, default: float | None,
+             env: Mapping[str, str] | None) -> bool | str | int | float:
     var, raw = _get(name, env)
-    assert var.kind == "number", name
+    assert var.kind == kind, name
     if raw:
-        return float(var.parse(raw))
-    return default if default is not None else float(str(var.default))
+        return var.parse(raw)
+    return default if default is not None else str(var.default)
 
 
 def text(name: str, env: Mapping[str, str] | None = None) -> str | None:
