@@ -1,4 +1,4 @@
-"""The call-site walk in C (``identity._frames``) and in Python give the same sites.
+"""The call-site walk in C (``rankwise._native``) and in Python give the same sites.
 
 The C walk only looks up chains the Python walk has cached, so a wrong key in C would
 show as a site of another line, or as a miss every time (the Python walk again)."""
@@ -17,7 +17,7 @@ from rankwise.identity import callsite
 from rankwise.identity.callsite import UNKNOWN, CallSite, capture
 
 needs_c = pytest.mark.skipif(callsite._lookup is None,
-                             reason="rankwise.identity._frames was not built (no compiler)")
+                             reason="rankwise._native was not built (no compiler)")
 
 
 def _here() -> CallSite:
@@ -101,7 +101,7 @@ def test_the_c_walk_leaves_an_unclassified_file_to_python() -> None:
         callsite._kinds.update(saved)
 
 
-# The C walk's memo (``_frames.c``): a table of chains the cache dict answered before, keyed
+# The C walk's memo (``_native.c``): a table of chains the cache dict answered before, keyed
 # by code pointers and instruction offsets. Each test runs under both walks; under C it
 # checks the C lookup answered (a wrong memo gives a site, never a miss) and that each
 # answer is the dict's own site for its chain.
@@ -115,7 +115,7 @@ def walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> lis
         monkeypatch.setattr(callsite, "_lookup", None)
         return served
     if c_lookup is None:
-        pytest.skip("rankwise.identity._frames was not built (no compiler)")
+        pytest.skip("rankwise._native was not built (no compiler)")
 
     def counting(*args: object) -> CallSite | None:
         site = c_lookup(*args)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 ``fast_new(cls)`` returns a callable that makes ``cls(*values)`` without running the
 dataclass's generated ``__init__``: it stores the values, then the fields' defaults, in
-the instance's slots (``_slots.c``: ~0.1 us instead of ~0.5 us for 11-19 fields). Only for
+the instance's slots (``_native.c``: ~0.1 us instead of ~0.5 us for 11-19 fields). Only for
 classes whose ``__init__`` does nothing else: a dataclass with ``slots=True``, no
 ``__post_init__``, no ``default_factory``, ``InitVar``, ``init=False`` or keyword-only
 field; anything else, or
@@ -22,7 +22,7 @@ __all__ = ["fast_new", "slot_maker"]
 T = TypeVar("T")
 
 try:
-    from ._slots import maker as _maker
+    from ._native import maker as _maker
 except ImportError:  # no compiler at install time: the class's own __init__
     _maker = None  # type: ignore[assignment]
 

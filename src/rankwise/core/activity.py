@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..identity.calls import op_name
 from ..identity.callsite import UNKNOWN, CallSite
 
 if TYPE_CHECKING:
@@ -59,14 +58,6 @@ class Activity:
         a = _new(cls)
         a.op, a.group, a.seq, a.site, a.since = op, group, seq, site, since
         return a
-
-    @classmethod
-    def of(cls, call: Any) -> Activity:
-        """The activity of ``call`` (an ``engines.base.Call``) standing for one
-        (``Communicator.doing``): made when someone asks, not on the call's path."""
-        return cls(op_name(call.fp.op), call.group.id, call.seq, call.site, call.started,
-                   call.waiting_for, patient=call.patient, enqueued=call.enqueued,
-                   engine=call.engine)
 
     @classmethod
     def idle(cls, since: float) -> Activity:

@@ -63,7 +63,7 @@ class Communicator:
         #: progress standing for its own (the device hot path: no object per call), whose
         #: ``Activity`` is made when asked (``activity``). Who-is-where writes
         #: (``waiting_for``, ``enqueued``, ``engine``) go here: both have those fields.
-        self.doing: Any = Activity()
+        self.doing = Activity()
         #: every group this process is a member of, by id (ProcessGroup registers itself)
         self.groups: dict[int, Any] = {}
         #: call-site texts the peers defined (SITE frames), by peer and site id
@@ -121,9 +121,9 @@ class Communicator:
 
     @property
     def activity(self) -> Activity:
-        """What this rank does now, for reports (made from the call standing for it)."""
-        doing = self.doing
-        return doing if isinstance(doing, Activity) else Activity.of(doing)
+        """What this rank does now, for reports."""
+        doing: Activity = self.doing
+        return doing
 
     @activity.setter
     def activity(self, activity: Activity) -> None:

@@ -74,7 +74,7 @@ class ControlPlane:
 
     def busy(self, engine: str, started: float) -> None:
         """Who-is-where: this rank's current call is in ``engine``'s hands now."""
-        activity = self._comm.doing  # an ``Activity`` or the call standing for one
+        activity = self._comm.doing
         activity.enqueued, activity.engine = started, engine
 
     def slow(self, call: Call, where: str) -> None:

@@ -146,7 +146,7 @@ class RingCheck:
             return call_timeout(self.comm.rank, call, f" waiting for rank {self.prev}'s call "
                                                       "(RANKWISE_CHECK=sync)")
 
-        self.comm.doing.waiting_for = self.prev  # an ``Activity`` or the call itself
+        self.comm.doing.waiting_for = self.prev
         self.comm.wait(pending, call.deadline, what, patient=call.patient, quiet=call.quiet)
 
     def after(self) -> None:

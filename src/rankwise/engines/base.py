@@ -127,11 +127,6 @@ class Call:
     #: while an ``async_op`` call runs on the caller's thread (a device engine's
     #: ``run_inline``): its device records, ordered when the ``Work`` is waited for
     inline: list[Any] | None = None
-    #: who-is-where, while the call itself is the rank's activity (the device hot path:
-    #: ``Communicator.doing``): ``Activity``'s fields of the same names
-    waiting_for: int = -1
-    enqueued: float = 0.0
-    engine: str = ""
 
     @property
     def record(self) -> Call:

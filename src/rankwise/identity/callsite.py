@@ -11,7 +11,7 @@ The walk keys each frame by its instruction offset (``f_lasti``), never by its l
 ``f_lineno`` scans the code's line table from the start (4 us for a frame near the end of
 a 300-line ``main``, per frame, per call); lines are looked up only when a new chain is
 seen and its text is built. The walk and the lookup of a chain seen before also exist in
-C (``_frames.c``, built by ``pip install`` where a compiler is found: ~0.3 us instead of
+C (``rankwise/_native.c``, built by ``pip install`` where a compiler is found: ~0.3 us instead of
 ~2 us for a stack of 8-10 frames); without it the Python walk serves alone, with the same
 results.
 """
@@ -237,9 +237,9 @@ def capture(skip: int = 1) -> CallSite:
     return site
 
 
-try:  # the same walk and cache lookup in C (``_frames.c``), when it was built
-    from ._frames import clear as _clear
-    from ._frames import lookup as _lookup
+try:  # the same walk and cache lookup in C (``rankwise/_native.c``), when it was built
+    from .._native import clear as _clear
+    from .._native import lookup as _lookup
 except ImportError:  # no compiler at install time: the Python walk alone
     _lookup = None  # type: ignore[assignment]
     _clear = None  # type: ignore[assignment]

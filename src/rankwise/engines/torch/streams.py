@@ -301,8 +301,8 @@ class DeviceWaits:
             inline.append(p)
             if not then:
                 return
-        else:
-            holder = current_holder()
+        elif holders:  # an async call runs on some thread: on this one?
+            holder = holders.mine()
             if holder is not None:
                 holder.pendings.append(p)
         self.order(call, p)
