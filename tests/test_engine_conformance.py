@@ -137,3 +137,24 @@ def test_a_mistranslated_failure_raised_by_work_wait_fails_the_check() -> None:
     with pytest.raises(AssertionError, match="async_op=True: a peer that left: rank 0 "
                                              "should raise PeerFailure"):
         _peer_gone(make, 2, 60.0, is_async=True)
+
+
+class _Undeclared:
+    """Wraps an engine but declares no ``caps`` (what the call path reads of it)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.name, self.serial, self.framed = inner.name, inner.serial, inner.framed
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "caps":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_an_engine_that_declares_no_caps_fails_the_check() -> None:
+    def make(group: ProcessGroup, store: Any, timeout: float) -> Engine:
+        return _Undeclared(_shm(group, store, timeout))
+
+    with pytest.raises(AssertionError, match="declares no Engine.caps"):
+        check_engine(make, ops=("all_reduce",), dtypes=("float32",), failures=False)

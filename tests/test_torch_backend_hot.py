@@ -23,6 +23,7 @@ from rankwise.torch._work import DoneWork
 def test_a_tensor_seen_again_reuses_its_view() -> None:
     views, t = TensorViews(), torch.ones(3)
     first, memo = views.view(t, "tensor")
+    assert memo is not None
     memo["body"] = "kept"
     again, kept = views.view(t, "tensor")
     assert again is first and kept == {"body": "kept"} and len(views) == 1
@@ -67,7 +68,7 @@ def test_views_leave_with_their_tensors_and_large_ones_are_not_kept() -> None:
     gc.collect()
     assert len(views) == 0
     big = torch.ones(MAX_BYTES // 4 + 1)
-    views.view(big, "tensor")
+    assert views.view(big, "tensor")[1] is None  # no memo: nothing kept for its next call
     assert len(views) == 0
 
 

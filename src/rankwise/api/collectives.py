@@ -112,9 +112,9 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
                   async_op, shape=buf.shape, outputs=[tensor])
 
 
-def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any]]:
+def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any] | None]:
     """``as_buffer(tensor, "tensor", writable=True)`` of a torch tensor, remembered while
-    the tensor stays as it was (``api.views``), and its memo."""
+    the tensor stays as it was (``api.views``), and its memo (None: not kept)."""
     return views().view(tensor, "tensor")
 
 

@@ -7,7 +7,7 @@ torch's backend "rankwise") hands the same few tensors to every call. Both entri
 tensor's view and memo and keeps there, per reduce op, the call's checked body, element
 count and fingerprint (``Plan``): nothing is derived again, or bound, per call. A tensor
 the cache does not keep (over ``views.MAX_BYTES``, or requiring grad) is viewed and
-checked afresh; its plan lives for the one call. Then ``path.launch``, as every call.
+checked afresh, and no plan is made for it: its call has its body and fingerprint alone. Then ``path.launch``, as every call.
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ def all_reduce_tensor(group: ProcessGroup, tensor: Any, op: Any, async_op: bool,
     ``outputs``/``inputs``: as ``launch``'s."""
     buf, memo = (_views if _views is not None else views()).view(tensor, "tensor")
     rop = op if op.__class__ is ReduceOp and op.factor is None else coerce_reduce_op(op)
+    if memo is None:  # a view not kept (a large tensor): nothing made for later calls
+        return launch(group, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
+                      all_reduce_body(buf, checked_reduce_op(rop, buf, "all_reduce")),
+                      async_op, shape=buf.shape, outputs=outputs, inputs=inputs, depth=4)
     # a bare PREMUL_SUM finds no plan (none with a factor is kept): ``memo_plan`` raises
     plan: Plan | None = memo.get(rop.code)
     if plan is None or rop.factor is not None:

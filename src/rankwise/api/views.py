@@ -51,10 +51,11 @@ class TensorViews:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def view(self, t: torch.Tensor, what: str) -> tuple[Buffer, dict[Any, Any]]:
-        """The writable flat view of ``t`` and its memo (empty when the view is new);
-        raises ``InvalidArgument`` as ``as_buffer`` does (a cached tensor was checked when
-        it was first viewed)."""
+    def view(self, t: torch.Tensor, what: str) -> tuple[Buffer, dict[Any, Any] | None]:
+        """The writable flat view of ``t`` and its memo (empty when the view is new; None
+        when the view is not kept: nothing derived from it outlives the call); raises
+        ``InvalidArgument`` as ``as_buffer`` does (a cached tensor was checked when it was
+        first viewed)."""
         entry = self._entries.get(id(t))
         if entry is not None:
             ref, ptr, shape, dtype, buf, memo = entry
@@ -62,10 +63,11 @@ class TensorViews:
                     and not t.requires_grad and t.is_contiguous()):
                 return buf, memo
         buf = as_buffer(t, what, writable=True)
-        memo = {}
-        if not t.requires_grad and 0 < buf.nbytes <= MAX_BYTES:
-            self._remember(t, buf, memo)
-        return buf, memo
+        if t.requires_grad or not 0 < buf.nbytes <= MAX_BYTES:
+            return buf, None
+        fresh: dict[Any, Any] = {}
+        self._remember(t, buf, fresh)
+        return buf, fresh
 
     def _remember(self, t: torch.Tensor, buf: Buffer, memo: dict[Any, Any]) -> None:
         entries = self._entries

@@ -25,7 +25,7 @@ from ..api.world import World, set_thread_world
 from ..core.communicator import Communicator
 from ..core.group import ProcessGroup
 from ..core.work import Work, stop_worker
-from ..engines.base import Engine
+from ..engines.base import Caps, Engine
 from ..errors import CollectiveMismatch, DistTimeout, PeerFailure
 from ..store.hash import HashStore
 from ..transport.memory import MemoryHub
@@ -78,7 +78,10 @@ def _run(make_engine: EngineMaker, size: int, timeout: float,
         world.comm.user_thread = threading.get_ident()
         try:
             group = world.default_group
-            group.engine = make_engine(group, store, timeout)
+            engine = group.engine = make_engine(group, store, timeout)
+            if not isinstance(getattr(engine, "caps", None), Caps):  # the call path reads it
+                raise TypeError(f"engine {engine.name!r} declares no Engine.caps "
+                                "(engines.base.Caps; HOST_CAPS for a host engine)")
             out[rank] = body(rank, world)
         except BaseException as exc:  # noqa: BLE001 - judged by the case
             out[rank] = exc
