@@ -111,6 +111,7 @@ class LivePublisher:
             "failed": (f"{type(failure).__name__}: {failure}"[:REPORT_CHARS]
                        if failure is not None else ""),
             "closed": bool(comm.closed), "publisher_cpu_s": round(self.cpu_s, 4),
+            "stragglers": _book(comm),
         }
 
     def publish(self) -> None:
@@ -144,6 +145,12 @@ class LivePublisher:
                 self.publish()
                 last, failed = time.monotonic(), now_failed
             self.cpu_s += time.thread_time() - cpu
+
+
+def _book(comm: Any) -> dict[str, Any] | None:
+    """The rank's straggler book (``checks.stragglers``), None when it is off."""
+    book = getattr(comm, "stragglers", None)
+    return book.local() if book is not None and book.on else None
 
 
 def all_stacks() -> str:
