@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import rankwise
-from rankwise.checks.stragglers import MIN_CALLS, StragglerBook, attribute
+from rankwise.checks.stragglers import MIN_CALLS, Straggler, StragglerBook, attribute
 from rankwise.testing.threads import run_threads
 
 
@@ -149,14 +149,15 @@ def test_local_reads_waits_and_gaps_from_the_history_and_keeps_them() -> None:
 
 
 def test_stragglers_over_thread_ranks_names_the_late_one() -> None:
-    def rank_fn(rank: int, n: int) -> list[Any]:
+    def rank_fn(rank: int, n: int) -> list[Straggler]:
         import numpy as np
         x = np.ones(4, np.float32)
         for _ in range(24):
             if rank == 1:
                 time.sleep(0.03)  # the workload under test, not synchronization
             rankwise.all_reduce(x)
-        return rankwise.stragglers()
+        found: list[Straggler] = rankwise.stragglers()
+        return found
 
     results = run_threads(rank_fn, 3, timeout=60)
     for found in results:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import nan_check
 from ..core.communicator import Activity, Communicator
 from ..core.failures import explain
 from ..core.group import ProcessGroup
@@ -70,6 +71,8 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ev = profiling.Event(_OP_NAMES[op], outputs if inputs is None else inputs) \
         if profiling.on() else None
     site = capture(3)  # skips launch and the public function: both rankwise's own
+    if nan_check.on and reduce_op is not None:  # opt-in (the pipeline's observer, later)
+        nan_check.before(group, _OP_NAMES[op], outputs if inputs is None else inputs, site)
     if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
         if dtype is None or not dtype.tensor:
             engine = group.engine

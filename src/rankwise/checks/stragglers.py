@@ -23,6 +23,7 @@ import statistics
 import threading
 import weakref
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -147,7 +148,7 @@ class StragglerBook:
                 "lines": Counter(samples).most_common(LINES), "samples": len(samples)}
 
 
-def attribute(ranks: list[dict[str, Any] | None]) -> list[Straggler]:
+def attribute(ranks: Sequence[dict[str, Any] | None]) -> list[Straggler]:
     """The stragglers among ``ranks``' ``StragglerBook.local()``s (any order; missing
     ones None): per group every member reported, one verdict or none."""
     by_rank = {r["rank"]: r for r in ranks if r}
