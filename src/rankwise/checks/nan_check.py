@@ -22,6 +22,7 @@ import gc
 import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -134,12 +135,14 @@ def _params() -> list[str]:
         return []
     ddp_type = torch.nn.parallel.DistributedDataParallel  # rankwise's DDP is one too
     names: list[str] = []
-    for obj in gc.get_objects():
-        if isinstance(obj, ddp_type):
-            for name, p in obj.module.named_parameters():
-                g = p.grad
-                if g is not None and not bool(torch.isfinite(g).all()) and name not in names:
-                    names.append(name)
+    with warnings.catch_warnings():  # isinstance on some listed objects warns (deprecations)
+        warnings.simplefilter("ignore")
+        models = [obj for obj in gc.get_objects() if isinstance(obj, ddp_type)]
+    for obj in models:
+        for name, p in obj.module.named_parameters():
+            g = p.grad
+            if g is not None and not bool(torch.isfinite(g).all()) and name not in names:
+                names.append(name)
     return names
 
 
