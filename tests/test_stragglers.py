@@ -170,3 +170,25 @@ def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANKWISE_STRAGGLERS", "0")
     comm = _Comm(rank=0, groups={}, closed=False)
     assert not StragglerBook(comm).on
+
+
+def _write_dumps(directory: Any, books: list[dict[str, Any]]) -> None:
+    import json
+
+    for book in books:  # a dump file's fields that analyze reads, and the book
+        record = {"rank": book["rank"], "world_size": 4, "written": 1.0, "events": [],
+                  "report": None, "view": {}, "stragglers": book}
+        (directory / f"rank{book['rank']}.json").write_text(json.dumps(record))
+
+
+def test_analyze_names_the_straggler_from_the_dumps(tmp_path: Any) -> None:
+    from rankwise.diagnosis.analyze import analyze
+
+    _write_dumps(tmp_path, _skewed())
+    text = analyze(str(tmp_path))
+    assert "  straggler: rank 2 holds the others back" in text and SLEEP_LINE in text, text
+    balanced = _skewed()
+    for book in balanced:  # the same waits everywhere
+        book["groups"]["0"]["calls"] = [[r[0], 5.0, *r[2:]] for r in book["groups"]["0"]["calls"]]
+    _write_dumps(tmp_path, balanced)
+    assert "  nobody: the ranks arrived together" in analyze(str(tmp_path))

@@ -76,6 +76,7 @@ class Dumper:
                 "report": comm.where.mine(),
                 "view": self._view,
                 "at_failure": _failure_reports(comm),
+                "stragglers": comm.stragglers.local() if comm.stragglers.on else None,
             }
             os.makedirs(self.directory, exist_ok=True)
             tmp = f"{self.path}.{os.getpid()}.tmp"
