@@ -192,3 +192,34 @@ def test_analyze_names_the_straggler_from_the_dumps(tmp_path: Any) -> None:
         book["groups"]["0"]["calls"] = [[r[0], 5.0, *r[2:]] for r in book["groups"]["0"]["calls"]]
     _write_dumps(tmp_path, balanced)
     assert "  nobody: the ranks arrived together" in analyze(str(tmp_path))
+
+
+def test_the_page_names_the_late_rank_and_shows_each_wait() -> None:
+    import numpy as np
+
+    from rankwise.api.world import current
+    from rankwise.launch.summary import straggler_lines
+    from rankwise.live.collector import Collector
+    from rankwise.live.publisher import LivePublisher
+    from rankwise.store.hash import HashStore
+
+    store = HashStore()
+
+    def rank_fn(rank: int, n: int) -> None:
+        x = np.ones(4, np.float32)
+        for _ in range(20):
+            if rank == 0:
+                time.sleep(0.03)  # the workload under test, not synchronization
+            rankwise.all_reduce(x)
+        LivePublisher(current().comm, store, 0).publish()
+
+    run_threads(rank_fn, 2, timeout=60)
+    collector = Collector(store)
+    collector.poll()
+    data = collector.data()
+    assert [s["rank"] for s in data["stragglers"]] == [0], data["stragglers"]
+    waits = {r["rank"]: r["wait_ms"] for r in data["ranks"]}
+    assert waits[0] < waits[1] and waits[1] > 15, waits
+    (line,) = straggler_lines(data)
+    assert line.startswith("straggler: rank 0 holds the others back"), line
+    assert straggler_lines({"stragglers": []}) == []
