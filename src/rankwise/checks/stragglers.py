@@ -32,7 +32,7 @@ from ..identity.callsite import stack_of
 from ..identity.stacks import current_frames
 
 __all__ = ["MIN_CALLS", "MIN_FRACTION", "MIN_MS", "MIN_SHARE", "Straggler", "StragglerBook",
-           "attribute", "enabled", "stragglers"]
+           "attribute", "book_of", "enabled", "stragglers"]
 
 SAMPLE_PERIOD = 0.1  #: seconds between two looks at the user thread's stack
 SAMPLES = 200  #: looks kept (the last ~20 s of the rank's own code)
@@ -151,6 +151,12 @@ class StragglerBook:
         return {"rank": comm.rank if comm is not None else -1, "groups": groups,
                 "lines": Counter(samples).most_common(LINES), "samples": len(samples),
                 "cpu_s": round(self.cpu_s, 4)}
+
+
+def book_of(comm: Any) -> dict[str, Any] | None:
+    """``comm``'s ``StragglerBook.local()`` for a snapshot or a dump; None when off."""
+    book = getattr(comm, "stragglers", None)
+    return book.local() if book is not None and book.on else None
 
 
 def attribute(ranks: Sequence[dict[str, Any] | None]) -> list[Straggler]:

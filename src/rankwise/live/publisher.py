@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..checks.report import _state
+from ..checks.stragglers import book_of
 from ..identity.stacks import current_frames
 
 __all__ = ["PAGE_KEY", "PERIOD", "LivePublisher", "ask_key", "current_publisher", "rank_key",
@@ -111,7 +112,7 @@ class LivePublisher:
             "failed": (f"{type(failure).__name__}: {failure}"[:REPORT_CHARS]
                        if failure is not None else ""),
             "closed": bool(comm.closed), "publisher_cpu_s": round(self.cpu_s, 4),
-            "stragglers": _book(comm),
+            "stragglers": book_of(comm),
         }
 
     def publish(self) -> None:
@@ -145,12 +146,6 @@ class LivePublisher:
                 self.publish()
                 last, failed = time.monotonic(), now_failed
             self.cpu_s += time.thread_time() - cpu
-
-
-def _book(comm: Any) -> dict[str, Any] | None:
-    """The rank's straggler book (``checks.stragglers``), None when it is off."""
-    book = getattr(comm, "stragglers", None)
-    return book.local() if book is not None and book.on else None
 
 
 def all_stacks() -> str:
