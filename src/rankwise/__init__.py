@@ -69,6 +69,7 @@ from .api.recovery import Membership, grow, membership, shrink
 from .api.subgroups import new_subgroups, new_subgroups_by_enumeration
 from .api.unsupported import unsupported_error as _unsupported_error
 from .api.world import GroupMember
+from .checks.stragglers import stragglers
 from .core.group import ProcessGroup
 from .core.work import Work
 from .diagnosis import main_process_first, monitored_barrier, rank_zero_first, who_is_where
@@ -171,5 +172,6 @@ __all__ = [
     "new_subgroups_by_enumeration", "rank_zero_first", "record_comm", "recv",
     "recv_object_list", "reduce",
     "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "send", "send_object_list", "shrink", "spawn", "supports_complex", "who_is_where",
+    "send", "send_object_list", "shrink", "spawn", "stragglers", "supports_complex",
+    "who_is_where",
 ]

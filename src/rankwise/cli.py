@@ -142,6 +142,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                            "docs/live.md)")
     live.add_argument("--no-live", dest="live", action="store_const", const=None,
                       help="no live job page")
+    _add(p, "--nan-check", action="store_true",
+         help="raise on every rank before a reducing collective whose input holds a NaN or "
+              "Inf, naming the rank (and a DDP model's parameters); sets RANKWISE_NAN_CHECK=1 "
+              "(docs/stragglers.md)")
+    _add(p, "--no-stragglers", action="store_true",
+         help="no straggler attribution (RANKWISE_STRAGGLERS=0; docs/stragglers.md)")
     _add(p, "--no-python", action="store_true", help="run the script as an executable")
     _add(p, "-m", "--module", action="store_true", help="run the script as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
@@ -194,6 +200,10 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
     if ns.respawn and ns.on_failure != "continue":
         parser.error("--respawn needs --on-failure=continue (with 'stop' a lost rank ends "
                      "the job, and there is no running world to join)")
+    if ns.nan_check:  # the workers inherit the launcher's environment
+        os.environ["RANKWISE_NAN_CHECK"] = "1"
+    if ns.no_stragglers:
+        os.environ["RANKWISE_STRAGGLERS"] = "0"
     if ns.module:
         cmd = [sys.executable, "-u", "-m", ns.script, *ns.script_args]
     elif ns.no_python:

@@ -118,6 +118,10 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
        "on something rankwise does not see)"),
     _v("DEADLOCK_AFTER", "number", "1", "seconds every rank must have waited before the "
        "deadlock check looks", low=0, strict=True),
+    _v("NAN_CHECK", "flag", "0", "a reducing collective whose input holds a NaN or Inf "
+       "raises on every rank before any data moves, naming the rank (docs/stragglers.md)"),
+    _v("STRAGGLERS", "flag", "1", "straggler attribution: which rank the others wait "
+       "for, and where it spends the time (docs/stragglers.md)"),
     _v("DIAGNOSIS", "flag", "1", "call-site capture (0: every call's site is unknown; "
        "benchmarks)"),
     _v("DOCTOR", "flag", "1", "explain a failed init by checking this machine's network "

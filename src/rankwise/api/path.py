@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..checks import nan_check
 from ..core.activity import Activity
 from ..core.failures import explain
 from ..core.work import Work, run_async
@@ -64,6 +65,8 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ev = profiling.Event(_OP_NAMES[op], outputs if inputs is None else inputs) \
         if profiling.recording() and profiling.on() else None
     site = capture(depth)
+    if nan_check.on and reduce_op is not None:  # opt-in, before anything is registered
+        nan_check.before(group, _OP_NAMES[op], outputs if inputs is None else inputs, site)
     if engine is None:  # tensors that stay tensors (CUDA) go to the device engine
         if dtype is None or not dtype.tensor:
             engine = group.engine

@@ -29,6 +29,7 @@ from .. import settings
 from ..checks.deadlock import blocked_state
 from ..checks.prober import DeadlockWatch
 from ..checks.report import build_report, format_where
+from ..checks.stragglers import StragglerBook
 from ..checks.where import WhereService
 from ..identity.callsite import CallSite
 from ..transport.base import Transport
@@ -83,6 +84,7 @@ class Communicator:
         self.dumper: Any = None
 
         self.calls = CallLog(self)
+        self.stragglers = StragglerBook(self)  # reads the histories; looks at user_thread
         self.sender = Sender(self)
         self.departures = Departures(self)
         self.mismatches = Mismatches(self)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..checks.deadlock import cycle_of, wait_edges, wait_lines
 from ..checks.report import _histories, _partition, _reached, rank_list
+from ..checks.stragglers import attribute
 from .flight import load_flight_dumps
 from .flight_report import flight_report
 
@@ -148,6 +149,9 @@ def analyze(directory: str) -> str:
     cycle = cycle_of(edges)
     if cycle:
         lines.append("  " + cycle)
+    held = attribute([d.get("stragglers") for d in dumps.values()])  # checks.stragglers
+    lines += ["Who held the others back (the last calls before the dumps):"]
+    lines += [f"  straggler: {s}" for s in held] or ["  nobody: the ranks arrived together"]
     lines.append("Where each rank was:")
     for r in range(world):
         rep = states.get(r)

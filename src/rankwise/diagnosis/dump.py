@@ -26,6 +26,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from ..checks.stragglers import book_of
+
 __all__ = ["Dumper", "install_signal_dumps"]
 
 log = logging.getLogger("rankwise")
@@ -76,6 +78,7 @@ class Dumper:
                 "report": comm.where.mine(),
                 "view": self._view,
                 "at_failure": _failure_reports(comm),
+                "stragglers": book_of(comm),
             }
             os.makedirs(self.directory, exist_ok=True)
             tmp = f"{self.path}.{os.getpid()}.tmp"

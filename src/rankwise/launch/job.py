@@ -35,6 +35,7 @@ from .summary import (
     format_summary,
     root_cause,
     shell_exit_code,
+    straggler_lines,
 )
 from .torch_store import TorchStoreHost
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
@@ -244,6 +245,8 @@ def run_job(opts: JobOptions) -> int:
             notices.close()
         if live is not None:
             live.close(live_linger())
+            for line in straggler_lines(live.collector.data()):  # the ranks' last windows
+                say(line)
         torch_store.close()
         if server is not None:
             server.close()

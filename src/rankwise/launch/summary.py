@@ -26,6 +26,7 @@ __all__ = [
     "read_error_file",
     "root_cause",
     "shell_exit_code",
+    "straggler_lines",
 ]
 
 #: Exception class names that are consequences of another rank's failure.
@@ -233,3 +234,11 @@ def cause_line(outcome: WorkerOutcome) -> str:
     return text + f" at {_clock(outcome.failed_at)}"
 
 
+
+
+def straggler_lines(page: dict[str, Any]) -> list[str]:
+    """``straggler: rank 2 holds the others back 30.1 ms per step (...) in data.py:14 in
+    __getitem__ ...``, one line per group with a straggler, from the live page's data at
+    the end of the job (``live.collector``: the ranks' last snapshots); none when the
+    ranks were balanced or the page was off."""
+    return [f"straggler: {s['text']}" for s in page.get("stragglers") or []]

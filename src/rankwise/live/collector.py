@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from ..checks.stragglers import attribute
 from .publisher import PERIOD, ask_key, rank_key, stacks_key, started_key
 
 __all__ = ["Collector", "pick_report"]
@@ -33,6 +34,20 @@ def pick_report(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     first = failed[0]
     return {"rank": first["rank"], "text": first["failed"],
             "also": [r["rank"] for r in failed[1:]]}
+
+
+def _median_waits(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Each rank's median wait per call (ms) over its default group's window: the
+    page's column (the rank the others wait for has the smallest)."""
+    out: dict[int, float] = {}
+    for row in rows:
+        groups: dict[str, Any] = (row.get("stragglers") or {}).get("groups") or {}
+        group: dict[str, Any] = groups.get("0") or next(iter(groups.values()), {})
+        calls = group.get("calls")
+        if calls:
+            waits = sorted(c[1] for c in calls)
+            out[row["rank"]] = round(waits[len(waits) // 2], 2)
+    return out
 
 
 class Collector:
@@ -111,7 +126,7 @@ class Collector:
         """What the page and its JSON endpoint show."""
         now = time.monotonic()
         with self._lock:
-            rows = []
+            rows: list[dict[str, Any]] = []
             for rank in range(self.world_size):
                 snap = self._rows.get(rank)
                 if snap is None:
@@ -124,9 +139,14 @@ class Collector:
                              "calls_per_s": round(calls_s, 1), "bytes_per_s": round(bytes_s),
                              "stuck": bool(snap.get("op"))
                              and time.time() - float(snap.get("since", 0)) > 2 * PERIOD})
+            found = attribute([r.get("stragglers") for r in rows])
+            waits = _median_waits(rows)
+            for row in rows:
+                row["wait_ms"] = waits.get(int(row["rank"]))
             return {"world_size": self.world_size, "attempt": self.attempt,
                     "started": self.started, "now": time.time(), "ranks": rows,
-                    "report": pick_report(rows)}
+                    "report": pick_report(rows),
+                    "stragglers": [{**s.to_dict(), "text": str(s)} for s in found]}
 
     def stacks(self, rank: int, timeout: float = STACKS_WAIT) -> dict[str, Any]:
         """Ask ``rank`` for its Python stacks (through the store) and wait, bounded."""

@@ -38,15 +38,22 @@ tr.failed{background:#f8d0d0}
 pre{background:#fff;border:1px solid #ccc;padding:.6em;overflow:auto;font-size:12px;
     white-space:pre-wrap}
 #report{border:2px solid #c00;display:none}
+#straggler{display:none;background:#fff4cc;border:1px solid #d9a400;padding:.4em .6em;
+           margin-bottom:.8em;font-family:ui-monospace,monospace;font-size:12px;
+           white-space:pre-line}
+tr.straggler td.wait{background:#fde68a;font-weight:600}
 #report h2{color:#c00;font-size:1.1em;margin:.2em 0}
 button{font-size:12px}
 </style></head>
 <body>
 <h1>rankwise job</h1>
 <div id="summary">connecting...</div>
+<div id="straggler"></div>
 <div id="report"><h2 id="report-title">failure</h2><pre id="report-text"></pre></div>
 <table><thead><tr><th>rank</th><th>host</th><th>pid</th><th>state</th>
-<th>heartbeat</th><th>calls/s</th><th>bytes/s</th><th>last collectives</th><th></th>
+<th>heartbeat</th>
+<th title="median wait per call; the rank the others wait for waits least">wait/call</th>
+<th>calls/s</th><th>bytes/s</th><th>last collectives</th><th></th>
 </tr></thead><tbody id="rows"></tbody></table>
 <div id="stacks-box" style="display:none"><h2 id="stacks-title">stacks</h2>
 <pre id="stacks"></pre></div>
@@ -82,6 +89,10 @@ function render(d) {
     d.world_size + " ranks, " + seen + " reporting, " + stuck + " in a call for > 1 s" +
     (d.attempt ? ", restart " + d.attempt : "") + "; up " +
     Math.round(d.now - d.started) + " s";
+  const held = new Set((d.stragglers || []).map(s => s.rank));
+  const st = document.getElementById("straggler");
+  st.style.display = held.size ? "block" : "none";
+  st.textContent = (d.stragglers || []).map(s => "straggler: " + s.text).join("\n");
   const body = document.getElementById("rows");
   body.replaceChildren();
   for (const r of d.ranks) {
@@ -89,11 +100,13 @@ function render(d) {
     tr.id = "rank-" + r.rank;
     tr.className = !r.seen ? "unseen" : r.failed ? "failed" : r.stuck ? "stuck" :
                    r.silent ? "silent" : "";
+    if (held.has(r.rank)) tr.className += " straggler";
     tr.append(el("td", r.rank, "num"), el("td", r.host || ""), el("td", r.pid || "", "num"));
     const failed = r.failed ? "raised " + r.failed.split("\n")[0].slice(0, 110) : "";
     tr.append(el("td", failed ? failed + (r.was ? " \u2014 was " + r.was : "") : r.state,
                  "state"));
     tr.append(el("td", r.seen ? r.heartbeat_age.toFixed(1) + " s" : "", "num"));
+    tr.append(el("td", r.wait_ms == null ? "" : r.wait_ms.toFixed(1) + " ms", "num wait"));
     tr.append(el("td", r.seen ? r.calls_per_s : "", "num"));
     tr.append(el("td", r.seen ? human(r.bytes_per_s) : "", "num"));
     const rec = el("td", undefined, "recent");

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import settings
 from ..checks.report import _state
+from ..checks.stragglers import book_of
 from ..identity.stacks import current_frames
 
 __all__ = ["PAGE_KEY", "PERIOD", "LivePublisher", "ask_key", "current_publisher", "rank_key",
@@ -112,6 +113,7 @@ class LivePublisher:
             "failed": (f"{type(failure).__name__}: {failure}"[:REPORT_CHARS]
                        if failure is not None else ""),
             "closed": bool(comm.closed), "publisher_cpu_s": round(self.cpu_s, 4),
+            "stragglers": book_of(comm),
         }
 
     def publish(self) -> None:
