@@ -162,6 +162,20 @@ class SimHosts:
     def heal(self, i: int) -> None:
         _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "master", "br0")
 
+    def cut_one_way(self, src: int, dst: int) -> None:
+        """Silently drop what host ``src`` sends to host ``dst``; the other way still works.
+        How, with neither netfilter nor tc filters: ``src`` gets a permanent neighbour
+        entry for ``dst``'s address with a MAC nobody has, so its frames are flooded by
+        the bridge and dropped by every host (not addressed to it)."""
+        _ip("-n", self.hosts[src], "neigh", "replace", self.addr(dst), "lladdr",
+            "02:00:5e:00:53:ff", "nud", "permanent", "dev", "eth0")
+
+    def power_off(self, i: int) -> None:
+        """Host ``i`` loses power: its link goes first (nothing it sends on the way down,
+        no FIN, no RST, arrives), then every process inside it is SIGKILLed."""
+        self.cut(i)
+        _kill_inside(self.hosts[i])
+
     def close(self) -> None:
         for proc in self._procs:
             if proc.poll() is None:
