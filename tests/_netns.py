@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PREFIX = "net-"
@@ -113,6 +113,7 @@ class SimHosts:
         self.hosts = [f"{self.prefix}-h{i}" for i in range(n)]
         self.hostnames = [f"h{i}" for i in range(n)]
         self._procs: list[subprocess.Popen[Any]] = []
+        self._closers: list[Callable[[], None]] = []
         self.tmpdirs = [tempfile.mkdtemp(prefix=f"{ns}-tmp-") for ns in self.hosts]
         try:
             self._build()
@@ -176,7 +177,13 @@ class SimHosts:
         self.cut(i)
         _kill_inside(self.hosts[i])
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` first in :meth:`close` (a helper's own teardown: ``_netns_netem``)."""
+        self._closers.append(fn)
+
     def close(self) -> None:
+        for fn in self._closers:
+            fn()
         for proc in self._procs:
             if proc.poll() is None:
                 try:
