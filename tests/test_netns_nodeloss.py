@@ -42,7 +42,7 @@ def _raised(job: Job, ranks: set[int], fault: float, what: str) -> dict[int, tup
     def done(lines: list[str]) -> bool:
         return {int(x.split()[1]) for x in lines if x.startswith("raised ")} >= ranks
     assert job.wait_for(done, 30), job.text()
-    got = {}
+    got: dict[int, tuple[float, str]] = {}
     for _, _, line in job.lines:
         if line.startswith("raised "):
             _, rank, when, message = line.split(" ", 3)
