@@ -391,6 +391,7 @@ class LocalAgent:
             elif kind == "lost":
                 assert isinstance(what, str)
                 result.lost_nodes.append(what)
+                self._tell_ranks(what)  # they recover in place: the sooner the better
                 _say(f"rankwise run: {what}; --on-failure=continue: the ranks on this node "
                      "go on")
             elif kind in ("remote", "abort"):

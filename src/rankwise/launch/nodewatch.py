@@ -82,6 +82,7 @@ class NodeWatch:
         #: the UDP beats' timeout (``launch.beacon``; 0: none)
         self.fast_timeout = node_timeout(self.timeout) if fast_timeout is None else fast_timeout
         self.beacon: Beacon | None = None
+        self._unpublished = ""  #: the beacon's record, until a store beat carried it
         self._warned: set[int] = set()  #: nodes said to send no UDP beats
         now = time.monotonic()
         self.store_ok_at = now  #: last time a store call of ours came back
@@ -143,7 +144,7 @@ class NodeWatch:
 
     def _store_beat(self, store: Store) -> None:
         """One round trip: our beat, the others' counters and ends, beacon records."""
-        publish = self._start_beacon(store)
+        publish = self._start_beacon(store) or self._unpublished
         others = sorted(self._heard)
         open_ = [n for n in others if n not in self._ended]
         missing = [] if self.beacon is None else \
@@ -154,6 +155,7 @@ class NodeWatch:
         ops += [("read", key) for n in open_ for key in (f"{_KEY}{n}/end", f"{PREFIX}end/{n}")]
         ops += [("read", f"{_UDP}{n}") for n in missing]
         got = iter(store.batch(ops)[1 if publish else 0:])
+        self._unpublished = ""  # out: the others can beat to us
         next(got)
         for n in others:
             count = next(got)
@@ -184,7 +186,8 @@ class NodeWatch:
             self.fast_timeout = 0.0
             return ""
         self.beacon.start()
-        return self.beacon.record()
+        self._unpublished = self.beacon.record()  # until a store beat carried it
+        return self._unpublished
 
     def _judge_loop(self) -> None:
         step = self.interval if not self.fast_timeout else \
