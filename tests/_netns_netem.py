@@ -24,11 +24,16 @@ import time
 
 from _netns import SimHosts, _ip
 
-__all__ = ["LossyLink", "make_lossy"]
+__all__ = ["LossyLink", "make_lossy", "unavailable"]
 
 _TUNSETIFF = 0x400454CA
 _IFF_TAP = 0x0002
 _IFF_NO_PI = 0x1000
+
+
+def unavailable() -> str:
+    """Why no lossy link can be made here ("" when it can)."""
+    return "" if os.path.exists("/dev/net/tun") else "no /dev/net/tun (TAP devices)"
 
 
 def _tap(name: str) -> int:

@@ -17,6 +17,7 @@ import pytest
 from _netns import SimHosts, two_hosts, unavailable
 from _netns_job import Job
 from _netns_netem import make_lossy
+from _netns_netem import unavailable as no_netem
 
 _WHY = unavailable()
 pytestmark = [pytest.mark.procs, pytest.mark.slow, pytest.mark.timeout(300),
@@ -58,6 +59,7 @@ def test_a_rank_holding_the_gil_for_20s_on_a_loaded_machine_is_not_reported(
 
 
 @pytest.mark.usefixtures("defaults")
+@pytest.mark.skipif(bool(no_netem()), reason=f"no lossy link: {no_netem()}")
 def test_a_slow_lossy_link_is_not_a_lost_node(hosts: SimHosts) -> None:
     link = make_lossy(hosts, 1, delay=0.3, jitter=0.1, loss=0.01)
     job = Job(hosts, ["loop", "25"], {})
