@@ -11,9 +11,10 @@ judging in another, so a store call blocked on a silent network never delays the
 
 That watch is the backstop. The fast one is the launchers' UDP beats (``launch.beacon``,
 ``RANKWISE_NODE_TIMEOUT``, 3.5 s): their addresses and keys travel in the same store
-beats, and a node they find lost is judged like one the store found lost. A verdict names
-the first rank of the lost node (``lost_rank``), so the agent can hand it to its own ranks
-at once (``LocalAgent.abort``) rather than let them wait for their own, slower heartbeats.
+beats, and a node they find lost is judged like one the store found lost. A verdict
+(``NodeVerdict``) carries the first rank of the lost node, so the agent can hand it to its
+own ranks at once (``LocalAgent.abort``) rather than let them wait for their own, slower
+heartbeats.
 
 ``Detached`` runs the launcher's best-effort store writes (failure and exit notices) in
 order on a thread of their own, so a silent store never stalls the teardown of the ranks.
@@ -163,7 +164,8 @@ class NodeWatch:
                 self._counts[n] = count
                 self._heard[n] = time.monotonic()
         for n in open_:
-            if next(got) is not None or next(got) is not None:
+            beats_end, finished = next(got), next(got)  # both read: the order is positional
+            if beats_end is not None or finished is not None:
                 self._ended.add(n)
         for n in missing:
             record = next(got)
