@@ -162,20 +162,23 @@ class Beacon:
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
-            now = time.monotonic()
-            with self._lock:
-                peers = list(self._peers.values())
-            self._seq += 1
-            for peer in peers:
-                age = _NEVER if not peer.heard else min(int((now - peer.heard) * 1000),
-                                                        _NEVER - 1)
-                head = _HEAD.pack(_MAGIC, self.node, self._seq, age)
-                try:
-                    self._sock.sendto(head + self._mac(self._key, head), peer.addr)
-                except OSError:
-                    pass  # unreachable now: the silence is what the other side judges
+            self.beat(time.monotonic())
             self._stop.wait(self.interval)
         self._sock.close()
+
+    def beat(self, now: float) -> None:
+        """One beat to every peer, each saying how long ago (``now``) we last heard it."""
+        with self._lock:
+            peers = [(p.addr, p.heard) for p in self._peers.values()]
+        self._seq += 1
+        for addr, heard in peers:
+            # clamped: the receive thread may note a beat after ``now`` was read
+            age = _NEVER if not heard else min(max(int((now - heard) * 1000), 0), _NEVER - 1)
+            head = _HEAD.pack(_MAGIC, self.node, self._seq, age)
+            try:
+                self._sock.sendto(head + self._mac(self._key, head), addr)
+            except OSError:
+                pass  # unreachable now: the silence is what the other side judges
 
     def _recv_loop(self) -> None:
         while not self._stop.is_set():
