@@ -114,7 +114,7 @@ def test_the_news_pipe_is_taken_only_when_it_is_that_very_pipe() -> None:
 def test_a_beat_just_after_a_peer_was_heard_still_goes_out(pair: tuple[Beacon, Beacon]) -> None:
     """The receive thread may note a beat after the send thread read the clock: the age
     it sends is then 0, not negative (which once killed the send thread: a false report)."""
-    a, b = pair
+    a, _ = pair
     assert _until(lambda: a.heard(1) > 0)
     seq = a._seq
     a.beat(a.heard(1) - 1.0)  # "now" a second before the peer was heard

@@ -104,10 +104,13 @@ class Beacon:
 
     def add_peer(self, node: int, record: bytes) -> None:
         """Another node's ``record``; beats to it start with the next round."""
-        info = json.loads(record.decode())
+        try:
+            info = json.loads(record.decode())
+            peer = _Peer((str(info["host"]), int(info["port"])), bytes.fromhex(info["key"]))
+        except (ValueError, KeyError, TypeError):
+            return  # not a record of ours: that node is never heard, the store watch judges
         with self._lock:
-            self._peers.setdefault(node, _Peer((info["host"], int(info["port"])),
-                                               bytes.fromhex(info["key"])))
+            self._peers.setdefault(node, peer)
 
     def known(self) -> set[int]:
         with self._lock:
@@ -162,7 +165,10 @@ class Beacon:
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
-            self.beat(time.monotonic())
+            try:
+                self.beat(time.monotonic())
+            except Exception:  # noqa: BLE001, S110 - a dead beat thread reads as a lost node
+                pass
             self._stop.wait(self.interval)
         self._sock.close()
 
