@@ -150,7 +150,7 @@ class Beacon:
             silent, deaf = now - peer.heard, peer.hears_us_age
         if silent > limit:
             return (f"stopped answering {silent:.1f} s ago: its launcher's beats stopped "
-                    f"arriving (host down, network partition or its launcher was killed; "
+                    f"arriving (network partition, host down or its launcher was killed; "
                     f"RANKWISE_NODE_TIMEOUT={self.timeout:g})")
         if deaf is not None and deaf > limit:
             return (f"stopped answering: its launcher's beats still arrive but say it has "
