@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PREFIX = "net-"
@@ -113,6 +113,7 @@ class SimHosts:
         self.hosts = [f"{self.prefix}-h{i}" for i in range(n)]
         self.hostnames = [f"h{i}" for i in range(n)]
         self._procs: list[subprocess.Popen[Any]] = []
+        self._closers: list[Callable[[], None]] = []
         self.tmpdirs = [tempfile.mkdtemp(prefix=f"{ns}-tmp-") for ns in self.hosts]
         try:
             self._build()
@@ -162,7 +163,27 @@ class SimHosts:
     def heal(self, i: int) -> None:
         _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "master", "br0")
 
+    def cut_one_way(self, src: int, dst: int) -> None:
+        """Silently drop what host ``src`` sends to host ``dst``; the other way still works.
+        How, with neither netfilter nor tc filters: ``src`` gets a permanent neighbour
+        entry for ``dst``'s address with a MAC nobody has, so its frames are flooded by
+        the bridge and dropped by every host (not addressed to it)."""
+        _ip("-n", self.hosts[src], "neigh", "replace", self.addr(dst), "lladdr",
+            "02:00:5e:00:53:ff", "nud", "permanent", "dev", "eth0")
+
+    def power_off(self, i: int) -> None:
+        """Host ``i`` loses power: its link goes first (nothing it sends on the way down,
+        no FIN, no RST, arrives), then every process inside it is SIGKILLed."""
+        self.cut(i)
+        _kill_inside(self.hosts[i])
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` first in :meth:`close` (a helper's own teardown: ``_netns_netem``)."""
+        self._closers.append(fn)
+
     def close(self) -> None:
+        for fn in self._closers:
+            fn()
         for proc in self._procs:
             if proc.poll() is None:
                 try:

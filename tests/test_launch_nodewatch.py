@@ -94,3 +94,17 @@ def test_no_restart_that_could_only_wait_for_a_node_known_lost() -> None:
     assert "--nnodes 2 needs 2" in text and "--rdzv-timeout (300 s)" in text, text
     elastic = JobOptions(cmd=["x"], min_nodes=1, max_nodes=2, max_restarts=1)
     assert _too_few_left(_killed_rank(), elastic, rnd, 0) == ""  # 1 node may go on
+
+
+def test_one_store_beat_reads_every_node_right() -> None:
+    """The store beat is one batch (a slow link pays per round trip): each node's counter
+    and its two "done" records land where they belong, whichever of them are set."""
+    store = HashStore()
+    watch = NodeWatch(lambda: store, 0, ["h0", "h1", "h2"], 1, timeout=0.4)
+    store.add("rankwise/nodebeat/2", 5)
+    watch._store_beat(store)
+    assert watch._ended == set() and watch._counts == {1: 0, 2: 5}
+    store.set("rankwise/nodebeat/1/end", "1")  # node 1's beats ended
+    store.set("rankwise/rdzv/end/2", "1")  # node 2's launcher finished
+    watch._store_beat(store)
+    assert watch._ended == {1, 2} and int(store.get("rankwise/nodebeat/0")) == 2

@@ -41,9 +41,9 @@ def test_partition_for_good_fails_both_sides_and_ends_both_launchers(hosts: SimH
     _ready(job)
     hosts.cut(1)
     assert job.wait_for(lambda ls: sum(line.startswith("raised ") for line in ls) == 4, 45), job.text()
-    for line in _raised(job):
+    for line in _raised(job):  # the ranks' own heartbeats, or their launcher's news
         assert "PeerFailure" in line and "stopped answering" in line, line
-        assert "network partition, host down or frozen process" in line, line
+        assert "network partition, host down or " in line, line
     codes = [job.wait_exit(n, 60) for n in range(2)]
     assert codes == [1, 1], job.text()
     assert "Root cause (the launcher ended the job): node 1 (h1, ranks 2-3) stopped answering" \

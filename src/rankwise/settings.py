@@ -110,6 +110,9 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
        "given", low=0, strict=True),
     _v("HEARTBEAT_TIMEOUT", "number", "15", "seconds of silence after which a peer is "
        "reported lost; 0 turns heartbeats off", low=0),
+    _v("NODE_TIMEOUT", "number", "3.5", "seconds of silence after which rankwise run's "
+       "launchers report another node lost (0: off; off too when RANKWISE_HEARTBEAT_TIMEOUT "
+       "is 0)", low=0),
     _v("HANDSHAKE_TIMEOUT", "number", "10", "seconds a new connection's handshake may "
        "take", low=0, strict=True),
     _v("WARN_AFTER", "number", "30", "seconds a wait lasts before it logs who is where",
@@ -174,6 +177,8 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
        "twin)", low=0, who="launcher"),
     _v("ERROR_FILE", "text", "", "where a worker writes its uncaught exception "
        "(TORCHELASTIC_ERROR_FILE's twin)", who="launcher"),
+    _v("NODE_NEWS", "text", "", "the pipe a worker hears its launcher's node verdicts on",
+       who="launcher"),
     _v("JOB_MARKER", "text", "", "marks every process of one job, for the launcher's "
        "watchdog", who="launcher"),
     _v("TENSOR_PATH", "choice", "", "CPU torch tensors take the device path (no GPU to "

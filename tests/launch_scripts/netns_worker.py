@@ -3,13 +3,16 @@
 Argv: MODE SECONDS. MODE ``loop``: all_reduce of ``[rank+1]`` for SECONDS (of the fastest
 rank), each result checked; ``large``: the same, each call followed by a checked 512 KiB one
 (the tiered engine's path: shared memory within a host, tcp between hosts); ``busy``: rank 3
-computes in pure Python for SECONDS while the others wait in a barrier. Prints
+computes in pure Python for SECONDS while the others wait in a barrier; ``gil``: the same,
+but rank 3 holds the GIL for SECONDS in one C call (libc's ``sleep`` through ``ctypes.PyDLL``,
+which keeps the GIL: no other thread of it runs, its heartbeats included). Prints
 ``ready <rank> <pid> <host> <engine>`` once the group works, ``done <rank> <calls>`` at the
 end, and on an error ``raised <rank> <monotonic> <type>: <message>``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
@@ -38,6 +41,11 @@ def main() -> int:
                 x = 0
                 while time.monotonic() < end:
                     x += 1
+            dist.barrier()
+        if mode == "gil":
+            dist.barrier()
+            if rank == world - 1:
+                ctypes.PyDLL(None).sleep(int(seconds))
             dist.barrier()
         while mode in ("loop", "large"):
             # the second element: ranks whose time is up; all stop on the same call

@@ -12,23 +12,41 @@ The beats come from background threads, so a rank busy in Python keeps beating (
 interpreter switches threads every 5 ms); only a C call that holds the GIL longer than the
 timeout could be mistaken for a frozen process (docs/heartbeats.md). Sending and watching are
 separate threads: a send blocked on a full socket must not stop this rank from watching.
+
+Under ``rankwise run`` the launchers watch the nodes (``launch.beacon``, 3.5 s) and each
+tells its own ranks of a lost node through a pipe (``LauncherNews``): that is how a lost
+node reaches a rank within seconds. The ranks' own beats then default to
+``LAUNCHED_HEARTBEAT_TIMEOUT`` (60 s): they only back up the launchers, and a rank that
+holds the GIL for 20 s must not be reported as frozen.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import stat
 import threading
 import time
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, ClassVar
 
+from .. import settings
 from ..errors import DistError, PeerFailure
-from ..transport.keepalive import DEFAULT_TIMEOUT, heartbeat_timeout
+from ..transport.keepalive import (
+    DEFAULT_TIMEOUT,
+    LAUNCHED_HEARTBEAT_TIMEOUT,
+    NEWS_ENV,
+    heartbeat_timeout,
+)
 from ..wire.frames import Kind, encode_header
 
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["DEFAULT_TIMEOUT", "Heartbeat", "heartbeat_timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "LAUNCHED_HEARTBEAT_TIMEOUT", "NEWS_ENV", "Heartbeat",
+           "LauncherNews", "heartbeat_timeout"]
+
 
 
 class Heartbeat:
@@ -57,9 +75,10 @@ class Heartbeat:
         """A heartbeat for ``comm`` (before its transport starts: the first beat from a
         peer may come at once), unless alone or turned off (timeout 0)."""
         timeout = heartbeat_timeout()
-        if comm.world_size < 2 or timeout == 0:
+        if comm.world_size < 2:
             return None
-        return cls(comm, timeout)
+        LauncherNews.listen(comm)
+        return None if timeout == 0 else cls(comm, timeout)
 
     def start(self) -> None:
         """Start beating and watching (once the transport runs)."""
@@ -138,3 +157,69 @@ class Heartbeat:
         )
         comm.router.fail_all(exc)
         comm.broadcast_abort(comm.relay_of(exc), background=True)
+
+
+class LauncherNews:
+    """Reads this rank's news pipe from its launcher (``RANKWISE_NODE_NEWS``): each line is a
+    lost node, raised at once as a ``PeerFailure`` in every wait of every communicator of
+    this process that is still open, and passed on to the peers it still reaches (as a
+    heartbeat's report). One reader thread per process, started with the first
+    communicator; the pipe's end (EOF: the launcher is gone) stops it quietly."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _comms: ClassVar[weakref.WeakSet[Communicator]] = weakref.WeakSet()
+    _started: ClassVar[bool] = False
+
+    @classmethod
+    def listen(cls, comm: Communicator) -> None:
+        """Let ``comm`` hear the launcher's news (a no-op without a launcher's pipe)."""
+        with cls._lock:
+            cls._comms.add(comm)
+            if cls._started:
+                return
+            fd = _news_fd(settings.text(NEWS_ENV) or "")
+            if fd is None:
+                return
+            cls._started = True
+        threading.Thread(target=cls._read, args=(fd,), name="rankwise-launcher-news",
+                         daemon=True).start()
+
+    @classmethod
+    def _read(cls, fd: int) -> None:
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            for line in iter(pipe.readline, b""):
+                try:
+                    news = json.loads(line)
+                    rank, message = int(news["rank"]), str(news["message"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                with cls._lock:
+                    comms = list(cls._comms)
+                for comm in comms:
+                    cls._raise(comm, rank, message, news)
+
+    @staticmethod
+    def _raise(comm: Communicator, rank: int, message: str, news: dict[str, object]) -> None:
+        if comm.closed or comm.router.failure is not None or not 0 <= rank < comm.world_size:
+            return
+        exc = PeerFailure(
+            f"{message} (found by the launcher of node {news.get('node')} on host "
+            f"{news.get('host')}, which told rank {comm.rank})",
+            rank=rank, last_collective=comm.departures.last_from(rank),
+        )
+        comm.router.fail_all(exc)
+        comm.broadcast_abort(comm.relay_of(exc), background=True)
+
+
+def _news_fd(spec: str) -> int | None:
+    """The pipe's fd from ``<fd>:<inode>``, only if this process holds that very pipe."""
+    fd_text, _, inode = spec.partition(":")
+    try:
+        fd, ino = int(fd_text), int(inode)
+        st = os.fstat(fd)
+    except (ValueError, OSError):
+        return None
+    if not stat.S_ISFIFO(st.st_mode) or st.st_ino != ino:
+        return None
+    os.set_inheritable(fd, False)  # a program it runs gets the variable, not the pipe
+    return fd

@@ -12,6 +12,11 @@ Why it is built this way:
   queue with the next teardown deadline as timeout.
 * **Released together**: each worker is held stopped until the node's last one is spawned
   (``launch.gate``), so none waits in init for a spawn loop slowed by the others.
+* **News pipe per worker** (``RANKWISE_NODE_NEWS``): a node the node watch finds lost is
+  written to every rank of this node at once (``core.heartbeat.LauncherNews`` raises it in
+  every wait there), so the ranks do not wait for their own heartbeats, which under
+  ``rankwise run`` default to 60 s (``LAUNCHED_HEARTBEAT_TIMEOUT``): the launcher's beats
+  cover lost nodes, and a rank that holds the GIL for a while must not be reported.
 * **Teardown after the first failure**: the other ranks were already told by the core (they
   raise ``PeerFailure``); they get ``grace`` seconds to finish their ``finally`` blocks, then
   SIGTERM (+SIGCONT so a stopped rank can act on it), then, ``grace`` seconds later, SIGKILL.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import queue
 import signal
@@ -32,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
+from ..transport.keepalive import LAUNCHED_HEARTBEAT_TIMEOUT, NEWS_ENV
 from .env import WorkerEnvSpec, worker_environment
 from .gate import StartGate
 from .output import StreamPump, console_stream
@@ -167,6 +174,20 @@ class _Worker:
     outcome: WorkerOutcome
     proc: subprocess.Popen[bytes]
     pumps: list[StreamPump]
+    news: int = -1  #: the write end of its news pipe (-1: closed)
+
+    def tell(self, line: bytes) -> None:
+        """Write one line of news; dropped when the pipe is full or the rank gone."""
+        if self.news >= 0:
+            try:
+                os.write(self.news, line)
+            except OSError:
+                pass
+
+    def close_news(self) -> None:
+        if self.news >= 0:
+            os.close(self.news)
+            self.news = -1
 
 
 # Events posted to the agent's queue: (kind, local_rank or signal, wait status, time).
@@ -228,21 +249,25 @@ class LocalAgent:
         env = worker_environment(spec, cfg.base_env)
         if joining:  # the process joins the running world at its next grow()
             env["RANKWISE_JOIN"] = "1"
+        if "RANKWISE_HEARTBEAT_TIMEOUT" not in cfg.base_env:  # the launchers watch nodes
+            env["RANKWISE_HEARTBEAT_TIMEOUT"] = f"{LAUNCHED_HEARTBEAT_TIMEOUT:g}"
+        news_r, news_w = os.pipe()
+        os.set_blocking(news_w, False)
+        # the inode too: a process that inherits the variable but not the pipe (a
+        # subprocess started with close_fds) must not take another fd for it
+        env[NEWS_ENV] = f"{news_r}:{os.fstat(news_r).st_ino}"
         logs = [self._open_log(attempt, local_rank, s) for s in ("stdout", "stderr")]
         # several workers sharing one console interleave mid-line (print() writes the
         # text and the newline separately): pipe them and pass on whole lines
         piped = cfg.prefix or cfg.log_dir is not None or cfg.nnodes * cfg.nproc > 1 \
             or cfg.console_ranks is not None
-        proc = subprocess.Popen(
-            list(cfg.cmd),
-            env=env,
-            stdout=subprocess.PIPE if piped else None,
-            stderr=subprocess.PIPE if piped else None,
-            stdin=subprocess.DEVNULL,
-            # Safe despite our threads: the hook only calls setpgid, a prctl resolved before
-            # the fork and getppid; glibc's fork leaves malloc usable in the child.
-            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
-        )
+        try:
+            proc = self._popen(env, piped, news_r)
+        except BaseException:
+            os.close(news_w)
+            raise
+        finally:
+            os.close(news_r)
         pumps: list[StreamPump] = []
         if piped:
             to_console = (cfg.log_dir is None or cfg.tee) and (
@@ -255,7 +280,33 @@ class LocalAgent:
         outcome = WorkerOutcome(rank=rank, local_rank=local_rank, node_rank=cfg.node_rank,
                                 pid=proc.pid, returncode=None, observed_at=0.0,
                                 error_file=error_file, host=cfg.host)
-        return _Worker(outcome, proc, pumps)
+        return _Worker(outcome, proc, pumps, news_w)
+
+    def _popen(self, env: dict[str, str], piped: bool, news_r: int) -> subprocess.Popen[bytes]:
+        cfg = self.config
+        return subprocess.Popen(
+            list(cfg.cmd),
+            env=env,
+            stdout=subprocess.PIPE if piped else None,
+            stderr=subprocess.PIPE if piped else None,
+            stdin=subprocess.DEVNULL,
+            # Safe despite our threads: the hook only calls setpgid, a prctl resolved before
+            # the fork and getppid; glibc's fork leaves malloc usable in the child.
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
+            pass_fds=(news_r,),
+        )
+
+    def _tell_ranks(self, verdict: str) -> None:
+        """A lost node's verdict (``nodewatch.NodeVerdict``) to every rank here, at once."""
+        rank = getattr(verdict, "rank", None)
+        if rank is None:
+            return  # not a lost node: the launcher's own reason ends the attempt as before
+        cfg = self.config
+        line = json.dumps({"message": str(verdict), "rank": rank, "node": cfg.node_rank,
+                           "host": cfg.host}).encode() + b"\n"
+        for w in self._workers:
+            if w.outcome.returncode is None:
+                w.tell(line)
 
     # -- signalling -----------------------------------------------------------------------
     def _signal_group(self, worker: _Worker, signum: int) -> None:
@@ -340,6 +391,7 @@ class LocalAgent:
             elif kind == "lost":
                 assert isinstance(what, str)
                 result.lost_nodes.append(what)
+                self._tell_ranks(what)  # they recover in place: the sooner the better
                 _say(f"rankwise run: {what}; --on-failure=continue: the ranks on this node "
                      "go on")
             elif kind in ("remote", "abort"):
@@ -349,6 +401,7 @@ class LocalAgent:
                         result.remote_failure = what
                     else:
                         result.aborted = what
+                        self._tell_ranks(what)
                     start_teardown(None)
             elif kind == "stop":
                 assert isinstance(what, int)
@@ -389,6 +442,7 @@ class LocalAgent:
         return True
 
     def _record_exit(self, w: _Worker, status: int, when: float) -> None:
+        w.close_news()
         code = os.waitstatus_to_exitcode(status)
         w.proc.returncode = code
         w.outcome.returncode = code
@@ -414,5 +468,6 @@ class LocalAgent:
                 self._record_exit(self._workers[what], status, when)
                 missing.discard(what)
         for w in self._workers:
+            w.close_news()
             for pump in w.pumps:
                 pump.join(timeout=2.0)

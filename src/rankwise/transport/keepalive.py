@@ -12,11 +12,17 @@ import socket
 
 from .. import settings
 
-__all__ = ["DEFAULT_TIMEOUT", "heartbeat_timeout", "keep_alive"]
+__all__ = ["DEFAULT_TIMEOUT", "LAUNCHED_HEARTBEAT_TIMEOUT", "NEWS_ENV", "heartbeat_timeout",
+           "keep_alive"]
 
 #: seconds of silence before a peer is reported (docs/heartbeats.md says why 15)
 DEFAULT_TIMEOUT = 15.0
 _ENV = "RANKWISE_HEARTBEAT_TIMEOUT"
+#: the ranks' heartbeat timeout under ``rankwise run`` unless RANKWISE_HEARTBEAT_TIMEOUT is set
+#: (the launchers' node beats watch the nodes: docs/heartbeats.md)
+LAUNCHED_HEARTBEAT_TIMEOUT = 60.0
+#: ``<fd>:<inode>`` of the pipe the launcher writes a lost node's news to (``launch.agent``)
+NEWS_ENV = "RANKWISE_NODE_NEWS"
 
 
 def heartbeat_timeout() -> float:
