@@ -19,8 +19,10 @@ thread's CPU time (``time.thread_time``) is rankwise's own bookkeeping:
 Each is divided by the reference, timed in the same processes and rounds: torch's own
 ``torch.distributed.all_reduce`` into a ``ProcessGroup`` subclass whose ``allreduce``
 returns one completed ``Work`` (made once: the dispatch every backend pays, and nothing
-else). The cases alternate in rounds (forward, then reversed), each after a barrier;
-per round the slower rank counts; the figures are medians over rounds, with min-max.
+else). The cases alternate in short rounds (forward, then reversed), each after a
+barrier, so that a case and the reference see the same machine; per round the ranks'
+mean counts, and each ratio is taken within a round; the figures are medians over
+rounds, with quartiles and range.
 Two cases more are shown, not rated: a 1 MiB tensor through ``rankwise.all_reduce`` and
 ``torch.distributed.all_reduce(async_op=True)`` then ``wait()``. The last line:
 
@@ -46,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # _blocks (which puts this tree's src first), _fake_nccl
 
-from _blocks import SRC, run_blocks, slowest_per_block, time_blocks
+from _blocks import SRC, run_blocks, time_blocks
 
 REFERENCE = "torch's dispatch"
 #: the rated cases, in the last line's order: (label, key, less the reference)
@@ -139,8 +141,11 @@ def _bench(rank: int, world: int, calls: int, rounds: int) -> dict[str, list[flo
     return times
 
 
-def _spread(xs: list[float], unit: str, digits: int) -> str:
-    return f"{statistics.median(xs):.{digits}f}{unit} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+def _spread(xs: list[float], unit: str) -> str:
+    """Median, quartiles and range of ``xs`` (the rounds')."""
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return (f"{q[1]:.2f}{unit} (quartiles {q[0]:.2f}-{q[2]:.2f}, "
+            f"range {min(xs):.2f}-{max(xs):.2f})")
 
 
 def ratios(us: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -165,29 +170,32 @@ def report(world: int, checks: str, us: dict[str, list[float]]) -> list[str]:
     """The table for ``world`` ranks: each case's microseconds and ratio, with spread."""
     rated = ratios(us)
     mode = os.environ.get("RANKWISE_CHECK", "async")
-    lines = [(f"world {world}, checks {checks} ({mode}): caller CPU per call, slower rank per "
-              "round, median (min-max)")]
-    lines.append(f"  {REFERENCE:<24} {_spread(us[REFERENCE], ' us', 2)}")
+    lines = [(f"world {world}, checks {checks} ({mode}): caller CPU per call, the ranks' mean "
+              "per round; median over rounds")]
+    lines.append(f"  {REFERENCE:<22} {_spread(us[REFERENCE], ' us')}")
     for label, key, less in RATED:
         how = " (less the reference)" if less else ""
-        lines.append(f"  {key:<24} {_spread(us[key], ' us', 2)}: "
-                     f"{_spread(rated[label], 'x', 2)}{how}")
+        lines.append(f"  {key:<22} {_spread(us[key], ' us')}")
+        lines.append(f"  {'':<22} {_spread(rated[label], 'x')}{how}")
     for key in EXTRA:
         over = [x / r for x, r in zip(us[key], us[REFERENCE], strict=True)]
-        lines.append(f"  {key:<24} {_spread(us[key], ' us', 2)}: {_spread(over, 'x', 2)}")
+        lines.append(f"  {key:<22} {_spread(us[key], ' us')}")
+        lines.append(f"  {'':<22} {_spread(over, 'x')}")
     return lines
 
 
 def measure(world: int, calls: int, rounds: int) -> dict[str, list[float]]:
-    """Microseconds per call of every case, per round, the slower rank's."""
+    """Microseconds per call of every case, per round, the ranks' mean (each rank pays
+    the same CPU per call in a ring: the mean is that cost, steadier than the slower)."""
     per_rank = run_blocks(_bench, world, (calls, rounds))
-    return {name: slowest_per_block(per_rank, name) for name in per_rank[0]}
+    return {name: [statistics.fmean(r) * 1e6 for r in zip(*(p[name] for p in per_rank))]
+            for name in per_rank[0]}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=2000, help="calls per case per round")
-    parser.add_argument("--rounds", "--repeats", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=500, help="calls per case per round")
+    parser.add_argument("--rounds", "--repeats", type=int, default=21)
     parser.add_argument("--worlds", default="1,2",
                         help="world sizes, comma-separated; the last line is world 2's")
     args = parser.parse_args(argv)
