@@ -1,0 +1,117 @@
+"""``rankwise bench`` on two trees, alternated in one session, their ratios side by side.
+
+    python benchmarks/bench_ab.py --old /tmp/wt-old --new . --reps 3 -- \\
+        -n 2,4 --sizes 4,4K,1M --engines shm,tcp [--pattern skewed|interleaved|stopflag]
+
+Why: on a shared machine a latency means nothing between two runs; rankwise's time over
+gloo's, measured in the same processes and rounds (``rankwise bench``'s ratio), does.
+Each rep runs the bench once per tree, the order swapped every rep, each tree's own
+rankwise and its own ``rankwise bench`` (its ``src`` first on ``PYTHONPATH``). Per cell
+(ranks, engine, op, size) the table gives each tree's ratio, the median over reps (the
+range of the reps after it), and new/old: below 1 the new tree is faster. ``worse``
+marks a cell whose every new rep is above every old one (outside the reps' noise).
+
+A pattern the old tree lacks (``stopflag`` before it existed): copy the new tree's
+``src/rankwise/bench`` into a throwaway worktree of the old commit first; the bench
+drives rankwise through its public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: (ranks, engine label, op, bytes): one cell of the bench
+Cell = tuple[int, str, str, int]
+
+
+def run_bench(tree: Path, args: list[str], timeout: float) -> list[dict[str, Any]]:
+    """One ``rankwise bench`` of ``tree``'s own rankwise; its saved runs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree / "src"), env.get("PYTHONPATH", ""))
+                                        if p)
+    with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
+        raw = os.path.join(tmp, "raw.json")
+        cmd = [sys.executable, "-m", "rankwise", "bench", *args, "--no-mpi", "--json", raw]
+        done = subprocess.run(cmd, cwd=tree, env=env, timeout=timeout, check=False,
+                              capture_output=True, text=True)
+        if done.returncode != 0 or not os.path.exists(raw):
+            raise SystemExit(f"{tree}: rankwise bench failed ({done.returncode}):\n"
+                             f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        with open(raw, encoding="utf-8") as f:
+            runs: list[dict[str, Any]] = json.load(f)["runs"]
+    return runs
+
+
+def ratios(runs: list[dict[str, Any]], src: Path) -> dict[Cell, float]:
+    """rankwise/gloo, the ratio of medians over rounds, per cell of one bench."""
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+    from rankwise.bench.report import summarize
+
+    out: dict[Cell, float] = {}
+    for run in runs:
+        for row in summarize(run):
+            for (mine, ref), (med, _lo, _hi) in row["ratio"].items():
+                if ref == "gloo":
+                    out[(int(run["world_size"]), mine, row["op"], int(row["bytes"]))] = med
+    return out
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def table(old: list[dict[Cell, float]], new: list[dict[Cell, float]]) -> list[str]:
+    """Each cell's ratios over the reps, old and new, and new/old of the medians."""
+    lines = [(f"{'ranks':>5} {'engine':<14} {'op':<11} {'bytes':>8}  {'old rw/gloo':>18}  "
+             f"{'new rw/gloo':>18}  {'new/old':>7}")]
+    for cell in sorted(set().union(*old, *new)):
+        a = [r[cell] for r in old if cell in r]
+        b = [r[cell] for r in new if cell in r]
+        if not a or not b:
+            continue
+        change = statistics.median(b) / statistics.median(a)
+        worse = "  worse" if min(b) > max(a) else ""
+        n, engine, op, size = cell
+        lines.append(f"{n:>5} {engine:<14} {op:<11} {size:>8}  {_fmt(a):>18}  {_fmt(b):>18}  "
+                     f"{change:>7.2f}{worse}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--old", type=Path, required=True, help="the tree to compare against")
+    parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--reps", type=int, default=3, help="bench runs per tree, alternated")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per bench run")
+    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then rankwise bench's options")
+    ns = parser.parse_args(argv)
+    args = ns.bench[1:] if ns.bench[:1] == ["--"] else ns.bench
+    trees = {"old": ns.old.resolve(), "new": ns.new.resolve()}
+    for name, tree in trees.items():
+        if not (tree / "src" / "rankwise").is_dir():
+            parser.error(f"--{name} {tree}: no src/rankwise there")
+    if ns.reps < 1:
+        parser.error("--reps must be at least 1")
+    got: dict[str, list[list[dict[str, Any]]]] = {"old": [], "new": []}
+    for rep in range(ns.reps):
+        for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
+            print(f"rep {rep + 1}: {name} ({trees[name]})", file=sys.stderr, flush=True)
+            got[name].append(run_bench(trees[name], args, ns.timeout))
+    src = trees["new"] / "src"
+    print(f"rankwise bench {' '.join(args)}: {ns.reps} reps per tree, alternated")
+    print("\n".join(table([ratios(r, src) for r in got["old"]],
+                          [ratios(r, src) for r in got["new"]])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
