@@ -13,7 +13,9 @@ thread's CPU time (``time.thread_time``) is rankwise's own bookkeeping:
 - ``torch API``: ``torch.distributed.all_reduce`` of 4 bytes on backend "rankwise",
   less the reference (rankwise's part only);
 - ``1 MiB``: DDP's bucket path: a 1 MiB tensor handed to the backend's ``allreduce``
-  as DDP's reducer hands it (its options' ``asyncOp`` left true), then ``wait()``;
+  as DDP's reducer hands it (its options' ``asyncOp`` left true), then the work's
+  ``wait()`` (DDP waits on the work's future at the end of backward, long after it is
+  done; ``wait()`` settles that future without timing the async worker's hand-off);
 - ``async+wait``: ``rankwise.all_reduce(t, async_op=True)`` then ``wait()``.
 
 Each is divided by the reference, timed in the same processes and rounds: torch's own
