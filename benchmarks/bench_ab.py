@@ -7,9 +7,10 @@ Why: on a shared machine a latency means nothing between two runs; rankwise's ti
 gloo's, measured in the same processes and rounds (``rankwise bench``'s ratio), does.
 Each rep runs the bench once per tree, the order swapped every rep, each tree's own
 rankwise and its own ``rankwise bench`` (its ``src`` first on ``PYTHONPATH``). Per cell
-(ranks, engine, op, size) the table gives each tree's ratio, the median over reps (the
-range of the reps after it), and new/old: below 1 the new tree is faster. ``worse``
-marks a cell whose every new rep is above every old one (outside the reps' noise).
+(ranks, engine, op, size) the table gives each tree's rankwise/gloo of single rounds
+(paired in the round), pooled over the reps: median and quartiles; then new/old of the
+medians: below 1 the new tree is faster. ``worse`` marks a cell whose new quartiles lie
+wholly above the old ones (two identical trees, 3 reps of 5 rounds, rarely show one).
 
 A pattern the old tree lacks (``stopflag`` before it existed): copy the new tree's
 ``src/rankwise/bench`` into a throwaway worktree of the old commit first; the bench
@@ -50,36 +51,41 @@ def run_bench(tree: Path, args: list[str], timeout: float) -> list[dict[str, Any
     return runs
 
 
-def ratios(runs: list[dict[str, Any]], src: Path) -> dict[Cell, float]:
-    """rankwise/gloo, the ratio of medians over rounds, per cell of one bench."""
-    if str(src) not in sys.path:
-        sys.path.insert(0, str(src))
-    from rankwise.bench.report import summarize
-
-    out: dict[Cell, float] = {}
+def ratios(runs: list[dict[str, Any]]) -> dict[Cell, list[float]]:
+    """rankwise/gloo of each round (the two timed in the same round of the same pass),
+    per cell of one bench's saved runs."""
+    out: dict[Cell, list[float]] = {}
     for run in runs:
-        for row in summarize(run):
-            for (mine, ref), (med, _lo, _hi) in row["ratio"].items():
-                if ref == "gloo":
-                    out[(int(run["world_size"]), mine, row["op"], int(row["bytes"]))] = med
+        for p in run["passes"]:
+            for cell in p["cells"]:
+                secs: dict[str, list[float]] = cell["seconds"]
+                for mine in (x for x in secs if x.startswith("rankwise-") and "gloo" in secs):
+                    key = (int(run["world_size"]), mine, cell["op"], int(cell["bytes"]))
+                    out.setdefault(key, []).extend(
+                        a / b for a, b in zip(secs[mine], secs["gloo"], strict=True) if b > 0)
     return out
 
 
-def _fmt(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+def _quartiles(xs: list[float]) -> list[float]:
+    return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
 
 
-def table(old: list[dict[Cell, float]], new: list[dict[Cell, float]]) -> list[str]:
-    """Each cell's ratios over the reps, old and new, and new/old of the medians."""
+def _fmt(q: list[float]) -> str:
+    return f"{q[1]:.2f} ({q[0]:.2f}-{q[2]:.2f})"
+
+
+def table(old: list[dict[Cell, list[float]]], new: list[dict[Cell, list[float]]]) -> list[str]:
+    """Each cell's single-round ratios pooled over the reps, old and new: median
+    (quartiles), and new/old of the medians."""
     lines = [(f"{'ranks':>5} {'engine':<14} {'op':<11} {'bytes':>8}  {'old rw/gloo':>18}  "
              f"{'new rw/gloo':>18}  {'new/old':>7}")]
     for cell in sorted(set().union(*old, *new)):
-        a = [r[cell] for r in old if cell in r]
-        b = [r[cell] for r in new if cell in r]
-        if not a or not b:
+        a = _quartiles([x for r in old for x in r.get(cell, [])] or [0.0])
+        b = _quartiles([x for r in new for x in r.get(cell, [])] or [0.0])
+        if not a[1] or not b[1]:
             continue
-        change = statistics.median(b) / statistics.median(a)
-        worse = "  worse" if min(b) > max(a) else ""
+        change = b[1] / a[1]
+        worse = "  worse" if b[0] > a[2] else ""
         n, engine, op, size = cell
         lines.append(f"{n:>5} {engine:<14} {op:<11} {size:>8}  {_fmt(a):>18}  {_fmt(b):>18}  "
                      f"{change:>7.2f}{worse}")
@@ -92,6 +98,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--reps", type=int, default=3, help="bench runs per tree, alternated")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per bench run")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write every rep's saved runs, by tree")
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then rankwise bench's options")
     ns = parser.parse_args(argv)
     args = ns.bench[1:] if ns.bench[:1] == ["--"] else ns.bench
@@ -106,10 +114,11 @@ def main(argv: list[str]) -> int:
         for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
             print(f"rep {rep + 1}: {name} ({trees[name]})", file=sys.stderr, flush=True)
             got[name].append(run_bench(trees[name], args, ns.timeout))
-    src = trees["new"] / "src"
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as f:
+            json.dump({"bench": args, "trees": {k: str(v) for k, v in trees.items()}, **got}, f)
     print(f"rankwise bench {' '.join(args)}: {ns.reps} reps per tree, alternated")
-    print("\n".join(table([ratios(r, src) for r in got["old"]],
-                          [ratios(r, src) for r in got["new"]])))
+    print("\n".join(table([ratios(r) for r in got["old"]], [ratios(r) for r in got["new"]])))
     return 0
 
 

@@ -15,23 +15,23 @@ bench_ab = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_ab)
 
 
-def _run(n: int, rankwise: float, gloo: float) -> dict[str, Any]:
+def _run(n: int, rankwise: list[float], gloo: list[float]) -> dict[str, Any]:
     cell = {"op": "all_reduce", "bytes": 4, "kernel": {},
-            "seconds": {"rankwise-shm": [rankwise] * 3, "gloo": [gloo] * 3}}
-    return {"world_size": n, "rounds": 3, "passes": [{"engine": "shm", "cells": [cell]}]}
+            "seconds": {"rankwise-shm": rankwise, "gloo": gloo}}
+    return {"world_size": n, "rounds": len(gloo), "passes": [{"engine": "shm", "cells": [cell]}]}
 
 
-def test_ratios_are_rankwise_over_gloo_per_cell() -> None:
-    got = bench_ab.ratios([_run(2, 1e-6, 4e-6), _run(4, 3e-6, 4e-6)], ROOT / "src")
-    assert got == {(2, "rankwise-shm", "all_reduce", 4): 0.25,
-                   (4, "rankwise-shm", "all_reduce", 4): 0.75}
+def test_ratios_pair_rankwise_with_gloo_in_each_round() -> None:
+    got = bench_ab.ratios([_run(2, [1e-6, 3e-6], [4e-6, 4e-6]), _run(4, [2e-6], [1e-6])])
+    assert got == {(2, "rankwise-shm", "all_reduce", 4): [0.25, 0.75],
+                   (4, "rankwise-shm", "all_reduce", 4): [2.0]}
 
 
-def test_table_marks_worse_only_outside_the_reps_range() -> None:
+def test_table_marks_worse_only_when_the_quartiles_part() -> None:
     cell = (2, "rankwise-shm", "all_reduce", 4)
-    old = [{cell: 0.5}, {cell: 0.6}]
-    inside = bench_ab.table(old, [{cell: 0.55}, {cell: 0.65}])[1]
-    assert inside.split()[-1] == "1.09" and "worse" not in inside
-    outside = bench_ab.table(old, [{cell: 0.7}, {cell: 0.8}])[1]
-    assert outside.endswith("1.36  worse")
-    assert "0.55 (0.50-0.60)" in outside and "0.75 (0.70-0.80)" in outside
+    old = [{cell: [0.5, 0.6, 0.7]}, {cell: [0.5, 0.6, 0.7]}]
+    inside = bench_ab.table(old, [{cell: [0.6, 0.7, 0.8]}, {cell: [0.6, 0.7, 0.8]}])[1]
+    assert inside.split()[-1] == "1.17" and "worse" not in inside
+    outside = bench_ab.table(old, [{cell: [0.8, 0.9, 1.0]}, {cell: [0.8, 0.9, 1.0]}])[1]
+    assert outside.endswith("1.50  worse")
+    assert "0.60 (0.50-0.70)" in outside and "0.90 (0.80-1.00)" in outside
