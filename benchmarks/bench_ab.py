@@ -9,8 +9,11 @@ Each rep runs the bench once per tree, the order swapped every rep, each tree's 
 rankwise and its own ``rankwise bench`` (its ``src`` first on ``PYTHONPATH``). Per cell
 (ranks, engine, op, size) the table gives each tree's rankwise/gloo of single rounds
 (paired in the round), pooled over the reps: median and quartiles; then new/old of the
-medians: below 1 the new tree is faster. ``worse`` marks a cell whose new quartiles lie
-wholly above the old ones (two identical trees, 3 reps of 5 rounds, rarely show one).
+medians: below 1 the new tree is faster; then each rep's median, old | new. ``worse``
+marks a cell whose new quartiles lie wholly above the old ones and whose every new rep
+is above every old one. The machine's own noise comes first: two identical trees on
+the loaded 2-core machine differed by 0.25-4.6x in single cells with 1-2 reps; judge a
+change by many cells moving together, 3 reps or more, on a quiet machine.
 
 A pattern the old tree lacks (``stopflag`` before it existed): copy the new tree's
 ``src/rankwise/bench`` into a throwaway worktree of the old commit first; the bench
@@ -74,21 +77,29 @@ def _fmt(q: list[float]) -> str:
     return f"{q[1]:.2f} ({q[0]:.2f}-{q[2]:.2f})"
 
 
+def _reps(reps: list[dict[Cell, list[float]]], cell: Cell) -> list[float]:
+    """Each rep's median ratio of ``cell`` (the reps that have it)."""
+    return [statistics.median(r[cell]) for r in reps if r.get(cell)]
+
+
 def table(old: list[dict[Cell, list[float]]], new: list[dict[Cell, list[float]]]) -> list[str]:
     """Each cell's single-round ratios pooled over the reps, old and new: median
-    (quartiles), and new/old of the medians."""
+    (quartiles), each rep's median, and new/old of the pooled medians."""
     lines = [(f"{'ranks':>5} {'engine':<14} {'op':<11} {'bytes':>8}  {'old rw/gloo':>18}  "
-             f"{'new rw/gloo':>18}  {'new/old':>7}")]
+             f"{'new rw/gloo':>18}  {'new/old':>7}  reps old | new")]
     for cell in sorted(set().union(*old, *new)):
-        a = _quartiles([x for r in old for x in r.get(cell, [])] or [0.0])
-        b = _quartiles([x for r in new for x in r.get(cell, [])] or [0.0])
-        if not a[1] or not b[1]:
+        ra, rb = _reps(old, cell), _reps(new, cell)
+        if not ra or not rb:
             continue
-        change = b[1] / a[1]
-        worse = "  worse" if b[0] > a[2] else ""
+        a = _quartiles([x for r in old for x in r.get(cell, [])])
+        b = _quartiles([x for r in new for x in r.get(cell, [])])
+        change = b[1] / a[1] if a[1] else float("inf")
+        # rounds of one rep share its machine state: the reps must part too
+        worse = "  worse" if b[0] > a[2] and min(rb) > max(ra) and len(ra) > 1 else ""
         n, engine, op, size = cell
+        each = " ".join(f"{x:.2f}" for x in ra) + " | " + " ".join(f"{x:.2f}" for x in rb)
         lines.append(f"{n:>5} {engine:<14} {op:<11} {size:>8}  {_fmt(a):>18}  {_fmt(b):>18}  "
-                     f"{change:>7.2f}{worse}")
+                     f"{change:>7.2f}  {each}{worse}")
     return lines
 
 

@@ -27,11 +27,14 @@ def test_ratios_pair_rankwise_with_gloo_in_each_round() -> None:
                    (4, "rankwise-shm", "all_reduce", 4): [2.0]}
 
 
-def test_table_marks_worse_only_when_the_quartiles_part() -> None:
+def test_table_marks_worse_only_when_the_quartiles_and_the_reps_part() -> None:
     cell = (2, "rankwise-shm", "all_reduce", 4)
     old = [{cell: [0.5, 0.6, 0.7]}, {cell: [0.5, 0.6, 0.7]}]
     inside = bench_ab.table(old, [{cell: [0.6, 0.7, 0.8]}, {cell: [0.6, 0.7, 0.8]}])[1]
-    assert inside.split()[-1] == "1.17" and "worse" not in inside
+    assert inside.endswith("1.17  0.60 0.60 | 0.70 0.70")
     outside = bench_ab.table(old, [{cell: [0.8, 0.9, 1.0]}, {cell: [0.8, 0.9, 1.0]}])[1]
-    assert outside.endswith("1.50  worse")
+    assert outside.endswith("1.50  0.60 0.60 | 0.90 0.90  worse")
     assert "0.60 (0.50-0.70)" in outside and "0.90 (0.80-1.00)" in outside
+    # the rounds part, but one rep of each is no verdict
+    single = bench_ab.table(old[:1], [{cell: [0.8, 0.9, 1.0]}])[1]
+    assert "worse" not in single
