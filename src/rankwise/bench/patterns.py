@@ -39,6 +39,11 @@ class Pattern:
     name: str = "lockstep"
     skew_us: float = 0.0
 
+    @property
+    def has_side(self) -> bool:
+        """Each call is followed by a side call on a gloo group (``SIDE_PATTERNS``)."""
+        return self.name in SIDE_PATTERNS
+
 
 @dataclass(frozen=True)
 class BatchTimes:
@@ -76,7 +81,7 @@ def timed_batch(pattern: Pattern, rank: int, iters: int, call: Callable[[], None
             call()
         mean = (time.perf_counter() - t0) / iters
         return BatchTimes(mean, mean)
-    if pattern.name in SIDE_PATTERNS and side is None:
+    if pattern.has_side and side is None:
         raise ValueError(f"the {pattern.name} pattern needs a side call (a gloo group)")
     waits = skew_draws(rank, iters, pattern.skew_us) if pattern.name == "skewed" else None
     clock = time.perf_counter

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .patterns import PATTERNS, SIDE_PATTERNS, Pattern
+from .patterns import PATTERNS, Pattern
 from .report import PLOT_HINT, format_tables, plot
 from .worker import OPS, WorkerConfig
 
@@ -226,7 +226,7 @@ def _pattern(p: argparse.ArgumentParser, ns: argparse.Namespace, gloo: bool) -> 
     skew = 100.0 if ns.skew is None else ns.skew
     if not 0 <= skew <= 1e6:
         p.error(f"--skew: {ns.skew:g} us is outside 0..1000000")
-    if ns.pattern in SIDE_PATTERNS and not gloo:
+    if Pattern(ns.pattern).has_side and not gloo:
         p.error(f"--pattern {ns.pattern} calls gloo between the timed calls: it needs torch "
                 "and gloo (drop --no-gloo, pip install 'rankwise[torch]')")
     return Pattern(ns.pattern, skew if ns.pattern == "skewed" else 0.0)

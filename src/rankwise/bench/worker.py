@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .patterns import SIDE_PATTERNS, Pattern, timed_batch
+from .patterns import Pattern, timed_batch
 
 __all__ = ["OPS", "WorkerConfig", "bus_factor", "run_worker"]
 
@@ -407,7 +407,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
                     timeout=timedelta(seconds=_INIT_TIMEOUT_S))
     use_torch = cfg.gloo or _has_torch()
     gloo = _start_gloo(base, addr, rank, n) if cfg.gloo else None
-    side_group = _side_group() if cfg.pattern.name in SIDE_PATTERNS else None
+    side_group = _side_group() if cfg.pattern.has_side else None
     versions = _versions(mpi_version if cfg.mpi else None, cfg.gloo)
     passes = []
     try:
