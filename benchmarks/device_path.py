@@ -1,289 +1,221 @@
-"""The device path's host cost per call, without a GPU: rankwise's NCCL engine over a fake
-``ProcessGroupNCCL`` whose works, events and streams cost CPU time as real ones do.
+"""rankwise's own host CPU per device call, at two ranks with the checks on, over torch's.
 
-    python benchmarks/device_path.py [--calls N] [--repeats R]
+    python benchmarks/device_path.py [--calls N] [--rounds R] [--worlds 1,2]
 
-Why a proxy: the host time of a 4-byte NCCL all_reduce is almost all Python and driver
-calls (kernel launch, event record, stream wait, event query), so a fake that burns the
-CPU time of each of those calls, where a real one would, shows what rankwise's own
-bookkeeping adds, on any machine. The fake's costs (``COSTS``, microseconds of busy CPU)
-are set so that its own blocking call costs about what torch's did on an H200
-(15.5-28 us, docs/gpu.md); the kernel "runs" ``KERNEL_US`` after its launch (an event
-query says done from then on).
+What runs: a real rankwise job of ``--worlds`` processes over loopback
+(``rankwise.testing.run_ranks``), checks as ``RANKWISE_CHECK`` says (default: on). The
+default group's device engine is rankwise's NCCL engine (``TorchEngine``, ``DeviceTensors``,
+the real ``CudaStreams``) over a ``ProcessGroupNCCL`` stand-in and ``torch.cuda`` fakes
+that cost nothing (``_fake_nccl``), so CPU tensors take the device path and the calling
+thread's CPU time (``time.thread_time``) is rankwise's own bookkeeping:
 
-What runs: one thread-rank (world size 1, memory transport) whose default group's device
-engine is rankwise's ``TorchEngine`` with the real ``CudaStreams`` over the fake CUDA
-and the fake group, exactly the engine ``engines.nccl`` builds on a GPU; CPU tensors
-take the device path (``wire.device.CPU_TENSORS``). Each round times ``--calls``
-``all_reduce`` calls of one float32, blocking and ``async_op=True`` then ``wait()``,
-through rankwise's public API and on the fake group alone (``allreduce`` then
-``wait()``: torch's own blocking call), alternated; per call, the calling thread's CPU
-time (``time.thread_time``) and every thread's (``time.process_time``: the watchdog's
-and the async worker's too). The last line is the worse of the two kinds, each the
-median over rounds:
+- ``rankwise API``: blocking ``rankwise.all_reduce`` of 4 bytes;
+- ``torch API``: ``torch.distributed.all_reduce`` of 4 bytes on backend "rankwise",
+  less the reference (rankwise's part only);
+- ``1 MiB``: DDP's bucket path: a 1 MiB tensor handed to the backend's ``allreduce``
+  as DDP's reducer hands it (its options' ``asyncOp`` left true), then the work's
+  ``wait()`` (DDP waits on the work's future at the end of backward, long after it is
+  done; ``wait()`` settles that future without timing the async worker's hand-off);
+- ``async+wait``: ``rankwise.all_reduce(t, async_op=True)`` then ``wait()``.
 
-    device path per call: caller CPU 1.23x, all threads 1.45x the fake's
+Each is divided by the reference, timed in the same processes and rounds: torch's own
+``torch.distributed.all_reduce`` into a ``ProcessGroup`` subclass whose ``allreduce``
+returns one completed ``Work`` (made once: the dispatch every backend pays, and nothing
+else). The cases alternate in short rounds (forward, then reversed), each after a
+barrier, so that a case and the reference see the same machine; per round the ranks'
+mean counts, and each ratio is taken within a round; the figures are medians over
+rounds, with quartiles and range.
+Two cases more are shown, not rated: a 1 MiB tensor through ``rankwise.all_reduce`` and
+``torch.distributed.all_reduce(async_op=True)`` then ``wait()``. The last line:
+
+    device path per call (world 2, checks on): rankwise API 1.4x, torch API 1.5x, 1 MiB 1.8x, async+wait 1.9x torch's dispatch (2.7 us)
+
+A shared machine makes absolute microseconds meaningless between runs; the ratios are
+taken within one run. Only rankwise's public API is timed (the fake is installed through
+its internals, in ``_fake_nccl.install``), so the script can time older trees: copy
+this file and ``_fake_nccl.py`` into one's ``benchmarks/``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # _blocks (which puts this tree's src first), _fake_nccl
 
-#: busy CPU microseconds of each fake CUDA/NCCL call (what the real call costs the host)
-COSTS = {
-    "enqueue": 12.0,  #: ProcessGroupNCCL.allreduce: c10d's checks, the kernel launch, its events
-    "work_wait": 2.0,  #: WorkNCCL.wait(): cudaStreamWaitEvent on the current stream
-    "is_completed": 0.8,  #: WorkNCCL.isCompleted(): cudaEventQuery of its end event
-    "record": 1.5,  #: torch.cuda.Event() + record(): cudaEventRecord
-    "query": 0.8,  #: Event.query(): cudaEventQuery
-    "stream_wait": 1.5,  #: Stream.wait_event: cudaStreamWaitEvent
-    "current_stream": 0.3,  #: torch.cuda.current_stream(): a Python stream object
-    "use_stream": 0.6,  #: torch.cuda.stream(s) entered and left
-}
-#: microseconds after its launch at which the fake kernel is done
-KERNEL_US = 15.0
+from _blocks import SRC, run_blocks, time_blocks
+
+REFERENCE = "torch's dispatch"
+#: the rated cases, in the last line's order: (label, key, less the reference)
+RATED = (("rankwise API", "rankwise API", False), ("torch API", "torch API", True),
+         ("1 MiB", "1 MiB, DDP's bucket", False), ("async+wait", "async+wait", False))
+#: shown, not rated
+EXTRA = ("1 MiB, rankwise API", "torch API async+wait")
+MIB = 1 << 20
 
 
-def _spin(us: float) -> None:
-    """Burn ``us`` microseconds of this thread's CPU (what a driver call would): CPU
-    time, not wall time, so that a thread descheduled mid-call (a loaded machine) still
-    pays the whole cost."""
-    if us <= 0:
-        return
-    clock = time.thread_time
-    end = clock() + us * 1e-6
-    while clock() < end:
-        pass
+def _nothing_group(rank: int, world: int) -> Any:
+    """A torch group whose ``allreduce`` returns a completed ``Work`` and does nothing."""
+    import torch.distributed as tdist
+
+    class Done(tdist.Work):
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+    done = Done()
+
+    class Nothing(tdist.ProcessGroup):
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+            return done
+
+        def getBackendName(self) -> str:
+            return "nothing"
+
+    return Nothing(rank, world)  # type: ignore[call-arg]
 
 
-class FakeEvent:
-    def __init__(self) -> None:
-        self.ready = 0.0
-
-    def record(self, stream: Any = None) -> None:
-        _spin(COSTS["record"])
-        self.ready = time.perf_counter() + KERNEL_US * 1e-6
-
-    def query(self) -> bool:
-        _spin(COSTS["query"])
-        return time.perf_counter() >= self.ready
-
-    def synchronize(self) -> None:
-        while time.perf_counter() < self.ready:
-            pass
-
-
-class FakeStream:
-    def __init__(self, device: Any = None) -> None:
-        self.device = device
-
-    def wait_event(self, event: Any) -> None:
-        _spin(COSTS["stream_wait"])
-
-    def wait_stream(self, other: Any) -> None:  # torch: record an event, wait for it
-        _spin(COSTS["record"] + COSTS["stream_wait"])
-
-    def query(self) -> bool:
-        return True
-
-
-_DEFAULT = FakeStream()
-
-
-def fake_torch() -> Any:
-    """What ``CudaStreams`` uses of ``torch``: ``torch.cuda``'s streams and events."""
-    current = [_DEFAULT]
-
-    def current_stream(device: Any = None) -> FakeStream:
-        _spin(COSTS["current_stream"])
-        return current[0]
-
-    @contextlib.contextmanager
-    def stream(s: FakeStream) -> Iterator[None]:
-        _spin(COSTS["use_stream"])
-        before, current[0] = current[0], s
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    cuda = SimpleNamespace(current_stream=current_stream, Stream=FakeStream, stream=stream,
-                           Event=FakeEvent)
-    return SimpleNamespace(cuda=cuda)
-
-
-class FakeWork:
-    """A ``WorkNCCL``: its end event recorded at enqueue; ``wait`` is a stream wait.
-    Taken from a pool, not made per call: torch's works are C++ objects that Python's
-    garbage collector does not track, and a Python object it tracks would make the
-    collector's passes cost rankwise (which keeps each work until its kernel is done)
-    what they never cost with torch's (docs/gpu.md, "The fake's works")."""
-
-    __slots__ = ("ready",)
-
-    def __init__(self) -> None:
-        self.ready = 0.0
-
-    def is_completed(self) -> bool:
-        _spin(COSTS["is_completed"])
-        return time.perf_counter() >= self.ready
-
-    def wait(self, *args: Any) -> bool:
-        _spin(COSTS["work_wait"])
-        return True
-
-    def abort(self) -> None:
-        pass
-
-
-#: works in the pool: a work is handed out again after this many calls, long after
-#: rankwise dropped its record of it (at most ``HEARTBEAT``, 0.1 s, after its kernel)
-POOL = 1 << 16
-
-
-def _untracked_pool() -> list[FakeWork]:
-    """``POOL`` works the garbage collector does not track (as torch's C++ works)."""
-    import ctypes
-
-    untrack = ctypes.pythonapi.PyObject_GC_UnTrack
-    untrack.argtypes = [ctypes.py_object]
-    pool = [FakeWork() for _ in range(POOL)]
-    for w in pool:
-        untrack(w)  # its one slot holds a float: it is in no cycle
-    return pool
-
-
-class FakeNccl:
-    """A ``ProcessGroupNCCL`` of one rank: every collective costs ``enqueue``."""
-
-    def __init__(self) -> None:
-        self._pool = _untracked_pool()
-        self._next = 0
-
-    def allreduce(self, tensors: list[Any], opts: Any = None) -> FakeWork:
-        _spin(COSTS["enqueue"])
-        i = self._next
-        self._next = (i + 1) % POOL
-        work = self._pool[i]
-        work.ready = time.perf_counter() + KERNEL_US * 1e-6
-        return work
-
-    def abort(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-
-def _per_call(fn: Callable[[], None], calls: int) -> tuple[float, float]:
-    """(caller CPU, all threads' CPU) seconds per call of ``fn``."""
-    for _ in range(min(calls, 200)):  # warm
-        fn()
-    t0, p0 = time.thread_time(), time.process_time()
-    for _ in range(calls):
-        fn()
-    t1, p1 = time.thread_time(), time.process_time()
-    return (t1 - t0) / calls, (p1 - p0) / calls
-
-
-def _measure(calls: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+def _ops(rank: int, world: int) -> dict[str, Callable[[], object]]:
+    """Every case of one rank, by name (rankwise and torch's backend initialized)."""
     import torch
+    import torch.distributed as tdist
 
-    import rankwise as dist
-    from rankwise.api.world import resolve_group
-    from rankwise.engines.base import check_mode
-    from rankwise.engines.device.pair import DevicePair
-    from rankwise.engines.torch.engine import _ALLREDUCE_OPTS, TorchEngine
-    from rankwise.engines.torch.streams import CudaStreams
-    from rankwise.engines.torch.tensors import DeviceTensors
-    from rankwise.testing.threads import run_threads
-    from rankwise.wire import device
+    import rankwise
 
-    device.CPU_TENSORS = True
+    t = torch.ones(1)
+    big = torch.ones(MIB // 4)
+    nothing = _nothing_group(rank, world)
+    backend = tdist.group.WORLD
+    assert backend is not None
+    bucket_opts = tdist.AllreduceOptions()  # as DDP's reducer: asyncOp left at its default
 
-    def body(rank: int, size: int) -> dict[str, dict[str, list[float]]]:
-        group = resolve_group(None)
-        assert group is not None
-        streams = CudaStreams(torch.device("cpu"))
-        streams.torch = fake_torch()
-        pg = FakeNccl()
-        engine = TorchEngine(group, pg, check_mode(), name="nccl",
-                             tensors=DeviceTensors(torch.device("cpu")), streams=streams)
-        group.engine = DevicePair(group.engine, engine)  # type: ignore[arg-type]
-        t = torch.ones(1)
-        opts = _ALLREDUCE_OPTS["SUM"]
+    def bucket() -> None:
+        backend.allreduce([big], bucket_opts).wait()
 
-        def rw_blocking() -> None:
-            dist.all_reduce(t)
+    def rw_async() -> None:
+        rankwise.all_reduce(t, async_op=True).wait()  # type: ignore[union-attr]
 
-        def rw_async() -> None:
-            work = dist.all_reduce(t, async_op=True)
-            assert work is not None
-            work.wait()
+    def torch_async() -> None:
+        tdist.all_reduce(t, async_op=True).wait()
 
-        def fake_call() -> None:
-            pg.allreduce([t], opts).wait()
-
-        out: dict[str, dict[str, list[float]]] = {
-            k: {"rankwise": [], "fake": [], "rankwise_all": [], "fake_all": []}
-            for k in ("blocking", "async")}
-        try:
-            for _ in range(repeats):
-                for kind, rw in (("blocking", rw_blocking), ("async", rw_async)):
-                    for who, fn in (("rankwise", rw), ("fake", fake_call)):
-                        caller, every = _per_call(fn, calls)
-                        out[kind][who].append(caller)
-                        out[kind][f"{who}_all"].append(every)
-            dist.barrier()
-        finally:
-            engine.close()
-        return out
-
-    return run_threads(body, 1, timeout=600.0, op_timeout=30.0)[0]
+    return {REFERENCE: lambda: tdist.all_reduce(t, group=nothing),
+            "rankwise API": lambda: rankwise.all_reduce(t),
+            "torch API": lambda: tdist.all_reduce(t),
+            "1 MiB, DDP's bucket": bucket,
+            "async+wait": rw_async,
+            "1 MiB, rankwise API": lambda: rankwise.all_reduce(big),
+            "torch API async+wait": torch_async}
 
 
-def _us(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e6:6.1f} us ({min(xs) * 1e6:.1f}-{max(xs) * 1e6:.1f})"
+def _bench(rank: int, world: int, calls: int, rounds: int) -> dict[str, list[float]]:
+    """One rank: the fake device engine, torch's default group on backend "rankwise",
+    then every case in alternating rounds (caller CPU seconds per call, per round)."""
+    import torch.distributed as tdist
+    from _fake_nccl import install
+
+    import rankwise
+    import rankwise.torch  # registers backend "rankwise"
+
+    fake = install()
+    # rankwise is initialized by run_ranks; torch's default group reuses its world
+    store = tdist.HashStore()  # type: ignore[attr-defined]
+    tdist.init_process_group("rankwise", store=store, rank=rank, world_size=world)
+    try:
+        ops = _ops(rank, world)
+        times = time_blocks(ops, calls, rounds, rankwise.barrier, warmup=min(calls, 200),
+                            clock="cpu")
+    finally:
+        rankwise.barrier()
+        tdist.destroy_process_group()  # leaves rankwise's world to run_ranks
+    want = (len(ops) - 1) * calls * rounds  # every case but the reference
+    if fake.calls < want:  # a moved seam must not time the host engine unnoticed
+        raise RuntimeError(f"the fake NCCL group saw {fake.calls} calls, not {want}: the "
+                           "cases no longer take the device path")
+    return times
+
+
+def _spread(xs: list[float], unit: str) -> str:
+    """Median, quartiles and range of ``xs`` (the rounds')."""
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return (f"{q[1]:.2f}{unit} (quartiles {q[0]:.2f}-{q[2]:.2f}, "
+            f"range {min(xs):.2f}-{max(xs):.2f})")
+
+
+def ratios(us: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each rated case over the reference, per round (``us``: microseconds per call,
+    per round, by case name)."""
+    ref = us[REFERENCE]
+    out = {}
+    for label, key, less in RATED:
+        out[label] = [(x - r if less else x) / r for x, r in zip(us[key], ref, strict=True)]
+    return out
+
+
+def summary(world: int, checks: str, us: dict[str, list[float]]) -> str:
+    """The one-line verdict for ``world`` ranks."""
+    rated = ratios(us)
+    parts = ", ".join(f"{label} {statistics.median(rated[label]):.1f}x" for label, _, _ in RATED)
+    return (f"device path per call (world {world}, checks {checks}): {parts} {REFERENCE} "
+            f"({statistics.median(us[REFERENCE]):.1f} us)")
+
+
+def report(world: int, checks: str, us: dict[str, list[float]]) -> list[str]:
+    """The table for ``world`` ranks: each case's microseconds and ratio, with spread."""
+    rated = ratios(us)
+    mode = os.environ.get("RANKWISE_CHECK", "async")
+    lines = [(f"world {world}, checks {checks} ({mode}): caller CPU per call, the ranks' mean "
+              "per round; median over rounds")]
+    lines.append(f"  {REFERENCE:<22} {_spread(us[REFERENCE], ' us')}")
+    for label, key, less in RATED:
+        how = " (less the reference)" if less else ""
+        lines.append(f"  {key:<22} {_spread(us[key], ' us')}")
+        lines.append(f"  {'':<22} {_spread(rated[label], 'x')}{how}")
+    for key in EXTRA:
+        over = [x / r for x, r in zip(us[key], us[REFERENCE], strict=True)]
+        lines.append(f"  {key:<22} {_spread(us[key], ' us')}")
+        lines.append(f"  {'':<22} {_spread(over, 'x')}")
+    return lines
+
+
+def measure(world: int, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Microseconds per call of every case, per round, the ranks' mean (each rank pays
+    the same CPU per call in a ring: the mean is that cost, steadier than the slower)."""
+    per_rank = run_blocks(_bench, world, (calls, rounds))
+    return {name: [statistics.fmean(r) * 1e6 for r in zip(*(p[name] for p in per_rank))]
+            for name in per_rank[0]}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=500, help="calls per case per round")
+    parser.add_argument("--rounds", "--repeats", type=int, default=21)
+    parser.add_argument("--worlds", default="1,2",
+                        help="world sizes, comma-separated; the last line is world 2's")
     args = parser.parse_args(argv)
-    results = _measure(args.calls, args.repeats)
-    worst_caller = worst_all = 0.0
-    print(f"{args.calls} calls x {args.repeats} rounds, alternated; per call, median "
-          "(min-max) over rounds")
-    for kind, r in results.items():
-        caller = [a / b for a, b in zip(r["rankwise"], r["fake"], strict=True)]
-        every = [a / b for a, b in zip(r["rankwise_all"], r["fake_all"], strict=True)]
-        print(f"{kind:<8} caller CPU: rankwise {_us(r['rankwise'])}, fake {_us(r['fake'])}: "
-              f"{statistics.median(caller):.2f}x ({min(caller):.2f}-{max(caller):.2f})")
-        print(f"{'':<8} all threads: rankwise {_us(r['rankwise_all'])}, fake "
-              f"{_us(r['fake_all'])}: {statistics.median(every):.2f}x "
-              f"({min(every):.2f}-{max(every):.2f})")
-        worst_caller = max(worst_caller, statistics.median(caller))
-        worst_all = max(worst_all, statistics.median(every))
-    # the machine's state: the fake's spins cost the same CPU time on a busy or slow
-    # machine, its Python (and rankwise's, far larger) does not: compare runs whose fake
-    # overhead is alike (docs/gpu.md: 2.6-2.8 us idle and fast, ~5 us in a slow state)
-    fake = statistics.median(x for r in results.values() for x in r["fake"]) * 1e6
-    busy = COSTS["enqueue"] + COSTS["work_wait"]
-    print(f"machine state: the fake's call {fake:.1f} us, {busy:.1f} of them busy spins; "
-          f"its Python and clock reads {fake - busy:.1f} us")
-    print(f"device path per call: caller CPU {worst_caller:.2f}x, all threads "
-          f"{worst_all:.2f}x the fake's")
+    # the ranks' forkserver imports rankwise before it reads sys.path (Python 3.11): this
+    # tree's src must come first in its environment too, or it times an installed copy
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)
+    worlds = sorted({int(w) for w in args.worlds.split(",")}, key=lambda w: (w == 2, w))
+    if args.calls < 1 or args.rounds < 1 or min(worlds) < 1:
+        parser.error("--calls, --rounds and the world sizes must be at least 1")
+    checks = "off" if os.environ.get("RANKWISE_CHECK", "").strip().lower() == "off" else "on"
+    print(f"{args.calls} calls x {args.rounds} rounds per case, alternated")
+    lines = []
+    for world in worlds:
+        us = measure(world, args.calls, args.rounds)
+        print("\n".join(report(world, checks, us)), flush=True)
+        lines.append(summary(world, checks, us))
+    print("\n".join(lines))
     return 0
 
 

@@ -33,8 +33,9 @@ def test_skew_defaults_and_travels_to_the_workers() -> None:
     cfg = _cfg(["--pattern", "skewed", "--skew", "1000"])
     assert cfg.pattern == Pattern("skewed", 1000.0)
     assert _cfg(bench._worker_argv(cfg, "raw.json")).pattern == cfg.pattern
-    inter = _cfg(["--pattern", "interleaved"])
-    assert _cfg(bench._worker_argv(inter, "raw.json")).pattern == inter.pattern
+    for name in ("interleaved", "stopflag"):
+        side = _cfg(["--pattern", name])
+        assert _cfg(bench._worker_argv(side, "raw.json")).pattern == side.pattern
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -42,6 +43,7 @@ def test_skew_defaults_and_travels_to_the_workers() -> None:
     (["--skew", "10"], "--skew only applies to --pattern skewed"),
     (["--pattern", "skewed", "--skew", "-1"], "--skew: -1 us is outside"),
     (["--pattern", "interleaved", "--no-gloo"], "needs torch and gloo"),
+    (["--pattern", "stopflag", "--no-gloo"], "--pattern stopflag calls gloo"),
 ])
 def test_pattern_misuse_stops_before_any_process(argv: list[str], says: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,9 +76,11 @@ def _counting(log: list[str], name: str, seconds: float = 0.0) -> Callable[[], N
     return call
 
 
-def test_interleaved_runs_a_side_call_after_each_call_and_times_only_the_call() -> None:
+@pytest.mark.parametrize("name", ["interleaved", "stopflag"])
+def test_a_side_pattern_runs_a_side_call_after_each_call_and_times_only_the_call(
+        name: str) -> None:
     log: list[str] = []
-    t = timed_batch(Pattern("interleaved"), 0, 3, _counting(log, "call"),
+    t = timed_batch(Pattern(name), 0, 3, _counting(log, "call"),
                     _counting(log, "side", 0.01))
     assert log == ["call", "side"] * 3
     assert t.mean < 0.005 and t.median < 0.005  # the side call's 10 ms is not counted
@@ -99,6 +103,8 @@ def test_lockstep_times_the_batch_and_needs_no_side_call() -> None:
 def test_bad_pattern_use_is_refused() -> None:
     with pytest.raises(ValueError, match="needs a side call"):
         timed_batch(Pattern("interleaved"), 0, 1, lambda: None)
+    with pytest.raises(ValueError, match="the stopflag pattern needs a side call"):
+        timed_batch(Pattern("stopflag"), 0, 1, lambda: None)
     with pytest.raises(ValueError, match="unknown pattern 'x'"):
         timed_batch(Pattern("x"), 0, 1, lambda: None)
 
@@ -116,25 +122,28 @@ def test_report_names_the_pattern_and_gives_mean_and_median_ratios() -> None:
     assert "0.10 (0.10-0.10)" in row  # median per call: 1 us / 10 us
     lockstep = "\n".join(format_tables([{**run, "pattern": "lockstep"}]))
     assert "p50" not in lockstep
+    flag = "\n".join(format_tables([{**run, "pattern": "stopflag"}]))
+    assert "pattern stopflag: each call followed by a one-element gloo all_reduce (MAX)" in flag
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.procs
-def test_interleaved_real_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["interleaved", "stopflag"])
+def test_side_pattern_real_run(tmp_path: Path, name: str) -> None:
     """The one part only real ranks reach: the second gloo group of the side calls."""
     pytest.importorskip("torch")
     raw = tmp_path / "raw.json"
     argv = ["-n", "2", "--engines", "shm", "--sizes", "4", "--rounds", "1", "--iters", "3",
-            "--no-mpi", "--pattern", "interleaved", "--json", str(raw)]
+            "--no-mpi", "--pattern", name, "--json", str(raw)]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")}
     res = _procs.run([sys.executable, "-m", "rankwise", "bench", *argv], env=env, timeout=120,
                      cwd=None)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "pattern interleaved" in res.stdout
+    assert f"pattern {name}" in res.stdout
     (run,) = json.loads(raw.read_text())["runs"]
-    assert run["pattern"] == "interleaved"
+    assert run["pattern"] == name
     (cell,) = run["passes"][0]["cells"]
     assert cell["iters"] == {"rankwise-shm": 3, "gloo": 3}
     assert all(len(v) == 1 and v[0] > 0 for v in cell["median_seconds"].values())

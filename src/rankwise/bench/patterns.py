@@ -2,13 +2,15 @@
 
 Why: back-to-back loops keep every rank in step, which flatters a spinning wait (issue 27).
 Real programs compute between calls (ranks arrive apart) and call other libraries in
-between.  Three patterns, chosen with ``--pattern``:
+between.  Four patterns, chosen with ``--pattern``:
 
 * ``lockstep``: calls back to back, the time of the whole batch (the historic number);
 * ``skewed``: before each call a busy compute of a random 0..W us (``--skew W``) drawn from a
   per-rank seeded RNG, so ranks arrive apart; only the call itself is timed;
 * ``interleaved``: each call is followed by a gloo all_reduce of the same size on a gloo
-  group of the same ranks (a metric on another group, say); only the call itself is timed.
+  group of the same ranks (a metric on another group, say); only the call itself is timed;
+* ``stopflag``: each call is followed by a one-element gloo all_reduce (MAX) on a gloo group
+  of the same ranks: a training loop's "should we stop" flag; only the call itself is timed.
 
 Every library of a run sees the same pattern, and the same skew draws (the RNG restarts
 for each timed batch), so their numbers pair.
@@ -22,9 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PATTERNS", "BatchTimes", "Pattern", "busy", "skew_draws", "timed_batch"]
+__all__ = ["PATTERNS", "SIDE_PATTERNS", "BatchTimes", "Pattern", "busy", "skew_draws",
+           "timed_batch"]
 
-PATTERNS = ("lockstep", "skewed", "interleaved")
+PATTERNS = ("lockstep", "skewed", "interleaved", "stopflag")
+#: the patterns whose every call is followed by a side call on a gloo group
+SIDE_PATTERNS = ("interleaved", "stopflag")
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,11 @@ class Pattern:
 
     name: str = "lockstep"
     skew_us: float = 0.0
+
+    @property
+    def has_side(self) -> bool:
+        """Each call is followed by a side call on a gloo group (``SIDE_PATTERNS``)."""
+        return self.name in SIDE_PATTERNS
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ def timed_batch(pattern: Pattern, rank: int, iters: int, call: Callable[[], None
                 side: Callable[[], None] | None = None) -> BatchTimes:
     """Run ``iters`` calls under ``pattern``; this rank's mean and median per call.
 
-    ``side`` is the call after each timed one (``interleaved`` needs it).  ``lockstep``
+    ``side`` is the call after each timed one (``SIDE_PATTERNS`` need it).  ``lockstep``
     times the batch as a whole (no clock read per call), so its median is the mean."""
     if pattern.name not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern.name!r}; choose from {', '.join(PATTERNS)}")
@@ -71,8 +81,8 @@ def timed_batch(pattern: Pattern, rank: int, iters: int, call: Callable[[], None
             call()
         mean = (time.perf_counter() - t0) / iters
         return BatchTimes(mean, mean)
-    if pattern.name == "interleaved" and side is None:
-        raise ValueError("the interleaved pattern needs a side call (a gloo group)")
+    if pattern.has_side and side is None:
+        raise ValueError(f"the {pattern.name} pattern needs a side call (a gloo group)")
     waits = skew_draws(rank, iters, pattern.skew_us) if pattern.name == "skewed" else None
     clock = time.perf_counter
     took: list[float] = []

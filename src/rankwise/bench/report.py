@@ -125,9 +125,12 @@ def format_tables(runs: list[dict[str, Any]]) -> list[str]:
                          "by default; pass --bind-to none to compare the libraries unpinned)")
         pattern = run.get("pattern", "lockstep")
         if pattern != "lockstep":
-            what = (f"a random busy compute of 0..{run.get('skew_us', 0):g} us before each "
-                    "call" if pattern == "skewed" else
-                    "each call followed by a gloo all_reduce of the same size on another group")
+            what = {"skewed": f"a random busy compute of 0..{run.get('skew_us', 0):g} us "
+                              "before each call",
+                    "stopflag": "each call followed by a one-element gloo all_reduce (MAX) "
+                                "on another group, a loop's stop flag",
+                    }.get(pattern, "each call followed by a gloo all_reduce of the same size "
+                                   "on another group")
             lines.append(f"pattern {pattern}: {what}; only the call is timed. 'us' and ratio "
                          "use each round's mean per call; 'p50' columns its median per call")
         lines.append("latency: median us per call; busbw: GB/s (nccl-tests); sys%: the "

@@ -134,7 +134,9 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
                    help="what ranks do around each timed call: lockstep (back to back, the "
                         "default), skewed (a random busy compute of 0..--skew us before each "
                         "call), interleaved (each call followed by a gloo all_reduce of the "
-                        "same size on another group); every library runs the same pattern")
+                        "same size on another group), stopflag (each call followed by a "
+                        "one-element gloo all_reduce MAX: a loop's stop flag); every library "
+                        "runs the same pattern")
     p.add_argument("--skew", type=float, default=None, metavar="W",
                    help="skewed: the most compute (us) before a call (default 100)")
     p.add_argument("--no-gloo", dest="gloo", action="store_false",
@@ -219,14 +221,14 @@ def _check(p: argparse.ArgumentParser, ns: argparse.Namespace, worker: bool) -> 
 
 def _pattern(p: argparse.ArgumentParser, ns: argparse.Namespace, gloo: bool) -> Pattern:
     """``--pattern``/``--skew``, checked together: a skew only means something to
-    ``skewed``, and ``interleaved``'s side calls run on gloo."""
+    ``skewed``, and the side calls of ``interleaved`` and ``stopflag`` run on gloo."""
     if ns.skew is not None and ns.pattern != "skewed":
         p.error("--skew only applies to --pattern skewed")
     skew = 100.0 if ns.skew is None else ns.skew
     if not 0 <= skew <= 1e6:
         p.error(f"--skew: {ns.skew:g} us is outside 0..1000000")
-    if ns.pattern == "interleaved" and not gloo:
-        p.error("--pattern interleaved calls gloo between the timed calls: it needs torch "
+    if Pattern(ns.pattern).has_side and not gloo:
+        p.error(f"--pattern {ns.pattern} calls gloo between the timed calls: it needs torch "
                 "and gloo (drop --no-gloo, pip install 'rankwise[torch]')")
     return Pattern(ns.pattern, skew if ns.pattern == "skewed" else 0.0)
 

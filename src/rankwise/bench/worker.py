@@ -197,7 +197,7 @@ class _Mpi:
 @dataclass(frozen=True)
 class _Run:
     """How a cell's batches run: the pattern, this rank, and the side call of
-    ``interleaved`` (a gloo all_reduce of the cell's size on a gloo group of its own)."""
+    ``interleaved``/``stopflag`` (a gloo all_reduce on a gloo group of its own)."""
 
     pattern: Pattern
     rank: int
@@ -234,14 +234,18 @@ def _calibrate(lib: _Library, op: str, b: _Buffers, round_time: float, how: _Run
     return int(max(1, min(_MAX_ITERS, round_time / max(per_iter, 1e-9))))
 
 
-def _side_call(op: str, b: _Buffers, group: Any) -> Callable[[], None] | None:
-    """``interleaved``'s call after each timed one: a gloo all_reduce of the cell's size
-    on ``group`` (None: no side call)."""
+def _side_call(op: str, b: _Buffers, group: Any,
+               pattern: Pattern) -> Callable[[], None] | None:
+    """The call after each timed one, on ``group`` (None: no side call): ``interleaved``'s
+    gloo all_reduce of the cell's size, or ``stopflag``'s one-element MAX."""
     if group is None:
         return None
     import torch
     import torch.distributed as tdist
 
+    if pattern.name == "stopflag":
+        flag = torch.zeros(1, dtype=torch.float32)
+        return lambda: tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=group)
     buf = torch.zeros(max(1, b.nbytes // 4), dtype=torch.float32)
     return lambda: tdist.all_reduce(buf, group=group)
 
@@ -249,7 +253,7 @@ def _side_call(op: str, b: _Buffers, group: Any) -> Callable[[], None] | None:
 def _cell(libs: list[_Library], op: str, size: int, n: int, rank: int, cfg: WorkerConfig,
           use_torch: bool, side_group: Any = None) -> dict[str, Any]:
     b = _buffers(op, size, n, rank, use_torch)
-    how = _Run(cfg.pattern, rank, _side_call(op, b, side_group))
+    how = _Run(cfg.pattern, rank, _side_call(op, b, side_group, cfg.pattern))
     iters = {lib.label: cfg.iters or _calibrate(lib, op, b, cfg.round_time, how)
              for lib in libs}
     samples: dict[str, list[float]] = {lib.label: [] for lib in libs}
@@ -376,7 +380,7 @@ def _start_gloo(base: Any, addr: str, rank: int, n: int) -> _TorchLike:
 
 def _side_group() -> Any:
     """A gloo group of every rank, apart from the one gloo is timed on, for
-    ``interleaved``'s side calls (needs gloo up: ``run.py`` checks before any process)."""
+    ``interleaved``'s and ``stopflag``'s side calls (needs gloo up: ``run.py`` checks before any process)."""
     import torch.distributed as tdist
 
     return tdist.new_group(backend="gloo")
@@ -404,7 +408,7 @@ def run_worker(cfg: WorkerConfig) -> dict[str, Any] | None:
                     timeout=timedelta(seconds=_INIT_TIMEOUT_S))
     use_torch = cfg.gloo or _has_torch()
     gloo = _start_gloo(base, addr, rank, n) if cfg.gloo else None
-    side_group = _side_group() if cfg.pattern.name == "interleaved" else None
+    side_group = _side_group() if cfg.pattern.has_side else None
     versions = _versions(mpi_version if cfg.mpi else None, cfg.gloo)
     passes = []
     try:
