@@ -21,6 +21,8 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+from rankwise_autoload import ENV as CHECKS_ENV
+
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .elastic import Round, await_round, close_rounds, join_round
@@ -70,6 +72,9 @@ class JobOptions:
     #: ``stop`` (default: a failed rank ends the job) or ``continue`` (docs/recovery.md)
     on_failure: str = "stop"
     respawn: int = 0
+    #: ``RANKWISE_TORCH_CHECKS`` of the workers (``rankwise_autoload``): plain torch groups
+    #: on backend "rankwise" (``cpu``, ``on``) or as asked (``off``)
+    checks: str = "cpu"
 
 
 def _say(text: str) -> None:
@@ -235,6 +240,7 @@ def run_job(opts: JobOptions) -> int:
         base_env = dict(os.environ)
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        base_env[CHECKS_ENV] = opts.checks
         live = _start_live(opts, port, nnodes) if server is not None else None
         if opts.live:  # ranks publish for the page if node 0 serves one (a store key says)
             base_env["RANKWISE_LIVE"] = "1"
