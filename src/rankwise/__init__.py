@@ -86,6 +86,7 @@ from .errors import (
     RendezvousError,
     StoreError,
 )
+from .rewrap import unwrap
 from .wire.reduce_op import ReduceOp
 from .wire.reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
 
@@ -171,5 +172,5 @@ __all__ = [
     "new_subgroups_by_enumeration", "rank_zero_first", "record_comm", "recv",
     "recv_object_list", "reduce",
     "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "send", "send_object_list", "shrink", "spawn", "supports_complex", "who_is_where",
+    "send", "send_object_list", "shrink", "spawn", "supports_complex", "unwrap", "who_is_where",
 ]
