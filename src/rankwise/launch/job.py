@@ -38,7 +38,7 @@ from .summary import (
     root_cause,
     shell_exit_code,
 )
-from .torch_store import TorchStoreHost
+from .torch_store import PLAIN_TORCH_LINE, TorchStoreHost
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
@@ -219,7 +219,7 @@ def run_job(opts: JobOptions) -> int:
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
     alarm = ForeignAlarm(token, _say)
-    torch_store = TorchStoreHost(_say)
+    torch_store = TorchStoreHost(_say, PLAIN_TORCH_LINE if opts.checks == "off" else None)
     try:
         try:
             hosts = opts.max_nodes == 1 or opts.node_rank in (None, 0)
