@@ -150,3 +150,17 @@ def test_torchs_debug_server_works_under_rankwise_run(tmp_path: Path, checks: st
     assert [got[page][0] for page in ("index", "stacks")] == [200, 200]
     assert "torch_debug_server.py" in got["stacks"][1], got["stacks"][1][:2000]
     assert ("ranks use torch.distributed without rankwise" in res.stderr) == (checks == "off")
+
+
+def test_under_torchrun_the_variable_is_the_switch(tmp_path: Path) -> None:
+    """Where `rankwise run` is not the launcher, RANKWISE_TORCH_CHECKS=cpu does the same."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(free_port()), TRAP]
+    res = run(cmd, env=autoload_env(tmp_path, "cpu"), timeout=120, merge_stderr=True)
+    assert res.returncode != 0, res.stdout
+    assert res.stdout.count(SAID) == 1, res.stdout
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\]: rankwise.errors.CollectiveMismatch: collective "
+                         r"mismatch in the default group \(WORLD\), collective #4: rank "
+                         rf"{rank} called .* at torch_barrier_trap.py:3[89] in main", res.stdout
+                         ), res.stdout
