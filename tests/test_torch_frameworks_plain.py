@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _autoload import autoload_env
 from _procs import free_port, run
-from launch_scripts.helpers import SCRIPTS, launcher_cmd, torch_ok
+from launch_scripts.helpers import SCRIPTS, TORCH_EXIT_ABORT, launcher_cmd, torch_ok
 from test_diagnosis_programs import line_of
 
 pytestmark = [pytest.mark.procs, pytest.mark.torch, pytest.mark.slow]
@@ -27,26 +27,29 @@ def _skip_without(framework: str) -> None:
     pytest.importorskip({"accelerate": "accelerate", "lightning": "lightning.pytorch"}[framework])
 
 
-def _weights(out: Path) -> list[dict[str, object]]:
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def _weights(out: Path, world: int) -> list[dict[str, object]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-@pytest.mark.parametrize("framework", ["accelerate", "lightning"])
-def test_a_framework_ends_with_torchruns_bits(tmp_path: Path, framework: str) -> None:
+@pytest.mark.parametrize(("framework", "world"), [("accelerate", 2), ("lightning", 2),
+                                                  ("accelerate", 4)])
+def test_a_framework_ends_with_torchruns_bits(tmp_path: Path, framework: str,
+                                              world: int) -> None:
     _skip_without(framework)
     ours, theirs = tmp_path / "rankwise", tmp_path / "torchrun"
     ours.mkdir()
     theirs.mkdir()
-    res = run(launcher_cmd("--no-live", "-n", "2", SCRIPT, framework, str(ours)),
-              env=autoload_env(tmp_path), timeout=300)
+    res = run(launcher_cmd("--no-live", "-n", str(world), SCRIPT, framework, str(ours)),
+              env=autoload_env(tmp_path), timeout=400)
     assert torch_ok(res.returncode, res.stderr), res.stdout + res.stderr
-    ref = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    ref = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", str(free_port()), SCRIPT, framework, str(theirs)],
-              env=autoload_env(tmp_path), timeout=300)
-    assert torch_ok(ref.returncode, ref.stderr), ref.stdout + ref.stderr
-    mine, gloo = _weights(ours), _weights(theirs)
-    assert [r["backend"] for r in mine] == ["rankwise"] * 2
-    assert [r["backend"] for r in gloo] == ["gloo"] * 2
+              env=autoload_env(tmp_path), timeout=400)
+    # torchrun exits 1 when torch's gloo aborts a rank at interpreter exit (helpers.torch_ok)
+    assert ref.returncode == 0 or TORCH_EXIT_ABORT in ref.stderr, ref.stdout + ref.stderr
+    mine, gloo = _weights(ours, world), _weights(theirs, world)
+    assert [r["backend"] for r in mine] == ["rankwise"] * world
+    assert [r["backend"] for r in gloo] == ["gloo"] * world
     assert [r["weights"] for r in mine] == [r["weights"] for r in gloo]
 
 

@@ -81,3 +81,5 @@ def lightning_trainer():
 
 if __name__ == "__main__":
     {"accelerate": accelerate_loop, "lightning": lightning_trainer}[FRAMEWORK]()
+    if dist.is_initialized():  # neither framework does: torch's gloo may abort at exit else
+        dist.destroy_process_group()
