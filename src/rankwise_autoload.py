@@ -28,6 +28,7 @@ ENV = "RANKWISE_TORCH_CHECKS"
 #: ``off``: torch alone; ``cpu``: CPU groups checked, CUDA groups left as asked; ``on``:
 #: CUDA groups checked too (rankwise's NCCL engine; not yet verified on a GPU)
 MODES = ("off", "cpu", "on")
+_refused: list[ImportError] = []  #: why rankwise could not take over (said once)
 
 
 def mode(environ: Mapping[str, str] = os.environ) -> str:
@@ -44,8 +45,14 @@ def _lazy(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` behind rankwise's decision, imported on the first call."""
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        from rankwise.torch import takeover
-
+        try:
+            from rankwise.torch import takeover
+        except ImportError as exc:  # a torch outside rankwise's range: torch alone, said once
+            if not _refused:
+                _refused.append(exc)
+                print(f"rankwise: checks off ({ENV}={mode()}), torch.distributed runs as "
+                      f"asked: {exc}", file=sys.stderr, flush=True)
+            return original(*args, **kwargs)
         return getattr(takeover, name)(original, *args, **kwargs)
 
     call.rankwise_takes_over = original  # type: ignore[attr-defined]

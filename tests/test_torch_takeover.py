@@ -106,3 +106,23 @@ def test_rankwise_run_refuses_a_bad_switch(monkeypatch: pytest.MonkeyPatch,
     assert "RANKWISE_TORCH_CHECKS='all' is not one of off, cpu, on" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_run_args(["--checks=cuda", "train.py"])
+
+
+def test_a_torch_rankwise_refuses_is_left_alone_saying_why(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    calls: list[tuple[object, ...]] = []
+    wrapped = rankwise_autoload._lazy("init_process_group", lambda *a, **k: calls.append(a))
+    monkeypatch.setenv("RANKWISE_TORCH_CHECKS", "cpu")
+    import rankwise.torch
+
+    monkeypatch.setitem(sys.modules, "rankwise.torch.takeover", None)  # import fails
+    monkeypatch.delattr(rankwise.torch, "takeover", raising=False)
+    monkeypatch.setattr(rankwise_autoload, "_refused", [])
+    wrapped("gloo")
+    wrapped("gloo")
+    assert calls == [("gloo",), ("gloo",)]
+    err = capsys.readouterr().err
+    assert err.count("rankwise: checks off (RANKWISE_TORCH_CHECKS=cpu), torch.distributed "
+                     "runs as asked:") == 1, err
