@@ -1,6 +1,8 @@
 """Plain torch scripts (no rankwise import) under `rankwise run` on one host (issue 36):
 PyTorch's DDP tutorial and an FSDP2 script run unchanged; a rank that raises is named with
-the traceback from torch's @record error file; --max-restarts restarts a plain torch job."""
+the traceback from torch's @record error file; --max-restarts restarts a plain torch job.
+These run with --checks=off: torch's own store, relayed (test_launch_torch_checks has the
+default, backend "rankwise" over torch's gloo)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ SAID_ONCE = "rankwise run: ranks use torch.distributed without rankwise"
     ("torch_fsdp2.py", "fsdp2 rank {} of 4: 676 parameters agree"),
 ])
 def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
-    res = run_launcher("-n", "4", str(SCRIPTS / script), timeout=300)
+    res = run_launcher("--checks=off", "-n", "4", str(SCRIPTS / script), timeout=300)
     assert torch_ok(res.returncode, res.stderr), res.stdout + res.stderr
     assert all(done.format(rank) in res.stdout for rank in range(4)), res.stdout
     said = [line for line in res.stderr.splitlines() if line.startswith(SAID_ONCE)]
@@ -27,7 +29,7 @@ def test_torch_scripts_run_unchanged_on_4_ranks(script: str, done: str) -> None:
 
 
 def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
-    res = run_launcher("-n", "2", PLAIN, "fail", "1", "1", timeout=200)
+    res = run_launcher("--checks=off", "-n", "2", PLAIN, "fail", "1", "1", timeout=200)
     # the launcher exits with the root cause's status: 1 from the ValueError, or 134 when
     # torch's gloo threads abort the interpreter's exit after it (a plain script that raised
     # never destroyed its group; seen about 1 run in 8)
@@ -39,7 +41,8 @@ def test_a_raising_rank_is_named_with_its_record_traceback() -> None:
 
 
 def test_max_restarts_restarts_a_plain_torch_job_once() -> None:
-    res = run_launcher("-n", "2", "--max-restarts", "1", PLAIN, "fail", "1", "1", timeout=200)
+    res = run_launcher("--checks=off", "-n", "2", "--max-restarts", "1", PLAIN, "fail", "1", "1",
+                       timeout=200)
     assert torch_ok(res.returncode, res.stderr), res.stdout + res.stderr
     assert "attempt 0 failed (rank 1 (node 0) exit code 1: ValueError: bad batch on rank 1" \
         in res.stderr and "restart 1 of 1" in res.stderr, res.stderr

@@ -93,3 +93,13 @@ def test_init_refuses_a_bad_value_before_any_io(monkeypatch: Any) -> None:
     with pytest.raises(InvalidArgument, match="RANKWISE_WARN_AFTER='soon'"):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:9", rank=1, world_size=2,
                                 timeout=5)
+
+
+def test_the_torch_switch_takes_what_settings_declares() -> None:
+    """``rankwise_autoload`` reads RANKWISE_TORCH_CHECKS itself (at ``import torch``, which
+    must not import rankwise): its values and default are the declared ones."""
+    import rankwise_autoload
+
+    var = settings.VARIABLES[rankwise_autoload.ENV]
+    assert var.choices == rankwise_autoload.MODES
+    assert rankwise_autoload.mode({}) == var.default

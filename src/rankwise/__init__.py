@@ -87,6 +87,7 @@ from .errors import (
     RendezvousError,
     StoreError,
 )
+from .rewrap import unwrap
 from .wire.reduce_op import ReduceOp
 from .wire.reduce_op import make_premul_sum as _make_nccl_premul_sum  # noqa: F401 - torch's spelling
 
@@ -173,5 +174,5 @@ __all__ = [
     "recv_object_list", "reduce",
     "reduce_op", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
     "send", "send_object_list", "shrink", "spawn", "stragglers", "supports_complex",
-    "who_is_where",
+    "unwrap", "who_is_where",
 ]

@@ -13,6 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from rankwise_autoload import ENV as CHECKS_ENV
+from rankwise_autoload import MODES
+from rankwise_autoload import mode as checks_mode
+
 from . import settings
 from .launch.job import JobOptions, run_job
 
@@ -109,6 +113,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add(p, "--respawn", type=int, default=0, metavar="N",
          help="with --on-failure=continue: start a lost rank again, as a process that joins "
               "at the others' next rankwise.grow() (RANKWISE_JOIN=1), up to N times per node")
+    _add(p, "--checks", choices=MODES, default=None,
+         help="torch.distributed groups of a script that asks for 'gloo', 'nccl' or torch's "
+              "default: 'cpu' (the default, or $RANKWISE_TORCH_CHECKS) makes CPU ones backend "
+              "'rankwise' over torch's gloo, with rankwise's checks; 'on' CUDA ones too "
+              "(over NCCL; not yet verified on a GPU); 'off' runs them as asked")
     _add(p, "--log-dir", default=None, help="write each rank's stdout/stderr under this directory")
     _add(p, "-r", "--redirects", default=None,
          help="torchrun's: with --log-dir, output goes to the log files only (the default "
@@ -227,8 +236,21 @@ def parse_run_args(argv: Sequence[str]) -> JobOptions:
         timeout=ns.timeout, token=_token(parser, ns), start_together=ns.start_together,
         live=_live(parser, ns.live),
         role=ns.role, console_ranks=ns.local_ranks_filter,
-        on_failure=ns.on_failure, respawn=ns.respawn,
+        on_failure=ns.on_failure, respawn=ns.respawn, checks=_checks(parser, ns.checks),
     )
+
+
+def _checks(parser: argparse.ArgumentParser, given: str | None) -> str:
+    """``--checks``, else ``$RANKWISE_TORCH_CHECKS`` (checked here, before any process
+    starts), else ``cpu``."""
+    if given is not None:
+        return given
+    if not os.environ.get(CHECKS_ENV, "").strip():
+        return "cpu"
+    try:
+        return checks_mode(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _live(parser: argparse.ArgumentParser, address: str | None) -> str | None:

@@ -164,6 +164,10 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
        low=0, strict=True),
     _v("RCVLOWAT", "int", _KIB, "the most bytes a reader asks the kernel to gather before "
        "it wakes", low=0),
+    _v("TORCH_CHECKS", "choice", "off", "checks under plain torch scripts: a group asked "
+       "of gloo (cpu) or of NCCL too (on) runs as backend rankwise over it (rankwise run "
+       "sets cpu unless --checks; read at import torch by rankwise_autoload, which tests "
+       "keep in step)", "off", "cpu", "on"),
     _v("TORCH_ANY", "flag", "0", "run with a torch outside the tested range"),
     _v("JOIN", "flag", "0", "this process joins a running job at its next "
        "rankwise.grow() (rankwise run --respawn sets it)"),

@@ -20,6 +20,8 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+from rankwise_autoload import ENV as CHECKS_ENV
+
 from ..errors import DistError
 from .agent import AgentConfig, AttemptResult, LocalAgent
 from .companions import live_linger, say, start_live, start_watchdog, stop_watchdog
@@ -37,7 +39,7 @@ from .summary import (
     shell_exit_code,
     straggler_lines,
 )
-from .torch_store import TorchStoreHost
+from .torch_store import PLAIN_TORCH_LINE, TorchStoreHost
 from .watchdog import MARKER_ENV, RUN_DIR_PREFIX
 
 __all__ = ["JobOptions", "run_job"]
@@ -71,6 +73,9 @@ class JobOptions:
     #: ``stop`` (default: a failed rank ends the job) or ``continue`` (docs/recovery.md)
     on_failure: str = "stop"
     respawn: int = 0
+    #: ``RANKWISE_TORCH_CHECKS`` of the workers (``rankwise_autoload``): plain torch groups
+    #: on backend "rankwise" (``cpu``, ``on``) or as asked (``off``)
+    checks: str = "cpu"
 
 
 @contextmanager
@@ -180,7 +185,7 @@ def run_job(opts: JobOptions) -> int:
              "job's rendezvous. Give every node the same token.")
     opts = replace(opts, token=token)
     alarm = ForeignAlarm(token, say)
-    torch_store = TorchStoreHost(say)
+    torch_store = TorchStoreHost(say, PLAIN_TORCH_LINE if opts.checks == "off" else None)
     try:
         try:
             hosts = opts.max_nodes == 1 or opts.node_rank in (None, 0)
@@ -201,6 +206,7 @@ def run_job(opts: JobOptions) -> int:
         base_env = dict(os.environ)
         marker = secrets.token_hex(12)
         base_env[MARKER_ENV] = marker  # every process of the job inherits it
+        base_env[CHECKS_ENV] = opts.checks
         live = (start_live(opts.live, opts.master_addr, port, opts.token,
                            opts.nproc * nnodes if opts.max_nodes == 1 else 0)
                 if server is not None else None)

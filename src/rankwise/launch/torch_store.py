@@ -65,8 +65,12 @@ class _Pair:
 class TorchStoreHost:
     """Serves torch clients that knock on rankwise's store with torch's own store."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(self, say: Callable[[str], None], line: str | None = PLAIN_TORCH_LINE) -> None:
+        """``line``: said at the first knock (None under ``--checks``, where plain torch
+        groups are rankwise's and a knock is some other TCPStore client, e.g. torch's
+        debug server)."""
         self._say = say
+        self._line = line
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
@@ -88,7 +92,8 @@ class TorchStoreHost:
             return False
         if not self.used.is_set():
             self.used.set()
-            self._say(PLAIN_TORCH_LINE)
+            if self._line:
+                self._say(self._line)
         self._post("client", (client, first))
         return True
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import settings
 
-__all__ = ["Terminated", "install_worker_hooks", "one_line", "write_error_file"]
+__all__ = ["Terminated", "as_raised", "install_worker_hooks", "one_line", "write_error_file"]
 
 ERROR_FILE_ENV = "RANKWISE_ERROR_FILE"
 _installed = False
@@ -66,6 +66,7 @@ def write_error_file(
     path = path or settings.text(ERROR_FILE_ENV)
     if not path:
         return False
+    exc_type, exc = as_raised(exc_type, exc)
     record: dict[str, Any] = {
         "rank": int(os.environ.get("RANK", "-1")),
         "exc_type": exc_type.__qualname__,
@@ -88,6 +89,16 @@ def write_error_file(
     with os.fdopen(fd, "w") as fh:
         json.dump(record, fh)
     return True
+
+
+def as_raised(exc_type: type[BaseException], exc: BaseException
+              ) -> tuple[type[BaseException], BaseException]:
+    """The rankwise exception torch's C++ re-wrapped as a ``RuntimeError`` (DDP's reducer;
+    ``rewrap.unwrap``), else ``exc``: what the rank is reported to have raised."""
+    from ..rewrap import unwrap
+
+    inner = unwrap(exc)
+    return (exc_type, exc) if inner is exc else (type(inner), inner)
 
 
 def raised_at(tb: TracebackType | None) -> str:
@@ -151,6 +162,7 @@ def install_worker_hooks() -> None:
         # the launcher prints the traceback once, in its summary (from the error file):
         # printed here too it appeared once per rank plus once there
         write_error_file(exc_type, exc, tb)
+        exc_type, exc = as_raised(exc_type, exc)
         rank = os.environ.get("RANK", "?")
         sys.stderr.write(f"rank {rank}: {one_line(exc_type, exc, raised_at(tb))} (traceback: "
                          "in the launcher's summary)\n")

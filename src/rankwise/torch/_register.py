@@ -38,6 +38,10 @@ from ._cuda_backend import DEVICES, attach_cuda
 __all__ = ["install"]
 
 _views: list[TorchStoreView] = []  #: the store views handed to torch, kept alive
+#: the engine of the next default group when ``takeover`` made it of a plain torch request
+#: (``"cpu:torch-gloo"``, with ``",cuda:nccl"`` when NCCL was asked for); None: rankwise's own
+engine_backend: str | None = None
+_taken_over: Any = None  #: the world made with ``engine_backend`` (its CUDA plane is chosen)
 
 
 def _launched_by_rankwise() -> bool:
@@ -73,17 +77,26 @@ def _group_id(name: str) -> int:
     return (zlib.crc32(f"torch:{name}".encode()) | 0x8000_0000) & 0xFFFF_FFFF
 
 
+def _attach_cuda(group: Any) -> None:
+    """The CUDA plane of backend "rankwise" (``attach_cuda``); a world ``takeover`` made
+    already names what its CUDA tensors use (``engine_backend``)."""
+    if current() is not _taken_over:
+        attach_cuda(current(), group)
+
+
 def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
     """torch's backend creator (extended API): the default group joins (or reuses) the
     rankwise world; any other group becomes a rankwise group of the same global ranks."""
+    global _taken_over
     rank, size, timeout = int(opts.group_rank), int(opts.group_size), opts.timeout
     if not tdist.is_initialized():  # torch is making its default group
         world = maybe_current()
         if world is None:
             store = rankwise_store_under(opts.store) or RankwiseStoreView(opts.store, timeout)
-            _init.init_process_group("tcp", rank=rank, world_size=size, timeout=timeout,
-                                     store=store)
-            attach_cuda(current(), current().default_group)
+            _init.init_process_group(engine_backend or "tcp", rank=rank, world_size=size,
+                                     timeout=timeout, store=store)
+            _taken_over = current() if engine_backend else None
+            _attach_cuda(current().default_group)
             return TorchProcessGroup(current().default_group, owns_world=True)
         if (world.comm.rank, world.comm.world_size) != (rank, size):
             raise InvalidArgument(
@@ -93,7 +106,7 @@ def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
     members = sorted(int(r) for r in opts.global_ranks_in_group)
     group = _init.make_group(current(), _group_id(str(opts.group_id)), members,
                              timeout.total_seconds(), f"torch group {opts.group_id} {members}")
-    attach_cuda(current(), group)
+    _attach_cuda(group)
     return TorchProcessGroup(group, owns_world=False)
 
 

@@ -12,7 +12,9 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch.distributed as tdist
 from torch.futures import Future
 
 from ..core.work import Work as RankwiseWork
+from ..rewrap import bare, note
 
 __all__ = ["AsyncWork", "DoneWork", "RecvWork"]
 
@@ -30,16 +33,26 @@ def _future_of(result: Any) -> Future[Any]:
     return fut
 
 
-class _Failed:
-    """The value of a torch future whose rankwise call failed (``fail_future``)."""
+def _spent() -> Generator[None, None, None]:
+    yield  # never reached: the generator is closed before its first step
 
-    __slots__ = ("error",)
+
+class _Failed:
+    """The value of a torch future whose rankwise call failed (``fail_future``).
+
+    C++ reads tensors out of a value by pickling it, and pickling calls ``__reduce__``
+    (object's ``__reduce_ex__`` does, with no argument): here the ``throw`` of a spent
+    generator, which raises its argument from C without entering a frame, so what torch
+    formats of it lists none of rankwise's (``rewrap``)."""
+
+    __slots__ = ("__reduce__", "error")
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-    def __reduce_ex__(self, protocol: Any) -> Any:  # how C++ reads tensors out of a value
-        raise self.error
+        spent = _spent()
+        spent.close()
+        # a slot, set per object (mypy sees object's method)
+        self.__reduce__ = functools.partial(spent.throw, bare(error))  # type: ignore[method-assign,assignment]
 
 
 def _raise_error(value: _Failed) -> None:
@@ -54,6 +67,7 @@ def fail_future(future: Future[Any], error: BaseException) -> None:
     as a plain value, in which C++ finds no tensor, and the reducer then indexes an empty
     list: rank 0 of a DDP job whose bucket all_reduce failed died of SIGSEGV instead of
     raising (seen under load, when the error came before backward's end)."""
+    note(error)  # rankwise.unwrap finds it in what torch makes of it
     future._set_unwrap_func(_raise_error)
     future.set_result(_Failed(error))
 

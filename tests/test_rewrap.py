@@ -1,0 +1,64 @@
+"""rankwise's exception back from torch's re-wrap (``rankwise.unwrap``), and the bare copy
+torch's C++ is given: no frame of rankwise's in what torch formats of it."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+import rankwise
+from rankwise import rewrap
+from rankwise.errors import PeerFailure
+
+
+def _raised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        return exc
+
+
+def test_bare_keeps_class_message_and_attributes_but_no_traceback() -> None:
+    error = _raised(PeerFailure("rank 1 died: gone", rank=1, last_collective="x"))
+    copy = rewrap.bare(error)
+    assert type(copy) is PeerFailure and str(copy) == str(error)
+    assert (copy.rank, copy.last_collective) == (1, "x")  # type: ignore[attr-defined]
+    assert copy.__traceback__ is None and error.__traceback__ is not None
+
+
+def test_unwrap_finds_rankwise_errors_by_chain_and_by_torchs_text() -> None:
+    mine = PeerFailure("rank 3 died: its connection was lost\nmore lines", rank=3)
+    assert rankwise.unwrap(mine) is mine
+    outer = RuntimeError("wrapped")
+    outer.__cause__ = mine
+    assert rankwise.unwrap(outer) is mine
+    torchs = RuntimeError(f"Cannot extract tensors from value: PeerFailure: {mine}\n\nAt:\n")
+    assert rankwise.unwrap(torchs) is torchs  # not handed to torch: not found
+    rewrap.note(mine)
+    assert rankwise.unwrap(torchs) is mine
+    other = RuntimeError("Cannot extract tensors from value: ValueError: rank 3 died")
+    assert rankwise.unwrap(other) is other
+
+
+def test_torchs_tensor_extraction_raises_a_copy_from_no_frame_of_rankwise() -> None:
+    """What DDP's reducer does with a failed bucket's value (``_extract_tensors`` pickles
+    it): the error comes out with only torch's frame on it, and unwrap finds the original."""
+    torch = pytest.importorskip("torch")
+    from torch._jit_internal import _extract_tensors
+
+    from rankwise.torch._work import _Failed, fail_future
+
+    error = _raised(PeerFailure("rank 1 died: test", rank=1))
+    future = torch.futures.Future()
+    fail_future(future, error)
+    with pytest.raises(PeerFailure) as info:
+        future.value()  # Python's callers get the original
+    assert info.value is error
+    with pytest.raises(PeerFailure, match="rank 1 died: test") as info:
+        _extract_tensors(_Failed(error))  # the value C++ holds
+    assert info.value is not error
+    files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    assert not [f for f in files if "/rankwise/" in f], files
+    assert rankwise.unwrap(RuntimeError(f"Cannot extract tensors from value: "
+                                        f"PeerFailure: {info.value}")) is error
