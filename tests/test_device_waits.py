@@ -423,6 +423,11 @@ def _call() -> Any:
     return SimpleNamespace(group=group, describe=lambda: "all_reduce(float32 x 4, op=SUM)")
 
 
+def _observed(call: Any, observers: Any) -> Any:
+    call.observers = observers
+    return call
+
+
 def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
     from rankwise.engines.torch.engine import TorchEngine
     from rankwise.engines.torch.tensors import DeviceTensors
@@ -439,12 +444,11 @@ def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
     checked: list[Any] = []
     engine.device = DeviceWaits(_watchdog(Clock())[0], FakeStreams(), lambda c, e: e)
     engine.tensors = tensors
-    engine.check = SimpleNamespace(before=checked.append)  # type: ignore[assignment]
-    engine._check_lock = threading.Lock()
+    observed = SimpleNamespace(before=checked.append)  # the call's observers
     with pytest.raises(InvalidArgument, match="is on meta"):
-        engine._before(_call(), other)
+        engine._before(_observed(_call(), observed), other)
     assert checked == [], "the ring check (I/O) ran before the device check"
-    engine._before(_call(), torch.ones(1))
+    engine._before(_observed(_call(), observed), torch.ones(1))
     assert len(checked) == 1
 
 

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from ..identity.calls import Fingerprint
     from ..identity.callsite import CallSite
 
-__all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "Array", "Call", "CallsDisagree", "Caps",
-           "DeadlinePassed", "Engine", "EngineFact", "EngineUnavailable", "PeerGone",
-           "check_mode"]
+__all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "NO_OBSERVERS", "Array", "Call",
+           "CallsDisagree", "Caps", "DeadlinePassed", "Engine", "EngineFact",
+           "EngineUnavailable", "Observer", "Observers", "PeerGone", "check_mode"]
 
 Array = npt.NDArray[Any]
 
@@ -96,6 +96,60 @@ class DeadlinePassed(EngineFact):
         self.detail = detail
 
 
+class Observer(Protocol):
+    """One check or record around every call of a group on one engine (``api.observers``
+    builds the set): ``before`` once the engine's local checks passed and before any of
+    the call's data moves, ``enqueued`` once its data op is in flight, then ``after`` or
+    ``failed``. An engine never knows which observers there are."""
+
+    def before(self, call: Call) -> None: ...
+
+    def enqueued(self, call: Call) -> None: ...
+
+    def after(self, call: Call) -> None: ...
+
+    def failed(self, call: Call, exc: BaseException) -> None: ...
+
+
+class Observers:
+    """A group's observers on one engine, as the hooks each phase runs: ``before`` and
+    ``enqueued`` in order, ``after`` and ``failed`` in reverse (the first observer
+    opened first closes last, as nested blocks). Made once per group and engine
+    (``api.observers.observed``), never per call."""
+
+    __slots__ = ("_after", "_before", "_enqueued", "_failed", "by_path", "members")
+
+    def __init__(self, members: tuple[Observer, ...] = (), by_path: bool = True) -> None:
+        self.members = members
+        #: the call path runs ``before`` (False: the engine does, after its local checks)
+        self.by_path = by_path
+        self._before = tuple(o.before for o in members)
+        self._enqueued = tuple(o.enqueued for o in members)
+        self._after = tuple(o.after for o in reversed(members))
+        self._failed = tuple(o.failed for o in reversed(members))
+
+    def before(self, call: Call) -> None:
+        for hook in self._before:
+            hook(call)
+
+    def enqueued(self, call: Call) -> None:
+        """The engine's op for ``call`` is in flight (foreign engines report it)."""
+        for hook in self._enqueued:
+            hook(call)
+
+    def after(self, call: Call) -> None:
+        for hook in self._after:
+            hook(call)
+
+    def failed(self, call: Call, exc: BaseException) -> None:
+        for hook in self._failed:
+            hook(call, exc)
+
+
+#: a call run outside the call path (an engine driven directly): nothing observes it
+NO_OBSERVERS = Observers()
+
+
 @dataclass(slots=True)
 class Call:
     """One collective call as the API registered it: what every engine runs, and its
@@ -127,6 +181,11 @@ class Call:
     #: while an ``async_op`` call runs on the caller's thread (a device engine's
     #: ``run_inline``): its device records, ordered when the ``Work`` is waited for
     inline: list[Any] | None = None
+    #: what observes it (``api.observers``): an engine that reports its phases
+    #: (``Caps.ring``) runs ``observers.before`` after its local checks and
+    #: ``observers.enqueued`` once its op is in flight
+    observers: Observers = NO_OBSERVERS
+    event: Any = None  #: the profiler's event, while one records (``api.profiling``)
 
     @property
     def record(self) -> Call:
@@ -169,6 +228,20 @@ class Caps:
 
     run_inline: Callable[..., tuple[Any, BaseException | None]] | None = None
     adopt_async: Callable[[Callable[[], None]], tuple[Callable[[], None], Any]] | None = None
+    #: the engine moves data rankwise does not own (torch's gloo, NCCL): its calls are
+    #: checked on the control plane (``core.ring_check`` in this ``RANKWISE_CHECK`` mode)
+    #: and it reports its own phases to ``Call.observers`` (``before`` once its local
+    #: checks passed, ``enqueued`` once its op is in flight). None: rankwise's own data;
+    #: the call path runs ``before`` itself, and nothing is in flight but the call
+    ring: str | None = None
+    #: with ``ring``: what the observers hold back to send later (the ring check's
+    #: batch), sent by the engine when an op runs slow, at ``settle`` and at ``close``
+    held: list[Callable[[], None]] | None = None
+
+    def send_held(self) -> None:
+        """Send what the observers hold back (the engine calls it; never raises)."""
+        for send in self.held or ():
+            send()
 
 
 #: a host engine's: every call on the caller's thread or the async worker, no streams
