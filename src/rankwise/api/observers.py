@@ -26,43 +26,33 @@ __all__ = ["Profiled", "WhoIsWhere", "observed"]
 
 #: ``Op(code).name`` is an enum lookup and property (~0.3 us); this runs once per call
 _OP_NAMES = {int(op): op.name for op in Op}
-_activity = Activity.of_call
+_new = object.__new__
 
 
-class WhoIsWhere:
+class WhoIsWhere(Observer):
     """What this rank is in now (``Communicator.doing``, read by who-is-where reports and
     the deadlock probe), then its history and trace span (``CallLog.call_done``)."""
 
-    __slots__ = ("_comm",)
-
     def __init__(self, group: ProcessGroup) -> None:
         self._comm = group.comm
+        #: history, trace span, back to "user code": the call log's own, no layer here
+        self.after = self.failed_call = group.comm.call_done  # type: ignore[method-assign]
 
     def before(self, call: Call) -> None:
-        self._comm.doing = _activity(_OP_NAMES[call.fp.op], call.group.id, call.seq,
-                                     call.site, call.started)
-
-    def enqueued(self, call: Call) -> None:
-        return None
-
-    def after(self, call: Call) -> None:
-        self._comm.call_done(call)  # history, trace span, back to "user code"
+        # an ``Activity`` with only the call's fields set (the rest are the class's
+        # defaults): its ``__init__`` sets twelve (docs in ``core.activity``)
+        a = _new(Activity)
+        a.op, a.group, a.seq, a.site, a.since = (_OP_NAMES[call.fp.op], call.group.id,
+                                                 call.seq, call.site, call.started)
+        self._comm.doing = a
 
     def failed(self, call: Call, exc: BaseException) -> None:
-        self._comm.call_done(call)
+        self.failed_call(call)
 
 
-class Profiled:
+class Profiled(Observer):
     """The profiler's event of the call (``api.profiling``; ``launch`` starts it, as the
     call's shapes are known there), ended when the call ends here."""
-
-    __slots__ = ()
-
-    def before(self, call: Call) -> None:
-        return None
-
-    def enqueued(self, call: Call) -> None:
-        return None
 
     def after(self, call: Call) -> None:
         event: Any = call.event

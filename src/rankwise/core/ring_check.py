@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..engines.base import CHECK_MODES, Call
+from ..engines.base import CHECK_MODES, Call, Observer
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import Fingerprint
 from ..wire.frames import CHECK_ENTRY, CHECK_KEY, Flag, Kind, encode_header
@@ -42,7 +42,7 @@ _pack_entry = CHECK_ENTRY.pack
 _CHECK = int(Flag.CHECK)
 
 
-class RingCheck:
+class RingCheck(Observer):
     """One group's fingerprint ring: ``before`` each data op, ``after`` it; an observer
     of the group's calls on a foreign engine (``api.observers``, ``engines.base.Observer``).
 
@@ -156,6 +156,3 @@ class RingCheck:
         if self.comm.router.failure is not None:
             self.comm.port.raise_failure()
 
-    def failed(self, call: Call, exc: BaseException) -> None:
-        """The call failed: its error is the one to show; a batch goes at the next call
-        or flush."""

@@ -96,54 +96,70 @@ class DeadlinePassed(EngineFact):
         self.detail = detail
 
 
-class Observer(Protocol):
+class Observer:
     """One check or record around every call of a group on one engine (``api.observers``
     builds the set): ``before`` once the engine's local checks passed and before any of
     the call's data moves, ``enqueued`` once its data op is in flight, then ``after`` or
-    ``failed``. An engine never knows which observers there are."""
+    ``failed``. An engine never knows which observers there are. A hook an observer does
+    not override costs a call nothing: ``Observers`` leaves it out."""
 
-    def before(self, call: Call) -> None: ...
+    def before(self, call: Call) -> None:
+        return None
 
-    def enqueued(self, call: Call) -> None: ...
+    def enqueued(self, call: Call) -> None:
+        return None
 
-    def after(self, call: Call) -> None: ...
+    def after(self, call: Call) -> None:
+        return None
 
-    def failed(self, call: Call, exc: BaseException) -> None: ...
+    def failed(self, call: Call, exc: BaseException) -> None:
+        return None
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def _phase(hooks: tuple[Callable[..., None], ...]) -> Callable[..., None]:
+    """One callable running ``hooks`` in order: none (a no-op), the one hook itself, or a
+    loop. Why: a phase is a Python call per call, and most phases have one hook."""
+    if not hooks:
+        return _nothing
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def each(call: Call, *exc: BaseException) -> None:
+        for hook in hooks:
+            hook(call, *exc)
+
+    return each
+
+
+def _overridden(members: tuple[Observer, ...], name: str) -> list[Callable[..., None]]:
+    """The ``name`` hooks of ``members`` that do something (``Observer``'s own do not)."""
+    default = getattr(Observer, name)
+    return [getattr(o, name) for o in members
+            if getattr(getattr(o, name), "__func__", None) is not default]
 
 
 class Observers:
-    """A group's observers on one engine, as the hooks each phase runs: ``before`` and
-    ``enqueued`` in order, ``after`` and ``failed`` in reverse (the first observer
+    """A group's observers on one engine, as the callable each phase runs: ``before``
+    and ``enqueued`` in order, ``after`` and ``failed`` in reverse (the first observer
     opened first closes last, as nested blocks). Made once per group and engine
     (``api.observers.observed``), never per call."""
 
-    __slots__ = ("_after", "_before", "_enqueued", "_failed", "by_path", "members")
+    __slots__ = ("after", "before", "by_path", "enqueued", "failed", "members")
 
     def __init__(self, members: tuple[Observer, ...] = (), by_path: bool = True) -> None:
         self.members = members
         #: the call path runs ``before`` (False: the engine does, after its local checks)
         self.by_path = by_path
-        self._before = tuple(o.before for o in members)
-        self._enqueued = tuple(o.enqueued for o in members)
-        self._after = tuple(o.after for o in reversed(members))
-        self._failed = tuple(o.failed for o in reversed(members))
-
-    def before(self, call: Call) -> None:
-        for hook in self._before:
-            hook(call)
-
-    def enqueued(self, call: Call) -> None:
-        """The engine's op for ``call`` is in flight (foreign engines report it)."""
-        for hook in self._enqueued:
-            hook(call)
-
-    def after(self, call: Call) -> None:
-        for hook in self._after:
-            hook(call)
-
-    def failed(self, call: Call, exc: BaseException) -> None:
-        for hook in self._failed:
-            hook(call, exc)
+        self.before: Callable[[Call], None] = _phase(tuple(_overridden(members, "before")))
+        #: the engine's op for the call is in flight (foreign engines report it)
+        self.enqueued: Callable[[Call], None] = _phase(tuple(_overridden(members, "enqueued")))
+        self.after: Callable[[Call], None] = _phase(tuple(_overridden(members, "after")[::-1]))
+        self.failed: Callable[[Call, BaseException], None] = _phase(
+            tuple(_overridden(members, "failed")[::-1]))
 
 
 #: a call run outside the call path (an engine driven directly): nothing observes it

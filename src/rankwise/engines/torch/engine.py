@@ -139,6 +139,7 @@ class TorchEngine:
         self.tensors = HostArrays() if tensors is None else tensors
         self._raw = self.tensors.raw
         self._values = self.tensors.values
+        self._as_is = self.tensors.as_is
         #: the store view ``pg`` was built on: torch holds only its C++ half, and without
         #: this reference the Python overrides vanish under it
         self.store = store
@@ -238,7 +239,8 @@ class TorchEngine:
         device = self.device
         if device is not None:
             self.tensors.check(call, arrays)
-            device.raise_failed()
+            if device.watchdog.failed is not None:
+                device.raise_failed()
         call.observers.before(call)
 
     def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
@@ -289,7 +291,7 @@ class TorchEngine:
 
     def all_reduce(self, call: Call, data: Array) -> None:
         self._before(call, data)
-        self._all_reduce(call, self._values(data, call))
+        self._all_reduce(call, data if self._as_is else self._values(data, call))  # type: ignore[arg-type]
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result
