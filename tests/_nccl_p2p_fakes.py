@@ -14,7 +14,7 @@ import pytest
 
 from rankwise.engines.torch.p2p import NcclP2P
 from rankwise.engines.torch.streams import CudaStreams, DeviceWaits, Streams
-from rankwise.engines.torch.watchdog import Watchdog
+from rankwise.engines.torch.work_book import WorkBook
 from rankwise.errors import DistError, DistTimeout
 from rankwise.identity.calls import Fingerprint
 from rankwise.wire.buffers import as_buffer
@@ -196,7 +196,7 @@ class World:
         self.contacts: list[tuple[int, int]] = []
         self.aborts: list[int] = []
         self.links = [FakeLink(r, self.boxes, self.clock) for r in range(n)]
-        self.dogs = [Watchdog(Plane(link), lambda r=r: self.aborts.append(r),  # type: ignore[misc]
+        self.dogs = [WorkBook(Plane(link), lambda r=r: self.aborts.append(r),  # type: ignore[misc]
                               clock=self.clock) for r, link in enumerate(self.links)]
         self.ranks = [self._rank(r) for r in range(n)]
 
@@ -250,7 +250,7 @@ class FakeNcclEngine:
         self.aborted = 0
         self._pg = net.pg(group.comm.rank)
         plane = CommPlane(self.waiter, lambda: True)
-        self.dog = Watchdog(plane, lambda: self._abort(None), name="nccl")
+        self.dog = WorkBook(plane, lambda: self._abort(None), name="nccl")
         self.device = DeviceWaits(self.dog, CudaLike(), plane.op_failed)
         self.dog.start()
 

@@ -29,7 +29,7 @@ from rankwise.engines.torch.streams import (
     Streams,
     current_holder,
 )
-from rankwise.engines.torch.watchdog import GRACE, Watchdog
+from rankwise.engines.torch.work_book import GRACE, WorkBook
 from rankwise.errors import CollectiveMismatch, DistTimeout, InvalidArgument
 
 torch = pytest.importorskip("torch")
@@ -163,9 +163,9 @@ class FakeWork:
         return True
 
 
-def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[Watchdog, list[int]]:
+def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[WorkBook, list[int]]:
     aborts: list[int] = []
-    dog = Watchdog(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
+    dog = WorkBook(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
     return dog, aborts
 
 
@@ -493,7 +493,7 @@ class CountingLedger:
 def test_recording_a_work_wakes_the_ledger_once_not_per_call() -> None:
     clock = Clock()
     on = CountingLedger()
-    dog = Watchdog(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
+    dog = WorkBook(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
     dog.start()
     for _ in range(100):
         dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
@@ -527,7 +527,7 @@ def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() ->
 
     clock = Clock()
     planes = [FakePlane(), FakePlane()]
-    dogs = [Watchdog(p, lambda: None, clock=clock) for p in planes]
+    dogs = [WorkBook(p, lambda: None, clock=clock) for p in planes]
     for d in dogs:
         d.start()
     try:

@@ -28,7 +28,7 @@ _DEPTH = 8
 #: by then (the router's early frames, a ring check's batch going out) or on time (the
 #: stand-in's host wait polls until the watchdog settles the work)
 _LEAVES = ("core.router", "core.ring_check", "core.communicator", "identity.callsite",
-           "engines.torch.streams", "engines.torch.watchdog")
+           "engines.torch.streams", "engines.torch.work_book")
 
 
 def _module(frame: FrameType) -> str | None:

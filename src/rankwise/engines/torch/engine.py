@@ -31,7 +31,7 @@ from .splits import check_splits
 from .streams import DeviceWaits, Streams
 from .tensors import HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
-from .watchdog import Watchdog
+from .work_book import WorkBook
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -161,7 +161,7 @@ class TorchEngine:
         self.caps = Caps(ring=self.check_mode, held=held)
         if streams is not None:
             plane = CommPlane(self.waiter, self._flush)
-            watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
+            watchdog = WorkBook(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
             self.caps = Caps(run_inline=self.device.run_inline,
                              adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)

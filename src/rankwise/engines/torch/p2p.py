@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import CollectiveMismatch, DistError, DistTimeout
 from ...wire.buffers import dtype_name
-from ..device.p2p_book import Book, Header, Receive, decode, encode
+from ..device.p2p_book import Header, HeaderMatcher, Receive, decode, encode
 
 if TYPE_CHECKING:
     from ..base import Call
     from .streams import DeviceWaits
-    from .watchdog import Pending
+    from .work_book import Pending
 
 __all__ = ["HeaderLink", "NcclP2P", "StandInGroup", "bounded_enqueue"]
 
@@ -144,7 +144,7 @@ class NcclP2P:
         self._first_contact = first_contact
         self._check = check
         self._clock = clock
-        self.book = Book(self._issue, self._mismatch)
+        self.book = HeaderMatcher(self._issue, self._mismatch)
         self._send_lock = threading.Lock()
         self._sent: dict[int, int] = {}  #: device messages sent, per destination
         #: directions (src, dst) whose torch group has made NCCL's pair communicator

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...by_thread import ByThread
 from ...errors import DistError, DistTimeout
-from .watchdog import Pending, Watchdog
+from .work_book import Pending, WorkBook
 
 if TYPE_CHECKING:
     from ..base import Call
@@ -42,7 +42,7 @@ class Streams:
     """The stream operations the device engine needs (CUDA: ``CudaStreams``)."""
 
     #: a group's collectives finish in the order they were enqueued (NCCL: one stream
-    #: per communicator), so the watchdog need not ask each one (``Watchdog.watch``)
+    #: per communicator), so the watchdog need not ask each one (``WorkBook.watch``)
     in_order = False
 
     def current(self) -> Any:
@@ -279,7 +279,7 @@ class DeviceWaits:
     current stream is ordered after it (``Streams.order``), and an async call's
     ``DeviceWork`` remembers it. ``op_failed`` explains a torch op's own error."""
 
-    def __init__(self, watchdog: Watchdog, streams: Streams,
+    def __init__(self, watchdog: WorkBook, streams: Streams,
                  op_failed: Callable[[Call, BaseException], BaseException]) -> None:
         self.watchdog = watchdog
         self.streams = streams
