@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...errors import CollectiveMismatch, DistError, DistTimeout
 from ...wire.buffers import dtype_name
 from ..device.p2p_book import Header, HeaderMatcher, Receive, decode, encode
+from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ..base import Call
@@ -356,13 +357,13 @@ class _Waited:
     def __init__(self, work: Any) -> None:
         self._work = work
         self._done = threading.Event()
-        self._error: RuntimeError | None = None
+        self._error: BaseException | None = None
         threading.Thread(target=self._run, name="rankwise-stand-in-p2p", daemon=True).start()
 
     def _run(self) -> None:
         try:
             self._work.wait()
-        except RuntimeError as exc:
+        except TORCH_ERRORS as exc:
             self._error = exc
         finally:
             self._done.set()

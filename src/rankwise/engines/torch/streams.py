@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...by_thread import ByThread
-from ...errors import DistError, DistTimeout
+from ...errors import DistTimeout
+from .failures import from_torch
 from .work_book import Pending, WorkBook
 
 if TYPE_CHECKING:
@@ -338,7 +339,7 @@ class DeviceWaits:
         """What ``order`` raises for ``err``, raised while it ordered the stream: the
         watchdog's verdict (a ``DistError``) and anything but a torch ``RuntimeError`` as
         they are; the op's own failure (torch raised it) explained by ``op_failed``."""
-        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
+        if from_torch(err):
             return self._op_failed(call, err)
         return err
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...slots import fast_new
+from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ...core.ledger import Ledger
@@ -136,7 +137,7 @@ class Pending:
             return True
         try:
             return bool(self.work.is_completed())
-        except RuntimeError:
+        except TORCH_ERRORS:
             return True  # the op failed: done, its error comes with ``wait``
 
     # --- the device side of an async ``Work`` with one torch work (``core.work``) ------
@@ -315,7 +316,7 @@ class WorkBook:
                     continue
                 try:
                     done = (not p.ordered or i < running_from) and p.work.is_completed()
-                except RuntimeError as err:
+                except TORCH_ERRORS as err:
                     self.settle(finished)
                     self.fail(plane.op_failed(p.call, err))
                     return math.inf
@@ -430,7 +431,7 @@ def _ordered_bounds(records: list[Pending]) -> tuple[int, int]:
                     lo = mid + 1
                 else:
                     hi = mid
-    except RuntimeError:
+    except TORCH_ERRORS:
         pass
     done_below = at[lo - 1] + 1 if lo else 0
     running_from = at[hi] if hi < len(at) else len(records)
