@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rankwise.engines.torch.engine import TorchEngine
 from rankwise.engines.torch.p2p import NcclP2P
 from rankwise.engines.torch.streams import CudaStreams, DeviceWaits, Streams
 from rankwise.engines.torch.work_book import WorkBook
@@ -233,15 +234,18 @@ def floats(*values: float) -> Any:
 
 
 class FakeNcclEngine:
-    """What the API and ``api.p2p_nccl`` use of the NCCL engine (``TorchEngine``): its
-    name, device, waits (the real watchdog on the real control plane, CUDA-like
+    """What ``TorchEngine.make_p2p`` and the API use of the NCCL engine: its group,
+    name, device, waits (the real work book on the real control plane, CUDA-like
     streams), ``p2p_group`` and ``_abort``; the torch group is the fake net."""
 
     name = "nccl"
+    #: the engine's own assembly of its p2p, over the fake's parts
+    make_p2p = TorchEngine.make_p2p
 
     def __init__(self, group: Any, net: FakeNet) -> None:
         from rankwise.engines.torch.wait import CommPlane, WorkWaiter
 
+        self.group = group
         self.p2p: Any = None
         from rankwise.engines.torch.tensors import DeviceTensors
 

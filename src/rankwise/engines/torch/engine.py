@@ -166,7 +166,7 @@ class TorchEngine:
             self.caps = Caps(run_inline=self.device.run_inline,
                              adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)
             watchdog.start()
-        #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
+        #: device p2p (``engines.torch.p2p.NcclP2P``): ``make_p2p``'s, kept by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
         #: on first use by ``make_reverse`` (None: ``pg`` carries both directions)
@@ -231,6 +231,38 @@ class TorchEngine:
         if self._aborting is not None:  # made after the abort began: aborted too
             on_thread(reverse.abort, "rankwise-torch-abort")
         return reverse
+
+    def make_p2p(self, link: Any, tell: Callable[[BaseException], None]) -> Any:
+        """This engine's device p2p (``engines.torch.p2p.NcclP2P``) over its own torch
+        groups, streams and waits: the API hands it only what the control plane owns,
+        the headers' ``link`` and ``tell`` (a mismatch to every rank)."""
+        from .nccl import FIRST_MIN, STAND_IN
+        from .p2p import NcclP2P, StandInGroup, bounded_enqueue
+
+        g, rank = self.group, self.group.port.rank
+        assert self.device is not None, "device p2p on an engine of host memory"
+
+        def first_contact(peer: int, enqueue: Any) -> Any:
+            def abort() -> None:
+                self.waiter.stuck = True
+                self._abort(None)
+            return bounded_enqueue(
+                enqueue, failure=link.failure, timeout=max(g.timeout, FIRST_MIN),
+                on_timeout=abort,
+                what=lambda: f"rank {rank}: NCCL's communicator for ranks {rank} and "
+                             f"{peer} of {g.name} (their first send/recv)")
+
+        def scratch(nbytes: int) -> Any:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.tensors.device)
+
+        def pg_for(src: int, dst: int) -> Any:
+            pg = self.p2p_group(g.group_rank_of(src, "src"), g.group_rank_of(dst, "dst"))
+            return StandInGroup(pg) if self.name == STAND_IN else pg
+
+        return NcclP2P(
+            rank=rank, group_rank=lambda r: g.group_rank_of(r, "peer"), pg_for=pg_for,
+            waits=self.device, scratch=scratch, link=link, tell=tell,
+            first_contact=first_contact, check=self.tensors.check)
 
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
