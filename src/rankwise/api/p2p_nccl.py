@@ -4,10 +4,10 @@ Why here: the API decides per call which plane a p2p message takes (the device
 engine's NCCL, or host memory as ``Kind.P2P`` frames), and only the API reaches the
 control plane's router for the headers (``ControlLink``); the matching and the NCCL
 side are ``engines.torch.p2p``'s, built by the engine (``TorchEngine.make_p2p``).
-``RANKWISE_NCCL_P2P``: ``0`` sends CUDA tensors through host memory as before, ``1`` takes NCCL (also on the CPU stand-in of the
-tests), unset: NCCL where the group's device engine is NCCL itself. Every rank of a
-job must take the same plane for a message (the switch is read per process: set it
-for the whole job).
+``RANKWISE_NCCL_P2P``: ``0`` sends CUDA tensors through host memory as before, ``1``
+takes NCCL (also on the CPU stand-in of the tests), unset: NCCL where the group's device
+engine is NCCL itself. Every rank of a job must take the same plane for a message (the
+switch is read per process: set it for the whole job).
 """
 
 from __future__ import annotations
