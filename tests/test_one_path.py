@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from test_device_fast_path import _on_device_plane
+from test_device_fast_path import _Event, _on_device_plane, _recording
 
 torch = pytest.importorskip("torch")
 
@@ -99,16 +99,28 @@ def _ways(rank: int) -> dict[str, tuple[list[str], list[str], Any]]:
         "subclass": lambda: dist.all_reduce(sub),
         "torch backend": lambda: backend.allreduce([kept], opts),
     }
-    out = {}
+    out: dict[str, tuple[list[str], list[str], Any]] = {}
     for name, fn in ways.items():
         for _ in range(3):  # the last in steady state: the plan, its fingerprint, the
             before, route = _trace(fn)  # route and the call site (of these frames) are made
         out[name] = (before, route, g.history[-1].observers)  # the call's observers
+    _recording.on = True  # a profiler records: its observer joins, nothing else changes
+    try:
+        dist.all_reduce(kept)
+    finally:
+        _recording.on = False
+    out["profiled"] = ([], [], g.history[-1].observers)
     return out
 
 
 def test_every_way_into_an_all_reduce_takes_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwise.api import profiling
+
+    monkeypatch.setattr(profiling, "on", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "recording", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "Event", _Event)
     for ways in _on_device_plane(monkeypatch, _ways):
+        profiled = ways.pop("profiled")[2]
         routes = {name: route for name, (_, route, _) in ways.items()}
         first = routes["kept view"]
         assert first[0] == "api.path.launch"
@@ -127,3 +139,5 @@ def test_every_way_into_an_all_reduce_takes_one_route(monkeypatch: pytest.Monkey
         assert kinds == ["WhoIsWhere", "RingCheck"], kinds
         for name, obs in observers.items():
             assert obs is observers["kept view"], name
+        assert profiled.members[:-1] == observers["kept view"].members
+        assert type(profiled.members[-1]).__name__ == "Profiled"
