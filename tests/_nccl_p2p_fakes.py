@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from rankwise.engines.torch.engine import TorchEngine
 from rankwise.engines.torch.p2p import NcclP2P
 from rankwise.engines.torch.streams import CudaStreams, DeviceWaits, Streams
-from rankwise.engines.torch.watchdog import Watchdog
+from rankwise.engines.torch.work_book import WorkBook
 from rankwise.errors import DistError, DistTimeout
 from rankwise.identity.calls import Fingerprint
 from rankwise.wire.buffers import as_buffer
@@ -196,7 +197,7 @@ class World:
         self.contacts: list[tuple[int, int]] = []
         self.aborts: list[int] = []
         self.links = [FakeLink(r, self.boxes, self.clock) for r in range(n)]
-        self.dogs = [Watchdog(Plane(link), lambda r=r: self.aborts.append(r),  # type: ignore[misc]
+        self.dogs = [WorkBook(Plane(link), lambda r=r: self.aborts.append(r),  # type: ignore[misc]
                               clock=self.clock) for r, link in enumerate(self.links)]
         self.ranks = [self._rank(r) for r in range(n)]
 
@@ -233,15 +234,18 @@ def floats(*values: float) -> Any:
 
 
 class FakeNcclEngine:
-    """What the API and ``api.p2p_nccl`` use of the NCCL engine (``TorchEngine``): its
-    name, device, waits (the real watchdog on the real control plane, CUDA-like
+    """What ``TorchEngine.make_p2p`` and the API use of the NCCL engine: its group,
+    name, device, waits (the real work book on the real control plane, CUDA-like
     streams), ``p2p_group`` and ``_abort``; the torch group is the fake net."""
 
     name = "nccl"
+    #: the engine's own assembly of its p2p, over the fake's parts
+    make_p2p = TorchEngine.make_p2p
 
     def __init__(self, group: Any, net: FakeNet) -> None:
         from rankwise.engines.torch.wait import CommPlane, WorkWaiter
 
+        self.group = group
         self.p2p: Any = None
         from rankwise.engines.torch.tensors import DeviceTensors
 
@@ -250,7 +254,7 @@ class FakeNcclEngine:
         self.aborted = 0
         self._pg = net.pg(group.comm.rank)
         plane = CommPlane(self.waiter, lambda: True)
-        self.dog = Watchdog(plane, lambda: self._abort(None), name="nccl")
+        self.dog = WorkBook(plane, lambda: self._abort(None), name="nccl")
         self.device = DeviceWaits(self.dog, CudaLike(), plane.op_failed)
         self.dog.start()
 

@@ -29,7 +29,7 @@ from rankwise.engines.torch.streams import (
     Streams,
     current_holder,
 )
-from rankwise.engines.torch.watchdog import GRACE, Watchdog
+from rankwise.engines.torch.work_book import GRACE, WorkBook
 from rankwise.errors import CollectiveMismatch, DistTimeout, InvalidArgument
 
 torch = pytest.importorskip("torch")
@@ -163,9 +163,9 @@ class FakeWork:
         return True
 
 
-def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[Watchdog, list[int]]:
+def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[WorkBook, list[int]]:
     aborts: list[int] = []
-    dog = Watchdog(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
+    dog = WorkBook(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
     return dog, aborts
 
 
@@ -423,6 +423,11 @@ def _call() -> Any:
     return SimpleNamespace(group=group, describe=lambda: "all_reduce(float32 x 4, op=SUM)")
 
 
+def _observed(call: Any, observers: Any) -> Any:
+    call.observers = observers
+    return call
+
+
 def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
     from rankwise.engines.torch.engine import TorchEngine
     from rankwise.engines.torch.tensors import DeviceTensors
@@ -439,12 +444,11 @@ def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
     checked: list[Any] = []
     engine.device = DeviceWaits(_watchdog(Clock())[0], FakeStreams(), lambda c, e: e)
     engine.tensors = tensors
-    engine.check = SimpleNamespace(before=checked.append)  # type: ignore[assignment]
-    engine._check_lock = threading.Lock()
+    observed = SimpleNamespace(before=checked.append)  # the call's observers
     with pytest.raises(InvalidArgument, match="is on meta"):
-        engine._before(_call(), other)
+        engine._before(_observed(_call(), observed), other)
     assert checked == [], "the ring check (I/O) ran before the device check"
-    engine._before(_call(), torch.ones(1))
+    engine._before(_observed(_call(), observed), torch.ones(1))
     assert len(checked) == 1
 
 
@@ -489,7 +493,7 @@ class CountingLedger:
 def test_recording_a_work_wakes_the_ledger_once_not_per_call() -> None:
     clock = Clock()
     on = CountingLedger()
-    dog = Watchdog(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
+    dog = WorkBook(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
     dog.start()
     for _ in range(100):
         dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
@@ -523,7 +527,7 @@ def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() ->
 
     clock = Clock()
     planes = [FakePlane(), FakePlane()]
-    dogs = [Watchdog(p, lambda: None, clock=clock) for p in planes]
+    dogs = [WorkBook(p, lambda: None, clock=clock) for p in planes]
     for d in dogs:
         d.start()
     try:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from _nccl_p2p_fakes import F32, I64, World, floats
 
+from rankwise.engines.base import HOST_CAPS
 from rankwise.engines.device.p2p_book import Header, decode, encode
 from rankwise.engines.torch import p2p
 from rankwise.engines.torch.p2p import bounded_enqueue
@@ -221,7 +222,7 @@ def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         enabled("nccl")
 
     monkeypatch.setenv(ENV, "1")
-    host = SimpleNamespace(name="tcp", serial=False, framed=True)
+    host = SimpleNamespace(name="tcp", serial=False, framed=True, caps=HOST_CAPS)
     made = SimpleNamespace(name="nccl", device=object(), p2p="the device p2p")
     pair = DevicePair(host, made)  # type: ignore[arg-type]
     tensor = SimpleNamespace(dtype=SimpleNamespace(tensor=True))

@@ -2,7 +2,8 @@
 a steady-state call, traced, enters the same rankwise functions in the same order from
 ``api.path.launch`` on, whether the tensor's view is kept or not, ``group=`` is given or
 not, the tensor is a ``Tensor`` subclass, or the call came through torch's backend
-"rankwise"; and each entry reaches ``launch`` through ``api.plans.all_reduce_tensor``.
+"rankwise"; and each entry reaches ``launch`` through ``api.plans.all_reduce_tensor``,
+and every call has the same observers (``api.observers``), one tuple per group and engine.
 Two thread-ranks over the NCCL engine's gloo stand-in (``test_device_fast_path``)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from test_device_fast_path import _on_device_plane
+from test_device_fast_path import _Event, _on_device_plane, _recording
 
 torch = pytest.importorskip("torch")
 
@@ -27,7 +28,7 @@ _DEPTH = 8
 #: by then (the router's early frames, a ring check's batch going out) or on time (the
 #: stand-in's host wait polls until the watchdog settles the work)
 _LEAVES = ("core.router", "core.ring_check", "core.communicator", "identity.callsite",
-           "engines.torch.streams", "engines.torch.watchdog")
+           "engines.torch.streams", "engines.torch.work_book")
 
 
 def _module(frame: FrameType) -> str | None:
@@ -77,7 +78,7 @@ class _Sub(torch.Tensor):
     """A ``Tensor`` subclass, as frameworks make (torch's default ``__torch_function__``)."""
 
 
-def _ways(rank: int) -> dict[str, tuple[list[str], list[str]]]:
+def _ways(rank: int) -> dict[str, tuple[list[str], list[str], Any]]:
     import torch.distributed as tdist
 
     import rankwise as dist
@@ -98,23 +99,45 @@ def _ways(rank: int) -> dict[str, tuple[list[str], list[str]]]:
         "subclass": lambda: dist.all_reduce(sub),
         "torch backend": lambda: backend.allreduce([kept], opts),
     }
-    out = {}
+    out: dict[str, tuple[list[str], list[str], Any]] = {}
     for name, fn in ways.items():
         for _ in range(3):  # the last in steady state: the plan, its fingerprint, the
-            out[name] = _trace(fn)  # route and the call site (of these frames) are made
+            before, route = _trace(fn)  # route and the call site (of these frames) are made
+        out[name] = (before, route, g.history[-1].observers)  # the call's observers
+    _recording.on = True  # a profiler records: its observer joins, nothing else changes
+    try:
+        dist.all_reduce(kept)
+    finally:
+        _recording.on = False
+    out["profiled"] = ([], [], g.history[-1].observers)
     return out
 
 
 def test_every_way_into_an_all_reduce_takes_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwise.api import profiling
+
+    monkeypatch.setattr(profiling, "on", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "recording", lambda: _recording.on)
+    monkeypatch.setattr(profiling, "Event", _Event)
     for ways in _on_device_plane(monkeypatch, _ways):
-        routes = {name: route for name, (_, route) in ways.items()}
+        profiled = ways.pop("profiled")[2]
+        routes = {name: route for name, (_, route, _) in ways.items()}
         first = routes["kept view"]
         assert first[0] == "api.path.launch"
         assert "engines.torch.engine.all_reduce" in first, first
         for name, route in routes.items():
             assert route == first, name
-        for name, (before, _) in ways.items():
+        for name, (before, _, _) in ways.items():
             assert "api.plans.all_reduce_tensor" in before, (name, before)
             entry = "torch._backend.allreduce" if name == "torch backend" \
                 else "api.collectives.all_reduce"
             assert before[0] == entry, (name, before)
+        # one layer of observers, the same object for every way in: made once per group
+        # and engine, the ring check among them (the stand-in's data is torch's)
+        observers = {name: obs for name, (_, _, obs) in ways.items()}
+        kinds = [type(o).__name__ for o in observers["kept view"].members]
+        assert kinds == ["WhoIsWhere", "RingCheck"], kinds
+        for name, obs in observers.items():
+            assert obs is observers["kept view"], name
+        assert profiled.members[:-1] == observers["kept view"].members
+        assert type(profiled.members[-1]).__name__ == "Profiled"

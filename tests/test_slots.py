@@ -14,7 +14,7 @@ import pytest
 
 from rankwise import slots
 from rankwise.engines.base import Call
-from rankwise.engines.torch.watchdog import Pending
+from rankwise.engines.torch.work_book import Pending
 from rankwise.slots import fast_new
 
 needs_c = pytest.mark.skipif(slots._maker is None, reason="the C module was not built")

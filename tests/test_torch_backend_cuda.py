@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from rankwise.engines.base import HOST_CAPS
+
 torch = pytest.importorskip("torch")
 
 from rankwise.testing import free_port, run_ranks
@@ -43,7 +45,7 @@ def test_ranks_on_their_own_gpus_get_nccl_and_ranks_sharing_one_are_staged(
     monkeypatch.setattr(cb, "create_device_engine",
                         lambda group, store, timeout, device: made.append(device)
                         or SimpleNamespace(name="nccl"))
-    host = SimpleNamespace(name="tcp", serial=True, framed=True)
+    host = SimpleNamespace(name="tcp", serial=True, framed=True, caps=HOST_CAPS)
     group = SimpleNamespace(engine=host, id=7, group_rank=0, timeout=5.0,
                             size=lambda: len(gpus))
     world = SimpleNamespace(device_id=None, rendezvous=None)

@@ -14,6 +14,7 @@ import pytest
 
 import rankwise as dist
 from rankwise.engines import select
+from rankwise.engines.base import Caps
 from rankwise.errors import InvalidArgument
 from rankwise.testing import run_ranks
 
@@ -110,27 +111,36 @@ def test_check_overhead_benchmark_runs() -> None:
     assert all(float(v) > 0 for v in rows.values()), proc.stdout
 
 
+def _send_late(last: list[bool]) -> None:
+    """The group's ring check (``api.observers``) sends its last batch only once rank 0
+    has left: its own sends and the engine's (``Caps.held``)."""
+    group = dist.group.WORLD
+    check = next(kept[1] for key, kept in group.observers.items()
+                 if isinstance(key, tuple) and key[0] == "ring")
+    flush = check.flush
+
+    def late_flush() -> None:
+        if last[0] and check.deferred is not None:
+            check.comm.router.wait_for_cause(0, 60.0)  # until rank 0 left
+        flush()
+
+    check.flush = late_flush
+    group.engine.caps.held[:] = [late_flush]
+
+
 def _next_rank_leaves_before_the_deferred_fingerprint(rank: int, world: int) -> list[float]:
     """A correct program: the same all_reduce three times (confirmed after the first, so
     later ones defer their fingerprint until the op is enqueued), then rank 0 leaves.
     Rank 1 is made to send its last deferred fingerprint only once rank 0 (its ring
     neighbour) is gone: the schedule a loaded machine produced in a full run."""
     a = np.ones(2, np.float32)
-    engine = dist.group.WORLD.engine
-    last = False
-    if rank == 1:
-        flush = engine.check.flush
-
-        def late_flush() -> None:
-            if last and engine.check.deferred is not None:
-                engine.check.comm.router.wait_for_cause(0, 60.0)  # until rank 0 left
-            flush()
-
-        engine.check.flush = late_flush
+    last = [False]
     for i in range(3):
-        last = i == 2
+        last[0] = i == 2
         a[:] = 1.0
         dist.all_reduce(a)  # one call site: the same (fingerprint, site) every time
+        if rank == 1 and i == 0:  # the group's ring check is made by its first call
+            _send_late(last)
     if rank == 0:
         dist.destroy_process_group()
     return a.tolist()
@@ -226,7 +236,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     monkeypatch.setattr(torch_engine, "_keep", kept.append)
     pg = _BlockingGroup()
     fake = SimpleNamespace(
-        check=SimpleNamespace(flush=lambda: None), _abort=None, _aborting=None, pg=pg,
+        caps=Caps(), _abort=None, _aborting=None, pg=pg,
         _check_lock=threading.Lock(), device=None, p2p=None, reverse=None,
         waiter=SimpleNamespace(stuck=False), name="torch-gloo",
         group=SimpleNamespace(name="the default group (WORLD)",

@@ -3,11 +3,11 @@
 Why here: the API decides per call which plane a p2p message takes (the device
 engine's NCCL, or host memory as ``Kind.P2P`` frames), and only the API reaches the
 control plane's router for the headers (``ControlLink``); the matching and the NCCL
-side are ``engines.torch.p2p``'s. ``RANKWISE_NCCL_P2P``: ``0`` sends CUDA tensors
-through host memory as before, ``1`` takes NCCL (also on the CPU stand-in of the
-tests), unset: NCCL where the group's device engine is NCCL itself. Every rank of a
-job must take the same plane for a message (the switch is read per process: set it
-for the whole job).
+side are ``engines.torch.p2p``'s, built by the engine (``TorchEngine.make_p2p``).
+``RANKWISE_NCCL_P2P``: ``0`` sends CUDA tensors through host memory as before, ``1``
+takes NCCL (also on the CPU stand-in of the tests), unset: NCCL where the group's device
+engine is NCCL itself. Every rank of a job must take the same plane for a message (the
+switch is read per process: set it for the whole job).
 """
 
 from __future__ import annotations
@@ -73,38 +73,16 @@ def device_p2p(g: ProcessGroup, buf: Buffer) -> NcclP2P | None:
 
 
 def _make(g: ProcessGroup, engine: Any) -> NcclP2P:
-    from ..engines.torch.nccl import FIRST_MIN, STAND_IN
-    from ..engines.torch.p2p import NcclP2P, StandInGroup, bounded_enqueue
-
-    link = ControlLink(g)
+    """The device engine's p2p (``TorchEngine.make_p2p``), given what only the control
+    plane has: the headers' link and the way a mismatch reaches every rank."""
     comm = g.comm
 
     def tell(exc: BaseException) -> None:
         comm.tell_mismatch(str(exc))
         comm.router.fail_all(exc)
 
-    def first_contact(peer: int, enqueue: Any) -> Any:
-        def abort() -> None:
-            engine.waiter.stuck = True
-            engine._abort(None)
-        return bounded_enqueue(
-            enqueue, failure=link.failure, timeout=max(g.timeout, FIRST_MIN), on_timeout=abort,
-            what=lambda: f"rank {comm.rank}: NCCL's communicator for ranks {comm.rank} and "
-                         f"{peer} of {g.name} (their first send/recv)")
-
-    def scratch(nbytes: int) -> Any:
-        import torch
-
-        return torch.empty(nbytes, dtype=torch.uint8, device=engine.tensors.device)
-
-    def pg_for(src: int, dst: int) -> Any:
-        pg = engine.p2p_group(g.group_rank_of(src, "src"), g.group_rank_of(dst, "dst"))
-        return StandInGroup(pg) if engine.name == STAND_IN else pg
-
-    return NcclP2P(
-        rank=comm.rank, group_rank=lambda r: g.group_rank_of(r, "peer"), pg_for=pg_for,
-        waits=engine.device, scratch=scratch, link=link, tell=tell,
-        first_contact=first_contact, check=engine.tensors.check)
+    p2p: NcclP2P = engine.make_p2p(ControlLink(g), tell)
+    return p2p
 
 
 def p2p_call(g: ProcessGroup, op: Op, buf: Buffer, site: CallSite,

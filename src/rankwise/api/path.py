@@ -6,9 +6,12 @@ made it (rankwise's API, torch's backend "rankwise", DDP's buckets, a kept tenso
 a fresh one) and whichever engine moves the data, so they are written here once:
 
     launch: describe (fingerprint, call site) -> route (host or device engine)
-            -> group.begin (seq, history) -> [queued async calls first]
-            -> run (inline, inline async on the caller's stream, or on the async worker)
-            -> engine body -> failure seam (``explain``) -> call_done
+            -> group.begin (seq, history) -> the group's observers on that engine
+            -> [queued async calls first]
+            -> run (inline, inline async on the caller's stream, or on the async worker):
+               before -> engine op -> enqueued -> order/wait -> after | failed
+               (``api.observers``; the failure seam, ``explain``, turns an engine's
+               fact into rankwise's exception before ``failed`` sees it)
 
 What an engine can do besides a blocking call is read from its declared ``Engine.caps``
 (``engines.base.Caps``), never found by ``getattr``. docs/design.md, "One call path".
@@ -21,16 +24,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import nan_check
-from ..core.activity import Activity
 from ..core.failures import explain
 from ..core.work import Work, run_async
-from ..engines.base import Call, Engine, EngineFact
+from ..engines.base import Call, Engine, EngineFact, Observers
 from ..engines.device.pair import device_engine
 from ..identity.calls import Fingerprint
 from ..identity.callsite import capture
 from ..wire.buffers import DType, ReduceOp
 from ..wire.frames import Op
 from . import profiling
+from .observers import observed
 
 if TYPE_CHECKING:
     from ..core.group import ProcessGroup
@@ -42,7 +45,6 @@ __all__ = ["Body", "launch"]
 Body = Callable[[Engine, Call], None]
 #: ``Op.name`` is an enum property (~0.3 us); this runs once per call
 _OP_NAMES = {op: op.name for op in Op}
-_activity = Activity.of_call
 
 
 def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
@@ -86,15 +88,20 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
                                        reduce_op.code if reduce_op else 0, root, count, flags)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
+    obs = group.observers.get(runner) if ev is None else None
+    if obs is None:
+        obs = observed(group, runner, ev is not None)
+        call.event = ev
+    call.observers = obs
     if async_op or ev is not None:
         caps = runner.caps
         inline = caps.run_inline if async_op else None
         if inline is not None:  # a device engine: the caller's stream carries the order
-            return _run_inline(group, runner, call, body, op, ev, outputs, inline)
+            return _run_inline(group, runner, call, body, outputs, inline)
         # under a profiler a synchronous call too runs on the async worker while the
         # caller waits, as gloo's calls run on gloo's thread: its event ends there,
         # asynchronous for real (``api.profiling``)
-        job: Callable[[], None] = lambda: _run(runner, call, body, op, ev)
+        job: Callable[[], None] = lambda: _run(runner, call, body)
         device = None
         adopt = caps.adopt_async  # device engines: the caller's stream
         if adopt is not None:
@@ -109,7 +116,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         return work
     if runner.serial and group.queued is not None:
         _queued_first(group, call)
-    _run(runner, call, body, op, ev)
+    _run(runner, call, body)
     return None
 
 
@@ -122,29 +129,31 @@ def _queued_first(group: ProcessGroup, call: Call) -> None:
     group.queued = None
 
 
-def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body, op: Op,
-                ev: profiling.Event | None, outputs: list[Any] | None,
-                inline: Callable[..., Any]) -> Work:
+def _run_inline(group: ProcessGroup, runner: Engine, call: Call, body: Body,
+                outputs: list[Any] | None, inline: Callable[..., Any]) -> Work:
     """An ``async_op`` call on a device engine, run here on the caller's thread (no hop to
     the async worker: the works it enqueues follow the caller's stream, as torch's do).
     Its error is the ``Work``'s, raised by ``wait``; earlier queued calls run first."""
     if runner.serial and group.queued is not None:
         _queued_first(group, call)
-    device, error = inline(call, _run, runner, call, body, op, ev)
+    device, error = inline(call, _run, runner, call, body)
     return Work.ended(call.title, outputs, device, error)
 
 
-def _run(engine: Engine, call: Call, body: Body, op: Op,
-         ev: profiling.Event | None = None) -> None:
-    """Run one call's body on ``engine``, with who-is-where state around it."""
-    group = call.group
-    comm = group.comm
-    comm.doing = _activity(_OP_NAMES[op], group.id, call.seq, call.site, call.started)
+def _run(engine: Engine, call: Call, body: Body) -> None:
+    """Run one call's body on ``engine`` inside its observers (``call.observers``):
+    ``before`` (here, or by an engine that reports its phases once its local checks
+    passed), ``enqueued`` (reported by such an engine), ``after`` or ``failed``."""
+    obs: Observers = call.observers
     try:
+        if obs.by_path:
+            obs.before(call)
         body(engine, call)
+        obs.after(call)
     except EngineFact as fact:  # the failure seam: one wording for every engine
-        raise explain(comm, call, fact) from None
-    finally:
-        comm.call_done(call)  # history, trace span, back to "user code"
-        if ev is not None:
-            ev.end()
+        exc = explain(call.group.comm, call, fact)
+        obs.failed(call, exc)
+        raise exc from None
+    except BaseException as exc:
+        obs.failed(call, exc)
+        raise

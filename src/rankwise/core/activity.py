@@ -24,7 +24,7 @@ class Activity:
 
     A plain class whose defaults live on the class, not a dataclass: two are made per
     call (the call's, then "user code" after it), and the hot path sets only the fields
-    that differ from the defaults (``Activity.of_call``, ``Activity.idle``): a 12-field
+    that differ from the defaults (``api.observers.WhoIsWhere``, ``Activity.idle``): a 12-field
     ``__init__`` cost ~0.55 us each. Engines set ``waiting_for``, ``patient``,
     ``enqueued`` and ``engine`` on the current one in place."""
 
@@ -51,13 +51,6 @@ class Activity:
         self.since = time.time() if since is None else since
         self.waiting_for, self.kind, self.tag, self.patient = waiting_for, kind, tag, patient
         self.call, self.enqueued, self.engine = call, enqueued, engine
-
-    @classmethod
-    def of_call(cls, op: str, group: int, seq: int, site: CallSite, since: float) -> Activity:
-        """A collective call's activity (every other field at its default)."""
-        a = _new(cls)
-        a.op, a.group, a.seq, a.site, a.since = op, group, seq, site, since
-        return a
 
     @classmethod
     def idle(cls, since: float) -> Activity:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from datetime import timedelta
+from typing import Any
 
 from ..engines.base import Call, Engine, new_call
 from ..errors import InvalidArgument
@@ -52,6 +53,9 @@ class ProcessGroup:
         self.backend = backend
         self.name = name
         self.seq = 0
+        #: the observers of this group's calls, by engine, and what they keep
+        #: (``api.observers.observed``)
+        self.observers: dict[Any, Any] = {}
         #: the last calls, oldest first (looked up by seq on the slow path only: a dict
         #: beside it cost two updates per call)
         self.history: deque[CallRecord] = deque(maxlen=HISTORY)

@@ -5,7 +5,7 @@ deadline, a failed peer) without the caller's thread blocking on it. torch keeps
 list of works per group that ``workEnqueue`` appends to under a mutex without waking
 anybody, and a watchdog thread that looks at it every 100 ms; torchft one ledger of
 in-flight work that aborts the group on error. Here: each group keeps its own records
-(a ``Book``: ``engines.torch.watchdog.Watchdog``), appended by the caller without a lock
+(a ``Book``: ``engines.torch.work_book.WorkBook``), appended by the caller without a lock
 or a wake-up, and this module's one thread per process passes over the books only when
 one of them asked for a pass by then (the nearest deadline, grace or slow-call time of
 its records) or was kicked (a failure pushed by the port, a new first record, a

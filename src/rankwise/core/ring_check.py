@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..engines.base import CHECK_MODES, Call
+from ..engines.base import CHECK_MODES, Call, Observer
 from ..errors import DistError, InvalidArgument
 from ..identity.calls import Fingerprint
 from ..wire.frames import CHECK_ENTRY, CHECK_KEY, Flag, Kind, encode_header
@@ -42,8 +42,9 @@ _pack_entry = CHECK_ENTRY.pack
 _CHECK = int(Flag.CHECK)
 
 
-class RingCheck:
-    """One group's fingerprint ring: ``before`` each data op, ``after`` it.
+class RingCheck(Observer):
+    """One group's fingerprint ring: ``before`` each data op, ``after`` it; an observer
+    of the group's calls on a foreign engine (``api.observers``, ``engines.base.Observer``).
 
     Lock-free between the calling thread and the device watchdog's (``flush`` from the
     ledger's thread, when an op runs long): confirmed calls' entries go to a deque the
@@ -107,7 +108,7 @@ class RingCheck:
         """The entries not sent yet, as one payload (None: none)."""
         return b"".join(list(self._entries)) or None
 
-    def enqueued(self) -> None:
+    def enqueued(self, call: Call) -> None:
         """A data op is in flight: send the batch if it is full or old."""
         entries = self._entries
         if entries and (len(entries) >= BATCH or time.monotonic() - self._since >= BATCH_AGE):
@@ -149,8 +150,9 @@ class RingCheck:
         self.comm.doing.waiting_for = self.prev
         self.comm.wait(pending, call.deadline, what, patient=call.patient, quiet=call.quiet)
 
-    def after(self) -> None:
+    def after(self, call: Call) -> None:
         """The data op finished here: if a mismatch is known by now, its data must not be
         handed back as if it were good (one attribute read on the fast path)."""
         if self.comm.router.failure is not None:
             self.comm.port.raise_failure()
+

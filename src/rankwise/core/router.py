@@ -113,10 +113,11 @@ class Router(Parking):
                         del self._coll_arrived[key]
                         self._unpark_locked(arrival)
                         state.checked[seq] = f.src
-            held = self._take_held()
+            held = self._take_held() if self._held else None
         for frame in bad:
             self._on_mismatch(frame, fp, "")
-        self._resume_all(held)  # a held frame of this call can now be judged against it
+        if held:
+            self._resume_all(held)  # a held frame of this call can now be judged against it
 
     def check_alive(self, peers: list[int] | range | None = None) -> None:
         """Raise the failure that makes communication pointless, if there is one."""

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from ..identity.calls import Fingerprint
     from ..identity.callsite import CallSite
 
-__all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "Array", "Call", "CallsDisagree", "Caps",
-           "DeadlinePassed", "Engine", "EngineFact", "EngineUnavailable", "PeerGone",
-           "check_mode"]
+__all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "NO_OBSERVERS", "Array", "Call",
+           "CallsDisagree", "Caps", "DeadlinePassed", "Engine", "EngineFact",
+           "EngineUnavailable", "Observer", "Observers", "PeerGone", "check_mode"]
 
 Array = npt.NDArray[Any]
 
@@ -96,6 +96,76 @@ class DeadlinePassed(EngineFact):
         self.detail = detail
 
 
+class Observer:
+    """One check or record around every call of a group on one engine (``api.observers``
+    builds the set): ``before`` once the engine's local checks passed and before any of
+    the call's data moves, ``enqueued`` once its data op is in flight, then ``after`` or
+    ``failed``. An engine never knows which observers there are. A hook an observer does
+    not override costs a call nothing: ``Observers`` leaves it out."""
+
+    def before(self, call: Call) -> None:
+        return None
+
+    def enqueued(self, call: Call) -> None:
+        return None
+
+    def after(self, call: Call) -> None:
+        return None
+
+    def failed(self, call: Call, exc: BaseException) -> None:
+        return None
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def _phase(hooks: tuple[Callable[..., None], ...]) -> Callable[..., None]:
+    """One callable running ``hooks`` in order: none (a no-op), the one hook itself, or a
+    loop. Why: a phase is a Python call per call, and most phases have one hook."""
+    if not hooks:
+        return _nothing
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def each(call: Call, *exc: BaseException) -> None:
+        for hook in hooks:
+            hook(call, *exc)
+
+    return each
+
+
+def _overridden(members: tuple[Observer, ...], name: str) -> list[Callable[..., None]]:
+    """The ``name`` hooks of ``members`` that do something (``Observer``'s own do not)."""
+    default = getattr(Observer, name)
+    return [getattr(o, name) for o in members
+            if getattr(getattr(o, name), "__func__", None) is not default]
+
+
+class Observers:
+    """A group's observers on one engine, as the callable each phase runs: ``before``
+    and ``enqueued`` in order, ``after`` and ``failed`` in reverse (the first observer
+    opened first closes last, as nested blocks). Made once per group and engine
+    (``api.observers.observed``), never per call."""
+
+    __slots__ = ("after", "before", "by_path", "enqueued", "failed", "members")
+
+    def __init__(self, members: tuple[Observer, ...] = (), by_path: bool = True) -> None:
+        self.members = members
+        #: the call path runs ``before`` (False: the engine does, after its local checks)
+        self.by_path = by_path
+        self.before: Callable[[Call], None] = _phase(tuple(_overridden(members, "before")))
+        #: the engine's op for the call is in flight (foreign engines report it)
+        self.enqueued: Callable[[Call], None] = _phase(tuple(_overridden(members, "enqueued")))
+        self.after: Callable[[Call], None] = _phase(tuple(_overridden(members, "after")[::-1]))
+        self.failed: Callable[[Call, BaseException], None] = _phase(
+            tuple(_overridden(members, "failed")[::-1]))
+
+
+#: a call run outside the call path (an engine driven directly): nothing observes it
+NO_OBSERVERS = Observers()
+
+
 @dataclass(slots=True)
 class Call:
     """One collective call as the API registered it: what every engine runs, and its
@@ -127,6 +197,11 @@ class Call:
     #: while an ``async_op`` call runs on the caller's thread (a device engine's
     #: ``run_inline``): its device records, ordered when the ``Work`` is waited for
     inline: list[Any] | None = None
+    #: what observes it (``api.observers``): an engine that reports its phases
+    #: (``Caps.ring``) runs ``observers.before`` after its local checks and
+    #: ``observers.enqueued`` once its op is in flight
+    observers: Observers = NO_OBSERVERS
+    event: Any = None  #: the profiler's event, while one records (``api.profiling``)
 
     @property
     def record(self) -> Call:
@@ -169,6 +244,20 @@ class Caps:
 
     run_inline: Callable[..., tuple[Any, BaseException | None]] | None = None
     adopt_async: Callable[[Callable[[], None]], tuple[Callable[[], None], Any]] | None = None
+    #: the engine moves data rankwise does not own (torch's gloo, NCCL): its calls are
+    #: checked on the control plane (``core.ring_check`` in this ``RANKWISE_CHECK`` mode)
+    #: and it reports its own phases to ``Call.observers`` (``before`` once its local
+    #: checks passed, ``enqueued`` once its op is in flight). None: rankwise's own data;
+    #: the call path runs ``before`` itself, and nothing is in flight but the call
+    ring: str | None = None
+    #: with ``ring``: what the observers hold back to send later (the ring check's
+    #: batch), sent by the engine when an op runs slow, at ``settle`` and at ``close``
+    held: list[Callable[[], None]] | None = None
+
+    def send_held(self) -> None:
+        """Send what the observers hold back (the engine calls it; never raises)."""
+        for send in self.held or ():
+            send()
 
 
 #: a host engine's: every call on the caller's thread or the async worker, no streams

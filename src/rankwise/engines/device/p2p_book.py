@@ -29,7 +29,7 @@ from typing import Any
 
 from ...errors import DistError
 
-__all__ = ["Book", "Header", "Receive", "decode", "encode"]
+__all__ = ["Header", "HeaderMatcher", "Receive", "decode", "encode"]
 
 _FIXED = struct.Struct("<QqiqqBH")  #: number, tag, dtype, numel, nbytes, ndim, site length
 _DIM = struct.Struct("<q")
@@ -105,7 +105,7 @@ Issue = Callable[[Header, Receive, bool], Any]
 Mismatch = Callable[[Header, Receive], BaseException]
 
 
-class Book:
+class HeaderMatcher:
     """The headers and posted receives of one group on one rank (thread-safe)."""
 
     def __init__(self, issue: Issue, mismatch: Mismatch) -> None:

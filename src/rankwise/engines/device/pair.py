@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...wire.frames import Flag
-from ..base import HOST_CAPS, Array, Call, Engine
+from ..base import Array, Call, Engine
 from .staged import Staged
 
 if TYPE_CHECKING:
@@ -42,12 +42,11 @@ class DevicePair:
     API sends tensor calls to ``device`` itself (``device_engine``); every method here
     is the host plane's."""
 
-    #: the host plane's: a host engine streams nothing
-    caps = HOST_CAPS
-
     def __init__(self, host: Engine, device: Engine) -> None:
         self.host = host
         self.device = device
+        #: the host plane's (every method here is its): a host engine streams nothing
+        self.caps = host.caps
         self.name = f"{host.name}+{device.name}"
         self.serial = host.serial
         self.framed = host.framed

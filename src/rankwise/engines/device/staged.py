@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...wire.device import host_empty, to_host, to_tensor
-from ..base import HOST_CAPS, Call, Engine
+from ..base import Call, Engine
 
 __all__ = ["Staged"]
 
@@ -22,11 +22,11 @@ __all__ = ["Staged"]
 class Staged:
     """``inner`` (a host-memory engine) run on flat torch tensors via host copies."""
 
-    #: host copies, then a host engine's calls: nothing on a stream
-    caps = HOST_CAPS
-
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
+        #: the wrapped engine's (a host engine's: nothing on a stream; its ring check,
+        #: if its data is not rankwise's, is the one its own calls have)
+        self.caps = inner.caps
         self.name = inner.name
         self.serial = inner.serial
         self.framed = inner.framed

@@ -4,8 +4,10 @@ Why: multi-node CPU jobs can use torch's gloo, and CUDA tensors torch's NCCL
 (``engines.nccl``), while the API layer above the seam keeps rankwise's argument
 checks, call sites and reports. The torch group is built directly
 (``ProcessGroupGloo``/``ProcessGroupNCCL``) over the rankwise store, never through
-torch's global init, so rankwise's own world is untouched. The checks ride beside the
-data on rankwise's control plane (``ring_check``); waits are released by it
+torch's global init, so rankwise's own world is untouched. The data is not rankwise's:
+the engine declares ``Caps.ring`` and reports its phases to the call's observers
+(``api.observers``: the ring check rides beside the data on rankwise's control plane),
+never knowing which checks there are; waits are released by the control plane
 (``engines.torch.wait``), on NCCL without a host sync (``streams``, ``watchdog``).
 """
 
@@ -24,12 +26,12 @@ import torch.distributed as tdist
 
 from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
-from ..base import HOST_CAPS, Array, Call, Caps, check_mode
+from ..base import Array, Call, Caps, check_mode
 from .splits import check_splits
 from .streams import DeviceWaits, Streams
 from .tensors import HostArrays, Tensors
 from .wait import CommPlane, WorkWaiter
-from .watchdog import Watchdog
+from .work_book import WorkBook
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -137,13 +139,15 @@ class TorchEngine:
         self.tensors = HostArrays() if tensors is None else tensors
         self._raw = self.tensors.raw
         self._values = self.tensors.values
+        self._as_is = self.tensors.as_is
         #: the store view ``pg`` was built on: torch holds only its C++ half, and without
         #: this reference the Python overrides vanish under it
         self.store = store
-        self.check = group.port.fingerprints(group, check)
+        #: the ring check's mode for this group's calls (``Caps.ring``)
+        self.check_mode = "off" if group.size() == 1 else check
         #: without checks no frame of this group's calls ever arrives: the router need
         #: not be told of each call (a lock and four dict updates per call)
-        self.framed = self.check.mode != "off"
+        self.framed = self.check_mode != "off"
         self.waiter = WorkWaiter(group.port, name)
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
@@ -152,15 +156,17 @@ class TorchEngine:
         #: on a device, ``async_op`` calls run on the caller's thread and stream
         #: (``DeviceWaits.run_inline``); calls queued on the async worker run on the side
         #: stream after it (``DeviceWaits.adopt_async``). On host memory: neither
-        self.caps = HOST_CAPS
+        #: what the observers hold back (the ring check's batch), sent by ``_flush``
+        held: list[Callable[[], None]] = []
+        self.caps = Caps(ring=self.check_mode, held=held)
         if streams is not None:
             plane = CommPlane(self.waiter, self._flush)
-            watchdog = Watchdog(plane, lambda: self._abort(None), name=name)
+            watchdog = WorkBook(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(watchdog, streams, plane.op_failed)
             self.caps = Caps(run_inline=self.device.run_inline,
-                             adopt_async=self.device.adopt_async)
+                             adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)
             watchdog.start()
-        #: device p2p (``engines.torch.p2p.NcclP2P``), made on the first use by the API
+        #: device p2p (``engines.torch.p2p.NcclP2P``): ``make_p2p``'s, kept by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
         #: on first use by ``make_reverse`` (None: ``pg`` carries both directions)
@@ -186,9 +192,10 @@ class TorchEngine:
         return cls(group, pg, check, tstore, name=name, tensors=tensors, streams=streams)
 
     def _flush(self) -> bool:
-        """The watchdog's flush of the ring check's batch (lock-free against the calling
-        thread: ``RingCheck.flush``)."""
-        self.check.flush()
+        """What the observers hold back, sent now (the ring check's batch: lock-free
+        against the calling thread, ``RingCheck.flush``); the watchdog's and a slow
+        host wait's."""
+        self.caps.send_held()
         return True
 
     def _abort(self, failure: BaseException | None) -> None:
@@ -225,25 +232,58 @@ class TorchEngine:
             on_thread(reverse.abort, "rankwise-torch-abort")
         return reverse
 
+    def make_p2p(self, link: Any, tell: Callable[[BaseException], None]) -> Any:
+        """This engine's device p2p (``engines.torch.p2p.NcclP2P``) over its own torch
+        groups, streams and waits: the API hands it only what the control plane owns,
+        the headers' ``link`` and ``tell`` (a mismatch to every rank)."""
+        from .nccl import FIRST_MIN, STAND_IN
+        from .p2p import NcclP2P, StandInGroup, bounded_enqueue
+
+        g, rank = self.group, self.group.port.rank
+        assert self.device is not None, "device p2p on an engine of host memory"
+
+        def first_contact(peer: int, enqueue: Any) -> Any:
+            def abort() -> None:
+                self.waiter.stuck = True
+                self._abort(None)
+            return bounded_enqueue(
+                enqueue, failure=link.failure, timeout=max(g.timeout, FIRST_MIN),
+                on_timeout=abort,
+                what=lambda: f"rank {rank}: NCCL's communicator for ranks {rank} and "
+                             f"{peer} of {g.name} (their first send/recv)")
+
+        def scratch(nbytes: int) -> Any:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.tensors.device)
+
+        def pg_for(src: int, dst: int) -> Any:
+            pg = self.p2p_group(g.group_rank_of(src, "src"), g.group_rank_of(dst, "dst"))
+            return StandInGroup(pg) if self.name == STAND_IN else pg
+
+        return NcclP2P(
+            rank=rank, group_rank=lambda r: g.group_rank_of(r, "peer"), pg_for=pg_for,
+            waits=self.device, scratch=scratch, link=link, tell=tell,
+            first_contact=first_contact, check=self.tensors.check)
+
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
-        aborted by its watchdog; then the call's check on the control plane."""
+        aborted by its watchdog; then the call's observers' ``before`` (the check on
+        the control plane)."""
         device = self.device
         if device is not None:
             self.tensors.check(call, arrays)
-            device.raise_failed()
-        self.check.before(call)
+            if device.watchdog.failed is not None:
+                device.raise_failed()
+        call.observers.before(call)
 
     def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
-        """Check the call on the control plane, move the data, check again."""
+        """The local checks and the observers' ``before``, then move the data."""
         self._before(call, *arrays)
         body()
-        self.check.after()
 
     def _wait(self, call: Call, work: Any, then: bool = True) -> None:
         """``work`` (just enqueued) bounded and waited for; ``then``: the caller's stream
         reads its result next (an inline async call orders it only then)."""
-        self.check.enqueued()  # the op is in flight: a full or old batch goes out now
+        call.observers.enqueued(call)  # in flight: a full or old batch goes out now
         device = self.device
         if device is not None:  # the watchdog sends the batch if the op is slow
             self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
@@ -251,7 +291,7 @@ class TorchEngine:
             return
         # an op that is not done within a grace period may wait for a batched fingerprint
         # (a mismatch that hangs the data plane): send the batch then
-        self.waiter.wait(call, work, self.check.flush)
+        self.waiter.wait(call, work, self.caps.send_held)
 
     def _all_reduce(self, call: Call, t: torch.Tensor, then: bool = False) -> None:
         """``t`` becomes the reduction over ranks (complex products via a gather:
@@ -283,8 +323,7 @@ class TorchEngine:
 
     def all_reduce(self, call: Call, data: Array) -> None:
         self._before(call, data)
-        self._all_reduce(call, self._values(data, call))
-        self.check.after()
+        self._all_reduce(call, data if self._as_is else self._values(data, call))  # type: ignore[arg-type]
 
     def reduce(self, call: Call, data: Array, root: int) -> None:
         # gloo's reduce lacks some types; all_reduce gives the root the same result
@@ -295,7 +334,6 @@ class TorchEngine:
         self._before(call, *slots)
         mine = raw(slots[call.rank]).clone()
         self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]), False)
-        self.check.after()
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.GatherOptions()
@@ -326,7 +364,7 @@ class TorchEngine:
         raw = self._raw
 
         def body() -> None:
-            if call.fp.count == -1 and self.check.mode != "off":
+            if call.fp.count == -1 and self.check_mode != "off":
                 self._agree_splits(call, outs, ins)
             device = self.tensors.device
             src = torch.cat([raw(i) for i in ins]) if ins else \
@@ -360,12 +398,12 @@ class TorchEngine:
 
     def settle(self) -> None:
         """The last confirmed calls' fingerprints, ahead of the goodbye."""
-        self.check.flush()
+        self.caps.send_held()
 
     def close(self) -> None:
         """Shut the torch group down; one with an op abandoned in flight is kept alive
         (see ``_keep``)."""
-        self.check.flush()  # a group destroyed alone: its last calls are checked too
+        self.caps.send_held()  # a group destroyed alone: its last calls are checked too
         if self.p2p is not None:
             self.p2p.close()
         if self.device is not None:  # destroying is a sync point: kernels end first

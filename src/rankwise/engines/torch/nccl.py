@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import DistError, InvalidArgument
 from ...wire.device import tensor_path
 from ..base import Engine
+from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ...core.group import ProcessGroup
@@ -76,7 +77,7 @@ def resolve_device(device_id: Any = None) -> Any:
         try:
             device = torch.device("cuda", device_id) if isinstance(device_id, int) \
                 else torch.device(device_id)
-        except (RuntimeError, TypeError) as exc:
+        except (*TORCH_ERRORS, TypeError) as exc:
             raise InvalidArgument(f"device_id={device_id!r} is not a device ({exc})") from None
         if device.type != "cuda":
             raise InvalidArgument(f"device_id={device_id!r}: NCCL needs a CUDA device")
@@ -216,7 +217,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
     def make() -> None:
         try:
             box.append(engine.pg.allreduce([t]))
-        except RuntimeError as exc:
+        except TORCH_ERRORS as exc:
             box.append(exc)
     maker = threading.Thread(target=make, name="rankwise-nccl-init", daemon=True)
     maker.start()
@@ -228,7 +229,7 @@ def first_collective(engine: TorchEngine, timeout: float) -> None:
             engine.waiter.stuck = True
             port.raise_failure()
         if box:
-            if isinstance(box[0], RuntimeError):
+            if isinstance(box[0], TORCH_ERRORS):
                 raise DistError(f"rank {port.rank}: {engine.name}'s communicator for "
                                 f"{engine.group.name} could not be made: {box[0]}")
             if box[0].is_completed():

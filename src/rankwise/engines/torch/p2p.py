@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import CollectiveMismatch, DistError, DistTimeout
 from ...wire.buffers import dtype_name
-from ..device.p2p_book import Book, Header, Receive, decode, encode
+from ..device.p2p_book import Header, HeaderMatcher, Receive, decode, encode
+from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ..base import Call
     from .streams import DeviceWaits
-    from .watchdog import Pending
+    from .work_book import Pending
 
 __all__ = ["HeaderLink", "NcclP2P", "StandInGroup", "bounded_enqueue"]
 
@@ -144,7 +145,7 @@ class NcclP2P:
         self._first_contact = first_contact
         self._check = check
         self._clock = clock
-        self.book = Book(self._issue, self._mismatch)
+        self.book = HeaderMatcher(self._issue, self._mismatch)
         self._send_lock = threading.Lock()
         self._sent: dict[int, int] = {}  #: device messages sent, per destination
         #: directions (src, dst) whose torch group has made NCCL's pair communicator
@@ -356,13 +357,13 @@ class _Waited:
     def __init__(self, work: Any) -> None:
         self._work = work
         self._done = threading.Event()
-        self._error: RuntimeError | None = None
+        self._error: BaseException | None = None
         threading.Thread(target=self._run, name="rankwise-stand-in-p2p", daemon=True).start()
 
     def _run(self) -> None:
         try:
             self._work.wait()
-        except RuntimeError as exc:
+        except TORCH_ERRORS as exc:
             self._error = exc
         finally:
             self._done.set()

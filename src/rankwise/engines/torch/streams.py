@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...by_thread import ByThread
-from ...errors import DistError, DistTimeout
-from .watchdog import Pending, Watchdog
+from ...errors import DistTimeout
+from .failures import from_torch
+from .work_book import Pending, WorkBook
 
 if TYPE_CHECKING:
     from ..base import Call
@@ -42,7 +43,7 @@ class Streams:
     """The stream operations the device engine needs (CUDA: ``CudaStreams``)."""
 
     #: a group's collectives finish in the order they were enqueued (NCCL: one stream
-    #: per communicator), so the watchdog need not ask each one (``Watchdog.watch``)
+    #: per communicator), so the watchdog need not ask each one (``WorkBook.watch``)
     in_order = False
 
     def current(self) -> Any:
@@ -279,7 +280,7 @@ class DeviceWaits:
     current stream is ordered after it (``Streams.order``), and an async call's
     ``DeviceWork`` remembers it. ``op_failed`` explains a torch op's own error."""
 
-    def __init__(self, watchdog: Watchdog, streams: Streams,
+    def __init__(self, watchdog: WorkBook, streams: Streams,
                  op_failed: Callable[[Call, BaseException], BaseException]) -> None:
         self.watchdog = watchdog
         self.streams = streams
@@ -338,7 +339,7 @@ class DeviceWaits:
         """What ``order`` raises for ``err``, raised while it ordered the stream: the
         watchdog's verdict (a ``DistError``) and anything but a torch ``RuntimeError`` as
         they are; the op's own failure (torch raised it) explained by ``op_failed``."""
-        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
+        if from_torch(err):
             return self._op_failed(call, err)
         return err
 

@@ -32,6 +32,10 @@ class Tensors:
     def raw(self, a: Any) -> torch.Tensor:
         raise NotImplementedError
 
+    #: ``values`` hands its buffers back as they are (device tensors): a caller on the
+    #: hot path may skip the call
+    as_is = False
+
     def values(self, a: Any, call: Call) -> torch.Tensor:
         raise NotImplementedError
 
@@ -130,6 +134,8 @@ class DeviceTensors(Tensors):
     def raw(self, a: Any) -> torch.Tensor:
         t: torch.Tensor = a.view(torch.uint8)
         return t
+
+    as_is = True
 
     def values(self, a: Any, call: Call) -> torch.Tensor:
         t: torch.Tensor = a

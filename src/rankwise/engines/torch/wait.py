@@ -14,8 +14,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ...errors import DistError
-from ..base import Call, DeadlinePassed, PeerGone
+from ..base import Call, DeadlinePassed
+from .failures import TORCH_ERRORS, from_torch, op_failed
 
 if TYPE_CHECKING:
     from ...core.port import ControlPlane
@@ -37,7 +37,7 @@ def _wait_step(work: Any, span: float) -> bool:
     try:
         work.wait(_SPANS.get(span) or timedelta(seconds=span))
         return True
-    except RuntimeError:
+    except TORCH_ERRORS:
         if not work.is_completed():
             return False
     work.wait()  # done now: a slice that ran out as the op ended is no error of it
@@ -87,19 +87,12 @@ class WorkWaiter:
             try:
                 if self._step(work, span):
                     return
-            except RuntimeError as err:  # the op itself failed
-                raise self._torch_error(call, err) from None
+            except TORCH_ERRORS as err:  # the op itself failed
+                raise op_failed(self.port.rank, self.engine_name, call, err) from None
             if on_slow is not None:
                 slow, on_slow = on_slow, None
                 slow()
             # a slice ran out: look at the control plane again
-
-    def _torch_error(self, call: Call, exc: RuntimeError) -> PeerGone:
-        """The torch op failed (a peer's connection closed, ...): the guard asks the
-        control plane why (the peer's traceback, its goodbye, a mismatch)."""
-        return PeerGone(None, f"rank {self.port.rank}: {call.describe()} (collective "
-                              f"#{call.seq} of {call.group.name}) failed on "
-                              f"{self.engine_name}: {exc}")
 
 
 class CommPlane:
@@ -143,6 +136,7 @@ class CommPlane:
         return self.port.explain(call, DeadlinePassed(self.waiter._where))
 
     def op_failed(self, call: Call, err: BaseException) -> BaseException:
-        if isinstance(err, RuntimeError) and not isinstance(err, DistError):
-            return self.port.explain(call, self.waiter._torch_error(call, err))
+        if from_torch(err):
+            return self.port.explain(call, op_failed(self.port.rank, self.waiter.engine_name,
+                                                     call, err))
         return err

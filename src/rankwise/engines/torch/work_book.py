@@ -1,4 +1,5 @@
-"""The NCCL engine's watchdog: bounded collectives without a host sync per call.
+"""A group's book of device works in flight (``WorkBook``), which the process's one
+ledger thread watches (``core.ledger``): bounded collectives without a host sync per call.
 
 Why: a wait that blocks the calling thread until the kernel has finished stops the CPU
 from running ahead of the GPU (kernel launch latency is no longer hidden, DDP's overlap
@@ -32,12 +33,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...slots import fast_new
+from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ...core.ledger import Ledger
     from ..base import Call
 
-__all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "Watchdog", "new_pending"]
+__all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "WorkBook", "new_pending"]
 
 log = logging.getLogger("rankwise")
 
@@ -111,11 +113,11 @@ class Pending:
     error. Made by the caller with no lock and no event (``watch``: without the Python
     ``__init__``, ``rankwise.slots``)."""
 
-    book: Watchdog
+    book: WorkBook
     call: Call
     work: Any
     start: float
-    #: the work finishes after every earlier ordered record's (``Watchdog.watch``)
+    #: the work finishes after every earlier ordered record's (``WorkBook.watch``)
     ordered: bool = False
     slowed: bool = False
     warn_at: float = math.nan  #: set on the first pass that finds it running
@@ -135,7 +137,7 @@ class Pending:
             return True
         try:
             return bool(self.work.is_completed())
-        except RuntimeError:
+        except TORCH_ERRORS:
             return True  # the op failed: done, its error comes with ``wait``
 
     # --- the device side of an async ``Work`` with one torch work (``core.work``) ------
@@ -184,9 +186,10 @@ def _no_order(call: Call, p: Pending) -> None:
     raise RuntimeError(f"{call.describe()}: its book has no stream order to wait with")
 
 
-class Watchdog:
-    """One torch group's book of works in flight; aborts the group past a deadline or on
-    a control-plane failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
+class WorkBook:
+    """One torch group's book of works in flight (a ``core.ledger.Book``: the ledger's
+    thread passes over it); aborts the group past a deadline or on a control-plane
+    failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
     ``abort``: ends the group's kernels (``ProcessGroupNCCL.abort``), called once;
     ``ledger``: whose thread passes over the book (the process's by default)."""
 
@@ -313,7 +316,7 @@ class Watchdog:
                     continue
                 try:
                     done = (not p.ordered or i < running_from) and p.work.is_completed()
-                except RuntimeError as err:
+                except TORCH_ERRORS as err:
                     self.settle(finished)
                     self.fail(plane.op_failed(p.call, err))
                     return math.inf
@@ -428,7 +431,7 @@ def _ordered_bounds(records: list[Pending]) -> tuple[int, int]:
                     lo = mid + 1
                 else:
                     hi = mid
-    except RuntimeError:
+    except TORCH_ERRORS:
         pass
     done_below = at[lo - 1] + 1 if lo else 0
     running_from = at[hi] if hi < len(at) else len(records)
