@@ -160,6 +160,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __init__(self, group: RankwiseGroup, owns_world: bool) -> None:
         # the (rank, size) constructor: the one a Python subclass gets (no store needed)
         super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
+        self._attach(group, owns_world)
+
+    def _attach(self, group: RankwiseGroup, owns_world: bool) -> None:
+        """What the methods below read; ``_c10d.TorchBackend``, which shares them, too."""
         self.group = group
         self._owns_world = owns_world
         self._views = TensorViews()

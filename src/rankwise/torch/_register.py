@@ -27,11 +27,13 @@ import torch.distributed as tdist
 
 from ..api import init as _init
 from ..api.world import current, maybe_current
+from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
 from ..identity.callsite import skip_directory
 from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
 from ..wire.auth import resolve_token
 from ._backend import BACKEND_NAME, TorchProcessGroup
+from ._c10d import TorchBackend, backend_trampoline
 from ._cuda_backend import DEVICES, attach_cuda
 
 __all__ = ["install"]
@@ -74,7 +76,21 @@ def _group_id(name: str) -> int:
     return (zlib.crc32(f"torch:{name}".encode()) | 0x8000_0000) & 0xFFFF_FFFF
 
 
-def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
+#: ``RANKWISE_TORCH_ROUTE=subclass`` keeps the ``ProcessGroup`` subclass on a torch with
+#: the ``Backend`` trampoline (to compare the two; docs/design.md, "The seam torch sees")
+ROUTE_ENV = "RANKWISE_TORCH_ROUTE"
+
+
+def _torch_group(group: RankwiseGroup, owns_world: bool,
+                 options: Any) -> TorchProcessGroup | TorchBackend:
+    """A c10d ``Backend`` under torch's own ``ProcessGroup`` where this torch has the
+    trampoline, else the ``ProcessGroup`` subclass."""
+    if backend_trampoline() and os.environ.get(ROUTE_ENV, "backend") != "subclass":
+        return TorchBackend(group, owns_world, options)
+    return TorchProcessGroup(group, owns_world)
+
+
+def _create(opts: Any, backend_options: Any) -> TorchProcessGroup | TorchBackend:
     """torch's backend creator (extended API): the default group joins (or reuses) the
     rankwise world; any other group becomes a rankwise group of the same global ranks."""
     rank, size, timeout = int(opts.group_rank), int(opts.group_size), opts.timeout
@@ -85,17 +101,17 @@ def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
             _init.init_process_group("tcp", rank=rank, world_size=size, timeout=timeout,
                                      store=store)
             attach_cuda(current(), current().default_group)
-            return TorchProcessGroup(current().default_group, owns_world=True)
+            return _torch_group(current().default_group, True, backend_options)
         if (world.comm.rank, world.comm.world_size) != (rank, size):
             raise InvalidArgument(
                 f"rankwise is already initialized as rank {world.comm.rank} of "
                 f"{world.comm.world_size}, but torch asks for rank {rank} of {size}")
-        return TorchProcessGroup(world.default_group, owns_world=False)
+        return _torch_group(world.default_group, False, backend_options)
     members = sorted(int(r) for r in opts.global_ranks_in_group)
     group = _init.make_group(current(), _group_id(str(opts.group_id)), members,
                              timeout.total_seconds(), f"torch group {opts.group_id} {members}")
     attach_cuda(current(), group)
-    return TorchProcessGroup(group, owns_world=False)
+    return _torch_group(group, False, backend_options)
 
 
 def install() -> None:
