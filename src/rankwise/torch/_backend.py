@@ -7,8 +7,9 @@ Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13 gives Python a
 trampoline for ``ProcessGroup`` (its C++ callers, DDP's reducer and
 ``_broadcast_coalesced`` included, reach the Python methods below) but none for
 ``Backend``; 2.14+ does, and there the same methods serve a c10d ``Backend``
-(``_c10d.TorchBackend``, docs/design.md "The seam torch sees"). torch's own wrapper functions (``all_reduce``, ``all_gather_object``, ...)
-validate and unpack, then call these methods with lists of tensors and an options object.
+(``_c10d.TorchBackend``, docs/design.md "The seam torch sees"). torch's own wrapper
+functions (``all_reduce``, ``all_gather_object``, ...) validate and unpack, then call
+these methods with lists of tensors and an options object.
 
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
