@@ -51,9 +51,13 @@ class FakeNet(NetProbes):
 
 
 class FakeGpus(GpuProbes):
-    def __init__(self, count: int | None = None, physical: int | None = None) -> None:
+    def __init__(self, count: int | None = None, physical: int | None = None,
+                 torch: str | None = "2.13.0") -> None:
         super().__init__(import_torch=False)
-        self.count, self.physical = count, physical
+        self.count, self.physical, self.torch = count, physical, torch
+
+    def torch_version(self) -> str | None:
+        return self.torch
 
     def device_count(self) -> int | None:
         return self.count

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _doctor_fakes import FakeGpus, FakeNet, GiB, healthy, in_use
 
-from rankwise.doctor import Cpus, Inputs, PortState, Severity, ShmSpace, run_checks
+from rankwise.doctor import Cpus, GpuProbes, Inputs, PortState, Severity, ShmSpace, run_checks
 from rankwise.doctor.inputs import cgroup_cpu_limit, usable_cpus
 from rankwise.doctor.network import ifname_matches
 from rankwise.doctor.probes import bounded
@@ -120,6 +120,12 @@ FAULTS: dict[str, tuple[Callable[[], Inputs], str, Severity, str]] = {
     "token file missing": (
         lambda: healthy(token_file="/nonexistent/rankwise-token"), "token", E,
         "cannot be read"),
+    "torch newer than the range": (
+        lambda: healthy(gpus=FakeGpus(torch="2.16.0")), "torch", E,
+        "torch 2.16.0 is outside the range rankwise supports (>=2.11,<2.16)"),
+    "torch older than the range, tried anyway": (
+        lambda: healthy(env={"RANKWISE_TORCH_ANY": "1"}, gpus=FakeGpus(torch="2.10.2")),
+        "torch", W, "torch 2.10.2 is outside the range"),
     "rank variables incomplete": (
         lambda: healthy(env={"RANK": "0"}), "job", E, "inconsistent"),
 }
@@ -151,6 +157,17 @@ def test_seeded_fault_is_found(fault: str) -> None:
     assert hit, f"{fault}: no finding says {words!r}: {[f.what for f in findings]}"
     assert hit[0].severity == severity
     assert hit[0].fix, f"{fault}: a finding without a fix"
+
+
+def test_torch_in_range_or_absent_is_no_problem() -> None:
+    for version in ("2.11.0+cu130", "2.15.0", None):
+        assert _problems(healthy(gpus=FakeGpus(torch=version))) == [], version
+
+
+def test_the_torch_probe_reads_the_installed_version() -> None:
+    """Read from the package's metadata, so the doctor needs no ``import torch``."""
+    torch = pytest.importorskip("torch")
+    assert GpuProbes(import_torch=False).torch_version() == torch.__version__
 
 
 def test_findings_show_evidence_and_fix() -> None:

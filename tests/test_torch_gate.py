@@ -6,14 +6,15 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from _procs import run
+from _procs import SRC, run
 
 from rankwise.torch_gate import SUPPORTED, check_torch, supported
 
 
 @pytest.mark.parametrize("version,ok", [
     ("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0", True), ("2.13.0a0+git1234", True),
-    ("2.14.1+cu130", True), ("2.10.2", False), ("2.15.0", False), ("3.0.0", False),
+    ("2.14.1+cu130", True), ("2.15.0", True), ("2.10.2", False), ("2.16.0", False),
+    ("3.0.0", False),
     ("1.13.1", False),
     ("garbage", False),
 ])
@@ -45,6 +46,7 @@ def test_importing_the_torch_parts_under_an_old_torch_fails_at_import() -> None:
     pytest.importorskip("torch")
     code = ("import torch; torch.__version__ = '2.9.0'\n"
             "try:\n    import rankwise.nn\nexcept ImportError as e:\n    print('REFUSED', e)\n")
-    out = run([sys.executable, "-c", code], timeout=120, env={"PATH": "/usr/bin:/bin"})
+    out = run([sys.executable, "-c", code], timeout=120,
+              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": SRC})
     assert out.stdout.startswith("REFUSED rankwise supports torch " + SUPPORTED), \
         out.stdout + out.stderr

@@ -168,6 +168,9 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
        "of gloo (cpu) or of NCCL too (on) runs as backend rankwise over it (rankwise run "
        "sets cpu unless --checks; read at import torch by rankwise_autoload, which tests "
        "keep in step)", "off", "cpu", "on"),
+    _v("TORCH_ROUTE", "choice", "backend", "how torch 2.14+ sees backend rankwise: a c10d "
+       "Backend under torch's own ProcessGroup, or the ProcessGroup subclass older torch "
+       "gets (to compare the two)", "backend", "subclass"),
     _v("TORCH_ANY", "flag", "0", "run with a torch outside the tested range"),
     _v("JOIN", "flag", "0", "this process joins a running job at its next "
        "rankwise.grow() (rankwise run --respawn sets it)"),

@@ -62,9 +62,23 @@ def read_flight_dump(path: str) -> FlightDump:
 _RANK_SUFFIX = re.compile(r"(.*?)(\d+)$")
 
 
+def _merge(into: FlightDump, more: FlightDump) -> None:
+    """A second dump of one rank (torch 2.15 keeps one recorder per backend: a group over
+    "cpu:gloo,cuda:nccl2" is in gloo's and in nccl2's) added to the first: entries side by
+    side, each still naming its backend in ``profiling_name``."""
+    into["entries"] = list(into.get("entries") or []) + list(more.get("entries") or [])
+    for key in ("pg_config", "pg_status"):
+        merged = dict(into.get(key) or {})
+        merged.update(more.get(key) or {})
+        into[key] = merged
+    if more.get("version") != into.get("version"):
+        into["version"] = f"{into.get('version')}, {more.get('version')}"
+
+
 def load_flight_dumps(directory: str) -> dict[int, FlightDump]:
     """Every flight-recorder dump in ``directory``, by the rank its name ends with
-    (torch names them ``<TORCH_FR_DUMP_TEMP_FILE><rank>``); other files are skipped."""
+    (torch names them ``<TORCH_FR_DUMP_TEMP_FILE><rank>``; several per rank, one per
+    backend's recorder, are merged); other files are skipped."""
     dumps: dict[int, FlightDump] = {}
     for name in sorted(os.listdir(directory)):
         m = _RANK_SUFFIX.fullmatch(name)
@@ -72,7 +86,12 @@ def load_flight_dumps(directory: str) -> dict[int, FlightDump]:
         if not m or not os.path.isfile(path):
             continue
         try:
-            dumps[int(m.group(2))] = read_flight_dump(path)
+            dump = read_flight_dump(path)
         except (NotAFlightDump, OSError):
             continue
+        rank = int(m.group(2))
+        if rank in dumps:
+            _merge(dumps[rank], dump)
+        else:
+            dumps[rank] = dump
     return dumps

@@ -56,21 +56,39 @@ def _call(entry: dict[str, Any]) -> Call:
             "created": entry.get("time_created_ns") or 0}
 
 
-def _groups(dumps: dict[int, FlightDump]
-            ) -> dict[str, tuple[str, list[int], dict[int, dict[int, Call]]]]:
-    """pg name -> (description, member ranks, rank -> collective seq -> call)."""
-    out: dict[str, tuple[str, list[int], dict[int, dict[int, Call]]]] = {}
+def backend_of(entry: dict[str, Any]) -> str:
+    """The recorder an entry came from: ``profiling_name``'s prefix ("nccl", torch 2.15's
+    "nccl2" and "nccl-lazy", "gloo", "c10d" where torch's hook could not name the backend,
+    "rankwise", ...)."""
+    return str(entry.get("profiling_name", "")).split(":", 1)[0] if ":" in str(
+        entry.get("profiling_name", "")) else ""
+
+
+Groups = dict[tuple[str, str], tuple[str, list[int], dict[int, dict[int, Call]]]]
+
+
+def _groups(dumps: dict[int, FlightDump]) -> Groups:
+    """(pg name, backend) -> (description, member ranks, rank -> collective seq -> call).
+    By backend too: each of torch 2.15's recorders numbers a group's calls itself."""
+    out: Groups = {}
     for rank, dump in sorted(dumps.items()):
         for entry in dump.get("entries") or []:
             if not isinstance(entry, dict) or entry.get("is_p2p"):
                 continue
             pg = entry.get("process_group") or ("?", "")
             name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
-            if name not in out:
-                out[name] = (desc, _ranks_of(dump, name) or [], {})
+            key = (name, backend_of(entry))
+            if key not in out:
+                out[key] = (desc, _ranks_of(dump, name) or [], {})
             seq = int(entry.get("collective_seq_id") or 0)
-            out[name][2].setdefault(rank, {})[seq] = _call(entry)
+            out[key][2].setdefault(rank, {})[seq] = _call(entry)
     return out
+
+
+def _label(groups: Groups, name: str, backend: str, desc: str) -> str:
+    """``group D``, with its backend where the group is in several recorders."""
+    several = len({b for n, b in groups if n == name}) > 1
+    return f"group {desc or name}" + (f" [{backend}]" if several and backend else "")
 
 
 def _side(ranks: list[int], c: Call) -> str:
@@ -157,8 +175,7 @@ def flight_report(directory: str, dumps: dict[int, FlightDump]) -> str:
     groups = _groups(dumps)
     world = sorted(set(dumps) | {r for _, members, _ in groups.values() for r in members})
     missing = [r for r in world if r not in dumps]
-    backends = sorted({str(e.get("profiling_name", "")).split(":")[0]
-                       for d in dumps.values() for e in d.get("entries") or []
+    backends = sorted({backend_of(e) for d in dumps.values() for e in d.get("entries") or []
                        if isinstance(e, dict)} - {""})
     versions = sorted({str(d.get("version")) for d in dumps.values()})
     lines = [f"torch flight-recorder post-mortem of {directory}: {len(dumps)} of {len(world)} "
@@ -166,16 +183,18 @@ def flight_report(directory: str, dumps: dict[int, FlightDump]) -> str:
              "calls)" + (f"; no dump from {rank_list(missing)}" if missing else "")]
     lines.append("Where the ranks' calls diverged (earliest per group):")
     found = []
-    for name, (desc, members, per_rank) in sorted(groups.items()):
-        label = f"group {desc or name}" + (f" ({rank_list(members)})" if members else "")
+    for (name, backend), (desc, members, per_rank) in sorted(groups.items()):
+        label = _label(groups, name, backend, desc) + (
+            f" ({rank_list(members)})" if members else "")
         line = _divergence(label, members or sorted(per_rank), per_rank, set(dumps))
         if line:
             found.append(line)
     lines += found or ["  nowhere in the kept entries: every rank made the same calls"]
     lines.append("Where each rank was (its last call per group; stack where the dump has it):")
-    for name, (desc, _, per_rank) in sorted(groups.items()):
+    for (name, backend), (desc, _, per_rank) in sorted(groups.items()):
         for rank, calls in sorted(per_rank.items()):
-            lines += _standing(rank, f"group {desc or name}", calls, dumps[rank], name)
+            lines += _standing(rank, _label(groups, name, backend, desc), calls, dumps[rank],
+                               name)
     for r in missing:
         lines.append(f"  rank {r}: unknown (no dump)")
     return "\n".join(lines)

@@ -167,6 +167,20 @@ class GpuProbes:
         # turns that into a finding with the error as evidence, not "no GPU"
         return bounded(count, self.timeout, "torch.cuda.device_count()")
 
+    def torch_version(self) -> str | None:
+        """The installed torch's version, read from its package metadata (torch is not
+        imported for it); ``None`` when torch is not installed."""
+        import sys
+        from importlib import metadata
+
+        loaded = sys.modules.get("torch")
+        if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+            return str(loaded.__version__)
+        try:
+            return metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return None
+
     def physical_count(self) -> int | None:
         """GPUs the NVIDIA driver knows, regardless of CUDA_VISIBLE_DEVICES (``None``:
         no NVIDIA driver here)."""

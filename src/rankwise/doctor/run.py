@@ -15,6 +15,7 @@ from .network import check_hostname, check_ifnames, check_master_addr, check_mas
 from .report import render_json, render_text
 from .resources import check_cpus, check_open_files, check_shm
 from .security import check_token
+from .torchver import check_torch_version
 
 __all__ = ["CHECKS", "Check", "doctor", "run_checks"]
 
@@ -24,6 +25,7 @@ Check = Callable[[Inputs], list[Finding]]
 CHECKS: dict[str, Check] = {
     "job": check_job_env,
     "gpu": check_gpus,
+    "torch": check_torch_version,
     "interfaces": check_ifnames,
     "master": check_master_addr,
     "hostname": check_hostname,

@@ -33,6 +33,7 @@ class TorchStoreView(_TorchStore):
     def __init__(self, inner: Store) -> None:
         super().__init__()
         self.inner = inner
+        self._clones: list[TorchStoreView] = []
 
     def set(self, key: str, value: Any) -> None:
         self.inner.set(key, value if isinstance(value, str) else bytes(value))
@@ -62,6 +63,15 @@ class TorchStoreView(_TorchStore):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.inner.set_timeout(timeout)
+
+    def clone(self) -> TorchStoreView:
+        """Another view of the same store (the store is thread-safe): torch clones a
+        group's store for gloo's ``split_group``, which failed here with "pure virtual
+        function c10d::Store::clone". Kept alive with this one, since torch keeps only
+        the C++ half of what Python returns."""
+        twin = TorchStoreView(self.inner)
+        self._clones.append(twin)
+        return twin
 
 
 def rankwise_store_under(store: Any) -> Store | None:

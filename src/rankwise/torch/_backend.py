@@ -6,8 +6,10 @@
 Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13 gives Python a
 trampoline for ``ProcessGroup`` (its C++ callers, DDP's reducer and
 ``_broadcast_coalesced`` included, reach the Python methods below) but none for
-``Backend``. torch's own wrapper functions (``all_reduce``, ``all_gather_object``, ...)
-validate and unpack, then call these methods with lists of tensors and an options object.
+``Backend``; 2.14+ does, and there the same methods serve a c10d ``Backend``
+(``_c10d.TorchBackend``, docs/design.md "The seam torch sees"). torch's own wrapper
+functions (``all_reduce``, ``all_gather_object``, ...) validate and unpack, then call
+these methods with lists of tensors and an options object.
 
 Each method calls rankwise's public collective on the wrapped group, so the call gets
 rankwise's local checks, fingerprint, call site (torch's frames skipped, see
@@ -159,6 +161,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __init__(self, group: RankwiseGroup, owns_world: bool) -> None:
         # the (rank, size) constructor: the one a Python subclass gets (no store needed)
         super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
+        self._attach(group, owns_world)
+
+    def _attach(self, group: RankwiseGroup, owns_world: bool) -> None:
+        """What the methods below read; ``_c10d.TorchBackend``, which shares them, too."""
         self.group = group
         self._owns_world = owns_world
 

@@ -28,11 +28,13 @@ import torch.distributed as tdist
 from .. import settings
 from ..api import init as _init
 from ..api.world import current, maybe_current
+from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
 from ..identity.callsite import skip_directory
 from ..store.torch_views import RankwiseStoreView, TorchStoreView, rankwise_store_under
 from ..wire.auth import resolve_token
 from ._backend import BACKEND_NAME, TorchProcessGroup
+from ._c10d import TorchBackend, backend_trampoline
 from ._cuda_backend import DEVICES, attach_cuda
 
 __all__ = ["install"]
@@ -84,7 +86,21 @@ def _attach_cuda(group: Any) -> None:
         attach_cuda(current(), group)
 
 
-def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
+#: ``RANKWISE_TORCH_ROUTE=subclass`` keeps the ``ProcessGroup`` subclass on a torch with
+#: the ``Backend`` trampoline (to compare the two; docs/design.md, "The seam torch sees")
+ROUTE_ENV = "RANKWISE_TORCH_ROUTE"
+
+
+def _torch_group(group: RankwiseGroup, owns_world: bool,
+                 options: Any) -> TorchProcessGroup | TorchBackend:
+    """A c10d ``Backend`` under torch's own ``ProcessGroup`` where this torch has the
+    trampoline, else the ``ProcessGroup`` subclass."""
+    if backend_trampoline() and settings.choice(ROUTE_ENV) != "subclass":
+        return TorchBackend(group, owns_world, options)
+    return TorchProcessGroup(group, owns_world)
+
+
+def _create(opts: Any, backend_options: Any) -> TorchProcessGroup | TorchBackend:
     """torch's backend creator (extended API): the default group joins (or reuses) the
     rankwise world; any other group becomes a rankwise group of the same global ranks."""
     global _taken_over
@@ -97,17 +113,17 @@ def _create(opts: Any, backend_options: Any) -> TorchProcessGroup:
                                      timeout=timeout, store=store)
             _taken_over = current() if engine_backend else None
             _attach_cuda(current().default_group)
-            return TorchProcessGroup(current().default_group, owns_world=True)
+            return _torch_group(current().default_group, True, backend_options)
         if (world.comm.rank, world.comm.world_size) != (rank, size):
             raise InvalidArgument(
                 f"rankwise is already initialized as rank {world.comm.rank} of "
                 f"{world.comm.world_size}, but torch asks for rank {rank} of {size}")
-        return TorchProcessGroup(world.default_group, owns_world=False)
+        return _torch_group(world.default_group, False, backend_options)
     members = sorted(int(r) for r in opts.global_ranks_in_group)
     group = _init.make_group(current(), _group_id(str(opts.group_id)), members,
                              timeout.total_seconds(), f"torch group {opts.group_id} {members}")
     _attach_cuda(group)
-    return TorchProcessGroup(group, owns_world=False)
+    return _torch_group(group, False, backend_options)
 
 
 def install() -> None:
