@@ -77,8 +77,13 @@ def test_hf_trainer_extra_call_names_the_users_line_on_every_rank(tmp_path: Path
     for rank in (0, 1):
         line = next(x for x in res.stderr.splitlines() if x.startswith(f"[rank{rank}]: "))
         assert "CollectiveMismatch" in line and extra in line, line
-    took = ended - float((tmp_path / "extra_at").read_text())
-    assert took < 10, f"{took:.1f} s from the extra call to the launcher's exit"
+    at = float((tmp_path / "extra_at").read_text())
+    for rank in (0, 1):  # the criterion: each rank's raise (measured: 0.02 s)
+        took = float((tmp_path / f"raised{rank}").read_text()) - at
+        assert took < 10, f"rank {rank}: {took:.1f} s from the extra call to its raise"
+    # the ranks' exits with transformers loaded and the launcher's summary come after it
+    # (measured 4.8-7.8 s on a loaded 2-core machine): bounded, not the criterion
+    assert ended - at < 30, f"{ended - at:.1f} s from the extra call to the launcher's exit"
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ with the backend it got and its final weights.
     hf_trainer_plain.py OUT [extra]
 
 ``extra``: rank 1 makes one all_reduce the others do not make (@hf-extra), from a
-callback at the start of step 1.
+callback at the start of step 1; a rank whose training raises writes OUT/raised<R> (when).
 """
 
 import json
@@ -70,6 +70,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:
+        (OUT / f"raised{dist.get_rank()}").write_text(repr(time.time()))
+        raise
     if dist.is_initialized():  # the Trainer does not: torch's gloo may abort at exit else
         dist.destroy_process_group()
