@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -89,7 +90,8 @@ def test_hf_trainer_extra_call_names_the_users_line_on_every_rank(tmp_path: Path
 @pytest.fixture
 def ray_job(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
     """The driver's environment and Ray's session folder; afterwards no process of the
-    job is left (Ray's own shutdown first; any it left, killed here by pid)."""
+    job is left (Ray's own shutdown first; any it left, killed here by pid) and the
+    folder is gone."""
     pytest.importorskip("ray.train.torch")
     marker = uuid.uuid4().hex
     e = autoload_env(tmp_path)
@@ -104,6 +106,7 @@ def ray_job(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(folder, ignore_errors=True)
         assert not left, f"Ray left processes behind: {left}"
 
 
