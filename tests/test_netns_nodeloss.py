@@ -33,7 +33,10 @@ def _start(hosts: SimHosts, mode: str = "loop") -> Job:
     job = Job(hosts, [mode, "150"], {})
     assert job.wait_for(lambda ls: sum(line.startswith("ready ") for line in ls) == 4, 90), \
         job.text()
-    time.sleep(1.0)  # let the beats settle: a second of running, not a synchronization
+    # the beacons learn each other's address and key through the launchers' store beats
+    # (one a second): a node lost before that is the store watch's (15 s, docs/heartbeats.md).
+    # Three beats' worth of running; under CI's load one second was once not enough
+    time.sleep(3.0)
     return job
 
 
