@@ -11,9 +11,8 @@ rank runs between calls is learned by a low-rate look at its user thread's stack
 (``SAMPLE_PERIOD``), taken on this module's own thread only while the rank is in its own
 code; each look is one ``sys._current_frames`` and a frame walk, ~10 per second.
 
-``StragglerBook`` is shaped as a call-path observer (docs/design.md, "Checks are
-observers"): its ``after(call)`` does nothing today because the history already holds
-what it needs; the pipeline may call it.
+``StragglerBook`` adds nothing to a call's path (it is no observer on the group's tuple):
+the history the path already keeps holds each call's ``started`` and ``finished``.
 """
 
 from __future__ import annotations
@@ -90,13 +89,6 @@ class StragglerBook:
         if self.on and start:
             threading.Thread(target=self._loop, name="rankwise-stragglers",
                              daemon=True).start()
-
-    # the observer's hooks (the pipeline's shape; the history already has what they'd keep)
-    def before(self, call: Any) -> None:
-        """Nothing to do before a call."""
-
-    def after(self, call: Any) -> None:
-        """Nothing per call: the group's history keeps its ``started`` and ``finished``."""
 
     def stop(self) -> None:
         self._stop.set()
