@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from rankwise.engines.torch.device_waits import DeviceWaits
 from rankwise.engines.torch.engine import TorchEngine
 from rankwise.engines.torch.p2p import NcclP2P
-from rankwise.engines.torch.streams import CudaStreams, DeviceWaits, Streams
+from rankwise.engines.torch.streams import CudaStreams, Streams
 from rankwise.engines.torch.work_book import WorkBook
 from rankwise.errors import DistError, DistTimeout
 from rankwise.identity.calls import Fingerprint
@@ -243,7 +244,8 @@ class FakeNcclEngine:
     make_p2p = TorchEngine.make_p2p
 
     def __init__(self, group: Any, net: FakeNet) -> None:
-        from rankwise.engines.torch.wait import CommPlane, WorkWaiter
+        from rankwise.engines.torch.device_waits import CommPlane
+        from rankwise.engines.torch.host_wait import WorkWaiter
 
         self.group = group
         self.p2p: Any = None

@@ -2,11 +2,11 @@
 
 A fake torch work whose event never completes, a fake clock and fake streams stand in
 for the GPU: ``wait()`` must return while the kernel still runs (the current stream is
-ordered after it instead), the watchdog must abort the group and settle the work with
+ordered after it instead), the book must abort the group and settle the work with
 the error past the deadline (or on a control-plane failure), async calls must be
 enqueued on a side stream that follows the caller's and be waited for on the waiter's
 stream, and ``Work.is_completed``/``get_future`` must follow the kernels, as torch's.
-No thread is needed but where the watchdog's own thread is the point; no sleeps.
+No thread is needed but where the ledger's own thread is the point; no sleeps.
 """
 
 from __future__ import annotations
@@ -21,14 +21,8 @@ from typing import Any
 import pytest
 
 from rankwise.core.work import Work
-from rankwise.engines.torch.streams import (
-    CudaStreams,
-    DeviceWaits,
-    DeviceWork,
-    HostStreams,
-    Streams,
-    current_holder,
-)
+from rankwise.engines.torch.device_waits import DeviceWaits, DeviceWork, current_holder
+from rankwise.engines.torch.streams import CudaStreams, HostStreams, Streams
 from rankwise.engines.torch.work_book import GRACE, WorkBook
 from rankwise.errors import CollectiveMismatch, DistTimeout, InvalidArgument
 
@@ -56,7 +50,7 @@ class FakeCall:
 
 @dataclass
 class FakePlane:
-    """The control plane: records what the watchdog asked."""
+    """The control plane: records what the book asked."""
 
     failed: BaseException | None = None
     busy: bool = False
@@ -163,117 +157,117 @@ class FakeWork:
         return True
 
 
-def _watchdog(clock: Clock, plane: FakePlane | None = None) -> tuple[WorkBook, list[int]]:
+def _book(clock: Clock, plane: FakePlane | None = None) -> tuple[WorkBook, list[int]]:
     aborts: list[int] = []
-    dog = WorkBook(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
-    return dog, aborts
+    book = WorkBook(plane or FakePlane(), lambda: aborts.append(1), clock=clock)
+    return book, aborts
 
 
-# --- wait() returns before the kernel does; the watchdog bounds it ---------------------
+# --- wait() returns before the kernel does; the book bounds it -------------------------
 
-def test_wait_returns_before_the_event_completes_and_the_watchdog_raises_past_the_deadline(
+def test_wait_returns_before_the_event_completes_and_the_book_raises_past_the_deadline(
         ) -> None:
     clock = Clock()
-    dog, aborts = _watchdog(clock)
+    book, aborts = _book(clock)
     streams = FakeStreams()
-    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    waits = DeviceWaits(book, streams, lambda c, e: e)
     work = FakeWork(streams)
     call = FakeCall(deadline=clock.now + 3.0)
 
     waits.wait(call, work)  # returns at once: the kernel has not finished
     assert work.waits == [streams.default], "the current stream must wait for the kernel"
-    assert not work.completed and dog.in_flight() == 1
+    assert not work.completed and book.in_flight() == 1
 
     clock.now += 2.9
-    dog.tick()
-    assert dog.in_flight() == 1 and not aborts and dog.failed is None
+    book.tick()
+    assert book.in_flight() == 1 and not aborts and book.failed is None
     waits.raise_failed()  # nothing to raise yet
 
     clock.now += 0.2  # past the deadline: abort the communicator, settle the work
-    dog.tick()
-    assert aborts == [1] and dog.in_flight() == 0
-    assert isinstance(dog.failed, DistTimeout) and "timed out in all_reduce" in str(dog.failed)
+    book.tick()
+    assert aborts == [1] and book.in_flight() == 0
+    assert isinstance(book.failed, DistTimeout) and "timed out in all_reduce" in str(book.failed)
     with pytest.raises(DistTimeout, match="timed out in all_reduce"):
         waits.raise_failed()  # the next call on the group
     later = FakeWork(streams)
     with pytest.raises(DistTimeout):
         waits.wait(FakeCall(deadline=clock.now + 3.0), later)  # settled with it at once
-    dog.tick()
+    book.tick()
     assert aborts == [1], "the group is aborted once"
 
 
 def test_a_failure_on_the_control_plane_aborts_at_once() -> None:
     clock = Clock()
     plane = FakePlane()
-    dog, aborts = _watchdog(clock, plane)
-    p = dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
-    dog.tick()
+    book, aborts = _book(clock, plane)
+    p = book.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
+    book.tick()
     assert not p.settled.is_set()
     plane.failed = CollectiveMismatch("rank 1 called all_reduce, rank 0 broadcast")
-    dog.tick()
+    book.tick()
     assert aborts == [1] and p.settled.is_set() and p.error is plane.failed
 
 
 def test_finished_works_settle_and_slow_ones_send_the_check_batch() -> None:
     clock = Clock()
     plane = FakePlane(busy=True)
-    dog, aborts = _watchdog(clock, plane)
+    book, aborts = _book(clock, plane)
     fast, slow = FakeWork(), FakeWork()
-    pf = dog.watch(FakeCall(deadline=clock.now + 60.0), fast)
-    ps = dog.watch(FakeCall(deadline=clock.now + 60.0), slow)
+    pf = book.watch(FakeCall(deadline=clock.now + 60.0), fast)
+    ps = book.watch(FakeCall(deadline=clock.now + 60.0), slow)
     fast.completed = True
-    dog.tick()
-    assert pf.settled.is_set() and pf.error is None and dog.in_flight() == 1
+    book.tick()
+    assert pf.settled.is_set() and pf.error is None and book.in_flight() == 1
     assert plane.slowed == []  # within the grace period
     clock.now += 2 * GRACE
-    dog.tick()
-    dog.tick()
+    book.tick()
+    book.tick()
     assert plane.slowed == [ps.call, ps.call]  # the check was busy: asked again
     plane.busy = False
-    dog.tick()
-    dog.tick()
+    book.tick()
+    book.tick()
     assert len(plane.slowed) == 3, "sent once it could be"
     clock.now += 10.0
-    dog.tick()
+    book.tick()
     assert plane.warned == [ps.call]
     clock.now += 10.0
-    dog.tick()
+    book.tick()
     assert plane.probes and not aborts
 
 
 def test_an_op_error_settles_with_the_planes_account() -> None:
     clock = Clock()
-    dog, aborts = _watchdog(clock)
+    book, aborts = _book(clock)
     work = FakeWork()
-    p = dog.watch(FakeCall(deadline=clock.now + 60.0), work)
+    p = book.watch(FakeCall(deadline=clock.now + 60.0), work)
     work.error = RuntimeError("NCCL error: remote process exited")
-    dog.tick()
+    book.tick()
     assert aborts == [1] and isinstance(p.error, DistTimeout)
     assert "remote process exited" in str(p.error)
 
 
-def test_the_watchdog_thread_aborts_past_the_deadline() -> None:
-    """The same verdict from the watchdog's own thread (it polls; the test only waits
+def test_the_ledger_thread_aborts_past_the_deadline() -> None:
+    """The same verdict from the ledger's own thread (it polls; the test only waits
     for the settlement event, bounded)."""
     clock = Clock()
-    dog, aborts = _watchdog(clock)
-    dog.start()
+    book, aborts = _book(clock)
+    book.start()
     try:
-        p = dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
+        p = book.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
         clock.now += 2.0
-        assert p.settled.wait(10.0), "the watchdog never settled the work"
+        assert p.settled.wait(10.0), "the ledger never settled the work"
         assert isinstance(p.error, DistTimeout) and aborts == [1]
     finally:
-        dog.stop()
+        book.stop()
 
 
 # --- streams: async calls on a side stream, waited for on the waiter's stream ----------
 
 def test_async_runs_on_a_side_stream_after_the_callers_and_wait_orders_the_waiter() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     streams = FakeStreams()
-    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    waits = DeviceWaits(book, streams, lambda c, e: e)
     caller = FakeStream("caller")
     work = FakeWork(streams)
     seen: list[Any] = []
@@ -304,34 +298,34 @@ def test_async_runs_on_a_side_stream_after_the_callers_and_wait_orders_the_waite
 
 def test_is_completed_and_the_future_follow_the_kernels() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     streams = FakeStreams()
     holder = DeviceWork(streams)
     work = FakeWork(streams)
-    holder.add(dog.watch(FakeCall(deadline=clock.now + 5.0), work))
+    holder.add(book.watch(FakeCall(deadline=clock.now + 5.0), work))
     w = Work("all_reduce #1", result=["out"], device=holder)
     fut = w.get_future()
     w._finish()  # the host part (the enqueue) ended
     assert not w.is_completed() and not fut.done()
     work.completed = True
-    assert w.is_completed(), "asked of the kernel directly, not after the watchdog's pass"
+    assert w.is_completed(), "asked of the kernel directly, not after the ledger's pass"
     assert not fut.done()
-    dog.tick()
+    book.tick()
     assert fut.done() and fut.wait() == ["out"]
     assert w.get_future() is fut
 
 
 def test_a_failed_kernel_fails_the_future_and_wait() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     streams = FakeStreams()
     holder = DeviceWork(streams)
-    holder.add(dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork(streams)))
+    holder.add(book.watch(FakeCall(deadline=clock.now + 1.0), FakeWork(streams)))
     w = Work("all_reduce #1", device=holder)
     w._finish()
     fut = w.get_future()
     clock.now += 2.0
-    dog.tick()
+    book.tick()
     assert w.is_completed()
     with pytest.raises(DistTimeout):
         fut.wait()
@@ -342,26 +336,26 @@ def test_a_failed_kernel_fails_the_future_and_wait() -> None:
 def test_the_host_stand_in_waits_for_the_verdict() -> None:
     """No streams (CPU tensors): the host waits, bounded, and raises the verdict."""
     clock = Clock()
-    dog, _ = _watchdog(clock)
-    waits = DeviceWaits(dog, HostStreams(clock), lambda c, e: e)
+    book, _ = _book(clock)
+    waits = DeviceWaits(book, HostStreams(clock), lambda c, e: e)
     done = FakeWork()
     done.completed = True
     waits.wait(FakeCall(deadline=clock.now + 1.0), done)
     assert done.waits == [None]  # the op's own error, once it is done
-    p = dog.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
-    dog.fail(DistTimeout("the verdict"))
+    p = book.watch(FakeCall(deadline=clock.now + 1.0), FakeWork())
+    book.fail(DistTimeout("the verdict"))
     with pytest.raises(DistTimeout, match="the verdict"):
         HostStreams(clock).order(p)
-    stuck = _watchdog(clock)[0].watch(FakeCall(deadline=clock.now - 31.0), FakeWork())
+    stuck = _book(clock)[0].watch(FakeCall(deadline=clock.now - 31.0), FakeWork())
     with pytest.raises(DistTimeout, match="no verdict"):
         HostStreams(clock).order(stuck)
 
 
 def test_cuda_order_is_a_stream_wait_never_a_timed_one() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     work = FakeWork()
-    p = dog.watch(FakeCall(deadline=clock.now + 1.0), work)
+    p = book.watch(FakeCall(deadline=clock.now + 1.0), work)
     CudaStreams.order(CudaStreams(torch.device("cpu")), p)
     assert work.waits == [None] and not p.settled.is_set()
 
@@ -388,28 +382,28 @@ class _RaisingWork(FakeWork):
 def test_device_order_on_cuda_streams_waits_each_work_and_explains_its_error(
         streams: type) -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
-    waits = DeviceWaits(dog, streams(torch.device("cpu")), FakePlane().op_failed)
-    assert dog.order == waits.order, "Pending.wait orders the same way"
+    book, _ = _book(clock)
+    waits = DeviceWaits(book, streams(torch.device("cpu")), FakePlane().op_failed)
+    assert book.order == waits.order, "Pending.wait orders the same way"
     call = FakeCall(deadline=clock.now + 1.0)
     ok = FakeWork()
-    waits.order(call, dog.watch(call, ok))
+    waits.order(call, book.watch(call, ok))
     assert ok.waits == [None], "one stream wait, the host goes on"
     op_error = _RaisingWork(RuntimeError("NCCL error: unhandled cuda error"))
     with pytest.raises(DistTimeout, match="op failed: NCCL error") as raised:
-        waits.order(call, dog.watch(call, op_error))
+        waits.order(call, book.watch(call, op_error))
     assert raised.value.__suppress_context__, "torch's error is explained, not chained"
-    verdict = _RaisingWork(CollectiveMismatch("the watchdog's verdict"))
-    with pytest.raises(CollectiveMismatch, match="the watchdog's verdict"):
-        waits.order(call, dog.watch(call, verdict))
+    verdict = _RaisingWork(CollectiveMismatch("the book's verdict"))
+    with pytest.raises(CollectiveMismatch, match="the book's verdict"):
+        waits.order(call, book.watch(call, verdict))
     settled = FakeWork()
-    p = dog.watch(call, settled)
+    p = book.watch(call, settled)
     p.settle(DistTimeout("aborted past the deadline"))
     with pytest.raises(DistTimeout, match="aborted past the deadline"):
         waits.order(call, p)
     assert settled.waits == [], "a record with an error is not waited for"
     torch_error = FakeWork()
-    p = dog.watch(call, torch_error)
+    p = book.watch(call, torch_error)
     p.settle(RuntimeError("NCCL error: remote process exited"))
     with pytest.raises(DistTimeout, match="op failed: NCCL error: remote process exited"):
         waits.order(call, p)  # a torch error it was settled with is explained too
@@ -442,7 +436,7 @@ def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
 
     engine = TorchEngine.__new__(TorchEngine)  # only what ``_before`` reads
     checked: list[Any] = []
-    engine.device = DeviceWaits(_watchdog(Clock())[0], FakeStreams(), lambda c, e: e)
+    engine.device = DeviceWaits(_book(Clock())[0], FakeStreams(), lambda c, e: e)
     engine.tensors = tensors
     observed = SimpleNamespace(before=checked.append)  # the call's observers
     with pytest.raises(InvalidArgument, match="is on meta"):
@@ -454,7 +448,7 @@ def test_a_tensor_on_another_device_is_refused_before_any_io() -> None:
 
 def test_torchs_error_handling_is_off_only_while_rankwise_builds_its_group(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's default would tear the process down when the works rankwise's watchdog
+    """torch's default would tear the process down when the works rankwise's book
     aborted report their error; a value the user chose is kept."""
     import os
 
@@ -493,33 +487,33 @@ class CountingLedger:
 def test_recording_a_work_wakes_the_ledger_once_not_per_call() -> None:
     clock = Clock()
     on = CountingLedger()
-    dog = WorkBook(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
-    dog.start()
+    book = WorkBook(FakePlane(), lambda: None, clock=clock, on=on)  # type: ignore[arg-type]
+    book.start()
     for _ in range(100):
-        dog.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
+        book.watch(FakeCall(deadline=clock.now + 60.0), FakeWork())
         clock.now += 1e-5
     assert on.kicks == [GRACE], "only the first record (nothing due before it) wakes it"
-    assert on.books == [dog] and dog.in_flight() == 100
+    assert on.books == [book] and book.in_flight() == 100
     clock.now += GRACE
-    due = dog.pass_due()  # nothing done yet: the next pass is due at the heartbeat
-    assert 0 < due <= 0.1 and dog.in_flight() == 100
-    dog.stop()
+    due = book.pass_due()  # nothing done yet: the next pass is due at the heartbeat
+    assert 0 < due <= 0.1 and book.in_flight() == 100
+    book.stop()
     assert on.books == []
 
 
 def test_a_pass_drops_the_finished_records_and_queries_only_then() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     works = [FakeWork() for _ in range(5)]
     for w in works:
-        dog.watch(FakeCall(deadline=clock.now + 60.0), w)
+        book.watch(FakeCall(deadline=clock.now + 60.0), w)
     for w in works[:3]:
         w.completed = True
-    dog.tick()
-    assert dog.in_flight() == 2 and len(dog.records) == 2, "the done front is dropped"
+    book.tick()
+    assert book.in_flight() == 2 and len(book.records) == 2, "the done front is dropped"
     for w in works:
         w.completed = True
-    assert dog.pass_due() == float("inf") and not dog.records
+    assert book.pass_due() == float("inf") and not book.records
 
 
 def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() -> None:
@@ -545,9 +539,9 @@ def test_one_ledger_thread_serves_every_group_and_a_pushed_failure_wakes_it() ->
 
 def test_an_async_call_runs_inline_and_is_ordered_only_when_waited_for() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     streams = FakeStreams()
-    waits = DeviceWaits(dog, streams, lambda c, e: e)
+    waits = DeviceWaits(book, streams, lambda c, e: e)
     call = FakeCall(deadline=clock.now + 5.0)
     work, post = FakeWork(streams), FakeWork(streams)
     ran_on: list[int] = []
@@ -624,33 +618,33 @@ class CountedWork(FakeWork):
 
 def test_a_pass_asks_a_few_of_one_streams_works_and_each_unordered_one() -> None:
     clock = Clock()
-    dog, _ = _watchdog(clock)
+    book, _ = _book(clock)
     works = [CountedWork() for _ in range(16)]
     p2p = CountedWork()
     for i, w in enumerate(works):
-        dog.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
+        book.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
         if i == 3:
-            dog.watch(FakeCall(deadline=clock.now + 60.0), p2p)  # another stream: asked
+            book.watch(FakeCall(deadline=clock.now + 60.0), p2p)  # another stream: asked
     for w in works[:11]:
         w.completed = True
     p2p.completed = True
-    dog.tick()
-    assert dog.in_flight() == 5 and len(dog.records) == 5, "the done front is dropped"
+    book.tick()
+    assert book.in_flight() == 5 and len(book.records) == 5, "the done front is dropped"
     assert sum(w.queries for w in works) <= 6 and p2p.queries == 1, "a binary search"
     for w in works:
         w.completed = True
         w.queries = 0
-    assert dog.pass_due() == float("inf") and not dog.records
+    assert book.pass_due() == float("inf") and not book.records
     assert sum(w.queries for w in works) == 1, "the newest done vouches for the rest"
 
 
 def test_an_ordered_works_error_still_fails_the_group() -> None:
     clock = Clock()
-    dog, aborts = _watchdog(clock)
+    book, aborts = _book(clock)
     works = [FakeWork() for _ in range(4)]
     for w in works:
-        dog.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
+        book.watch(FakeCall(deadline=clock.now + 60.0), w, ordered=True)
     works[0].completed = True
     works[3].error = RuntimeError("NCCL error: unhandled system error")
-    dog.tick()
-    assert aborts == [1] and dog.failed is not None and "unhandled system" in str(dog.failed)
+    book.tick()
+    assert aborts == [1] and book.failed is not None and "unhandled system" in str(book.failed)

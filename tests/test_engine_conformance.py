@@ -66,7 +66,7 @@ def _staged(group: ProcessGroup, store: Any, timeout: float) -> Engine:
 
 def _nccl_stand_in(group: ProcessGroup, store: Any, timeout: float) -> Engine:
     """The NCCL engine's CPU stand-in (``RANKWISE_TENSOR_PATH=device``): the engine class
-    ``engines.nccl`` builds on a GPU, with its watchdog on the process's ledger and its
+    ``engines.nccl`` builds on a GPU, with its book on the process's ledger and its
     inline ``async_op``, over torch's gloo and host waits instead of streams."""
     torch = pytest.importorskip("torch")
     from rankwise.engines.torch.engine import TorchEngine

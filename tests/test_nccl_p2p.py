@@ -2,11 +2,11 @@
 
 Each rank is an ``NcclP2P`` over a fake torch group (``FakeNet``: per-direction FIFOs
 that pair sends with receives in order and copy the bytes, as NCCL would, with no tags),
-a fake control plane for the headers (``FakeLink``), the engine's real watchdog with a
+a fake control plane for the headers (``FakeLink``), the engine's real book with a
 fake clock, and CUDA-like streams (ordering never blocks the host); see
 ``_nccl_p2p_fakes.py``. Asserted: messages match by (source, tag) in arrival order and
 receives in post order; a header that does not fit its receive raises before the fake
-NCCL receive is entered; a send nobody receives ends in the watchdog's DistTimeout, a
+NCCL receive is entered; a send nobody receives ends in the book's DistTimeout, a
 dead peer in PeerFailure; the first op between two ranks is bounded; the switch and the
 host fallback. No sleeps.
 """
@@ -126,7 +126,7 @@ def test_a_header_is_bounded_and_checked_as_hostile_bytes() -> None:
 
 # --- bounded waits ---------------------------------------------------------------------
 
-def test_a_send_nobody_receives_ends_in_the_watchdogs_timeout() -> None:
+def test_a_send_nobody_receives_ends_in_the_books_timeout() -> None:
     w = World()
     p = w.send(0, 1, floats(1, 2))
     dog = w.dogs[0]

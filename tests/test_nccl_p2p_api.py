@@ -1,6 +1,6 @@
 """Point-to-point on NCCL through the public API: thread-ranks over the real control
 plane (headers as frames, the router, the mismatch broadcast), a fake NCCL engine with
-the real watchdog (``_nccl_p2p_fakes.FakeNcclEngine``). No GPU, no sleeps.
+the real book (``_nccl_p2p_fakes.FakeNcclEngine``). No GPU, no sleeps.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Point-to-point on the NCCL engine's own class, in real processes: the CPU stand-in
 (``RANKWISE_TENSOR_PATH=device``: torch's gloo where NCCL would be) with
 ``RANKWISE_NCCL_P2P=1``. What the in-process fakes of ``test_nccl_p2p.py`` cannot show:
-the real engine's wiring (its torch group, watchdog, abort) and headers over TCP.
+the real engine's wiring (its torch group, book, abort) and headers over TCP.
 """
 
 from __future__ import annotations

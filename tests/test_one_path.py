@@ -26,9 +26,9 @@ _SRC = str(Path(__file__).resolve().parent.parent / "src" / "rankwise") + "/"
 _DEPTH = 8
 #: modules recorded as entered, not what they do inside: that depends on what peers sent
 #: by then (the router's early frames, a ring check's batch going out) or on time (the
-#: stand-in's host wait polls until the watchdog settles the work)
+#: stand-in's host wait polls until the book settles the work)
 _LEAVES = ("core.router", "core.ring_check", "core.communicator", "identity.callsite",
-           "engines.torch.streams", "engines.torch.work_book")
+           "engines.torch.streams", "engines.torch.device_waits", "engines.torch.work_book")
 
 
 def _module(frame: FrameType) -> str | None:

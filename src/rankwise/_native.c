@@ -15,7 +15,7 @@
 /* Making an instance of a slots dataclass without running its Python __init__: the hot
  * half of rankwise.slots.fast_new. Optional: without it fast_new returns the class
  * itself, whose generated __init__ stores the same values in the same slots.
- * Why C: a device collective makes two such records per call (its Call and the watchdog's
+ * Why C: a device collective makes two such records per call (its Call and the book's
  * Pending), and a generated __init__ of 11-19 fields is ~0.5 us of Python each, about a
  * fifth of rankwise's own time on a small NCCL call (docs/gpu.md, "The proxy").
  *

@@ -31,7 +31,7 @@ from .p2p_nccl import DeviceRecvWork, device_p2p, p2p_call
 from .world import resolve_group
 
 if TYPE_CHECKING:
-    from ..engines.torch.streams import OrderedWork
+    from ..engines.torch.device_waits import OrderedWork
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
@@ -140,7 +140,7 @@ def _send(g: ProcessGroup, tensor: Any, dst: int | None, tag: int, group_dst: in
         p = nccl.send(call, buf.array, peer, tag, site.short, buf.shape)
         if wait:
             nccl.waits.order(call, p)
-        from ..engines.torch.streams import OrderedWork
+        from ..engines.torch.device_waits import OrderedWork
 
         return OrderedWork(nccl.waits, call, [p])
     finally:

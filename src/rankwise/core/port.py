@@ -62,7 +62,7 @@ class ControlPlane:
 
     def explain(self, call: Call, fact: EngineFact) -> BaseException:
         """The public exception for ``fact`` of ``call``, for an engine that learns of a
-        call's failure after the call returned (the NCCL watchdog: outside the API's
+        call's failure after the call returned (the NCCL engine's book: outside the API's
         guard, which words the facts raised inside a call)."""
         return explain(self._comm, call, fact)
 

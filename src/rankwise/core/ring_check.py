@@ -46,7 +46,7 @@ class RingCheck(Observer):
     """One group's fingerprint ring: ``before`` each data op, ``after`` it; an observer
     of the group's calls on a foreign engine (``api.observers``, ``engines.base.Observer``).
 
-    Lock-free between the calling thread and the device watchdog's (``flush`` from the
+    Lock-free between the calling thread and the device book's pass (``flush`` from the
     ledger's thread, when an op runs long): confirmed calls' entries go to a deque the
     caller appends to, and whoever flushes pops them (each ``popleft`` is atomic), so
     each entry is sent once, by one of them. Two flushes at once may split a batch in

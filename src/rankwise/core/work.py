@@ -23,7 +23,7 @@ __all__ = ["Work", "completed_work", "in_flight", "new_ended", "run_async"]
 class Work:
     """Completion handle of one communication call.
 
-    ``device``: the call's part on a device (NCCL: ``engines.torch.streams.DeviceWork``)
+    ``device``: the call's part on a device (NCCL: ``engines.torch.device_waits.DeviceWork``)
     that goes on after the host part ended, as torch's: ``wait`` orders the current
     stream after it, ``is_completed`` asks its kernels, the future completes with them.
     Slots: an async device call makes one per call (``ended``); subclasses may add a

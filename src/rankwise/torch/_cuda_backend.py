@@ -8,7 +8,7 @@ identity (host and UUID). Each on its own GPU: rankwise's NCCL engine, a
 every CUDA collective of torch's DDP, FSDP2, DTensor or distributed checkpoint gets the
 per-call checks (fingerprints to the ring neighbour on the control plane, mismatch and
 deadlock reports naming each rank's file:line, failure reports, who-is-where) and the
-watchdog on the process's ledger. Two or more sharing one GPU (NCCL refuses that): no
+bounded waits of the process's ledger. Two or more sharing one GPU (NCCL refuses that): no
 CUDA engine, and CUDA tensors are staged through host memory on the CPU engine, as the
 rankwise API does for backend ``"gloo"``. Cost next to ``"nccl"``: docs/gpu.md.
 """

@@ -8,7 +8,7 @@ torch's global init, so rankwise's own world is untouched. The data is not rankw
 the engine declares ``Caps.ring`` and reports its phases to the call's observers
 (``api.observers``: the ring check rides beside the data on rankwise's control plane),
 never knowing which checks there are; waits are released by the control plane
-(``engines.torch.wait``), on NCCL without a host sync (``streams``, ``watchdog``).
+(``engines.torch.host_wait``), on NCCL without a host sync (``device_waits``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import torch.distributed as tdist
 from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
 from ..base import Array, Call, Caps, check_mode
+from .device_waits import CommPlane, DeviceWaits
+from .host_wait import WorkWaiter
 from .splits import check_splits
-from .streams import DeviceWaits, Streams
+from .streams import Streams
 from .tensors import HostArrays, Tensors
-from .wait import CommPlane, WorkWaiter
 from .work_book import WorkBook
 
 if TYPE_CHECKING:
@@ -123,8 +124,8 @@ class TorchEngine:
     Parametrised by the torch group it drives (``pg``: gloo, or NCCL built by
     ``engines.nccl``), by how the API's buffers become tensors (``tensors``: numpy views
     or tensors as they are, see ``engines.torch.tensors``) and by how its works are waited
-    for (``streams``: None, a bounded host wait (``engines.torch.wait``); else the device
-    engine's watchdog and stream ordering, see ``engines.torch.streams``)."""
+    for (``streams``: None, a bounded host wait (``engines.torch.host_wait``); else the
+    device engine's book and stream ordering, see ``engines.torch.device_waits``)."""
 
     serial = True
     #: the ring check's frames are collective frames: the router must know each call
@@ -161,11 +162,11 @@ class TorchEngine:
         self.caps = Caps(ring=self.check_mode, held=held)
         if streams is not None:
             plane = CommPlane(self.waiter, self._flush)
-            watchdog = WorkBook(plane, lambda: self._abort(None), name=name)
-            self.device = DeviceWaits(watchdog, streams, plane.op_failed)
+            book = WorkBook(plane, lambda: self._abort(None), name=name)
+            self.device = DeviceWaits(book, streams, plane.op_failed)
             self.caps = Caps(run_inline=self.device.run_inline,
                              adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)
-            watchdog.start()
+            book.start()
         #: device p2p (``engines.torch.p2p.NcclP2P``): ``make_p2p``'s, kept by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
@@ -193,21 +194,21 @@ class TorchEngine:
 
     def _flush(self) -> bool:
         """What the observers hold back, sent now (the ring check's batch: lock-free
-        against the calling thread, ``RingCheck.flush``); the watchdog's and a slow
+        against the calling thread, ``RingCheck.flush``); the book's and a slow
         host wait's."""
         self.caps.send_held()
         return True
 
     def _abort(self, failure: BaseException | None) -> None:
         """The job failed (a mismatch, a dead peer): abort the torch group, off the I/O
-        thread (a backend's abort may block). Waiters are released by ``engines.torch.wait``.
+        thread (a backend's abort may block). Waiters are released by ``engines.torch.host_wait``.
         gloo's and NCCL's backends both offer ``abort()`` (NCCL: ``ncclCommAbort`` on
         each communicator, which ends kernels waiting for peers)."""
         pg = self.pg
         if pg is not None and self._aborting is None:
             self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
         if self.device is not None:  # the ledger's pass settles the works in flight now
-            self.device.watchdog.kick(0.0)
+            self.device.book.kick(0.0)
 
     def _abort_groups(self, pg: Any) -> None:
         with self._reverse_lock:
@@ -266,12 +267,12 @@ class TorchEngine:
 
     def _before(self, call: Call, *arrays: Any) -> None:
         """Before any I/O: the tensors are on the group's device, the group was not
-        aborted by its watchdog; then the call's observers' ``before`` (the check on
+        aborted by its book; then the call's observers' ``before`` (the check on
         the control plane)."""
         device = self.device
         if device is not None:
             self.tensors.check(call, arrays)
-            if device.watchdog.failed is not None:
+            if device.book.failed is not None:
                 device.raise_failed()
         call.observers.before(call)
 
@@ -285,7 +286,7 @@ class TorchEngine:
         reads its result next (an inline async call orders it only then)."""
         call.observers.enqueued(call)  # in flight: a full or old batch goes out now
         device = self.device
-        if device is not None:  # the watchdog sends the batch if the op is slow
+        if device is not None:  # the book's pass sends the batch if the op is slow
             self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
             device.wait(call, work, then)
             return
@@ -407,10 +408,10 @@ class TorchEngine:
         if self.p2p is not None:
             self.p2p.close()
         if self.device is not None:  # destroying is a sync point: kernels end first
-            watchdog = self.device.watchdog
-            if not watchdog.drain(self.group.timeout):
+            book = self.device.book
+            if not book.drain(self.group.timeout):
                 self.waiter.stuck = True
-            watchdog.stop()
+            book.stop()
         listeners = self.group.port.on_failure
         if self._abort in listeners:
             listeners.remove(self._abort)

@@ -7,9 +7,9 @@ the torch group when the job fails (``ProcessGroupNCCL.abort()``: ``ncclCommAbor
 on its communicators, which ends kernels waiting for peers, instead of NCCL's
 watchdog minutes later). What differs is passed in: the group, the tensors as they
 are (``DeviceTensors``: no numpy, no host copy) and a waiter that polls the kernel's
-completion instead of a timed ``wait`` (see ``engines.torch.wait``). The group is built over a
-view of the rankwise store, never through torch's global init; NCCL's communicator
-is made at once, bounded (``first_collective``), not lazily by the user's first call.
+completion instead of a timed ``wait`` (see ``engines.torch.device_waits``). The group
+is built over a view of the rankwise store, never through torch's global init; NCCL's
+communicator is made at once, bounded (``first_collective``), not lazily by the user's first call.
 
 Device: ``init_process_group(device_id=...)``, else ``LOCAL_RANK``, else the current
 device, chosen before any I/O (``resolve_device``). Two ranks of one NCCL group on one
@@ -178,7 +178,7 @@ _ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 @contextlib.contextmanager
 def _rankwise_handles_errors() -> Iterator[None]:
     """Build rankwise's NCCL groups with torch's own error handling off (0, unless the
-    user chose a value): rankwise's watchdog aborts the communicator before torch's
+    user chose a value): rankwise's book of works aborts the communicator before torch's
     timeout (``TORCH_GRACE`` later), and torch's default (3) would tear the whole
     process down when the aborted works report their error, instead of the error
     reaching the user as ``DistTimeout``/``PeerFailure``. Other torch groups keep it."""

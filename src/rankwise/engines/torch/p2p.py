@@ -9,7 +9,7 @@ host sync. Here the data stays on the GPU; what NCCL lacks rankwise adds (docs/g
   plane; the receiver matches headers by (source, tag) and compares dtype and size
   before it enters NCCL, so a mismatch is a ``CollectiveMismatch`` on both ranks (told
   to the job: the sender's data waits in NCCL), not a hang;
-- bounded waits: every NCCL work is watched by the engine's watchdog (``watchdog``),
+- bounded waits: every NCCL work is watched by the engine's book (``work_book``),
   a receive waits for its header in slices that see the job's failures and a lost
   source, and the first op of each direction between two ranks (which makes NCCL's
   communicator for the pair, blocking until the peer joins) runs on a helper thread,
@@ -37,7 +37,7 @@ from .failures import TORCH_ERRORS
 
 if TYPE_CHECKING:
     from ..base import Call
-    from .streams import DeviceWaits
+    from .device_waits import DeviceWaits
     from .work_book import Pending
 
 __all__ = ["HeaderLink", "NcclP2P", "StandInGroup", "bounded_enqueue"]
@@ -121,7 +121,7 @@ def bounded_enqueue(enqueue: Callable[[], Any], *, failure: Callable[[], BaseExc
 class NcclP2P:
     """One group's device p2p on one rank. ``pg_for(src, dst)``: the torch group that
     carries messages from global rank ``src`` to ``dst``; ``group_rank``: a global
-    rank's rank in it; ``waits``: the engine's watchdog and streams; ``scratch(nbytes)``:
+    rank's rank in it; ``waits``: the engine's book and streams; ``scratch(nbytes)``:
     a byte tensor on the group's device; ``first_contact(peer, enqueue)``: runs the
     first op between this rank and ``peer`` (bounded); ``tell(exc)``: fails the job
     with a mismatch found here; ``reader``: a thread reads headers while receives are
@@ -340,7 +340,7 @@ class NcclP2P:
 class StandInGroup:
     """torch's gloo standing in for NCCL (``RANKWISE_TENSOR_PATH=device``): gloo marks a
     send/recv work complete only inside ``wait()`` (``is_completed`` stays False), and
-    the watchdog only polls. So each work is waited for on a thread of its own (bounded
+    the book's pass only polls. So each work is waited for on a thread of its own (bounded
     by gloo's own timeout); tests only."""
 
     def __init__(self, pg: Any) -> None:

@@ -44,7 +44,8 @@ __all__ = ["GRACE", "HEARTBEAT", "POLL", "Pending", "Plane", "WorkBook", "new_pe
 log = logging.getLogger("rankwise")
 
 #: seconds a work may run before the plane's ``slow`` runs once for it (it sends the
-#: ring check's batched fingerprints: a mismatch that hangs the data plane is found then)
+#: ring check's batched fingerprints: a mismatch that hangs the data plane is found then);
+#: the host wait's ``on_slow`` too (``host_wait.WorkWaiter``)
 GRACE = 0.005
 #: seconds between passes while a future waits for a work's kernels (its callbacks, DDP's
 #: communication hooks, run when the pass sees the work done), or the check was busy
@@ -55,7 +56,7 @@ HEARTBEAT = 0.1
 
 
 class Plane(Protocol):
-    """What the watchdog asks rankwise's control plane (``wait.CommPlane``)."""
+    """What the book asks rankwise's control plane (``device_waits.CommPlane``)."""
 
     def failure(self) -> BaseException | None:
         """The job's failure known by now (as this rank should raise it), or None."""
@@ -65,7 +66,7 @@ class Plane(Protocol):
         not now, ask again on the next pass)."""
 
     def warn_at(self, call: Call, start: float) -> float:
-        """When (watchdog clock) to log who-is-where for a call begun at ``start``."""
+        """When (the book's clock) to log who-is-where for a call begun at ``start``."""
 
     def warn(self, call: Call) -> None:
         """Log who-is-where (the call is slow)."""
@@ -144,7 +145,7 @@ class Pending:
 
     def wait(self) -> None:
         """The waiter's stream is ordered after this work (its book's ``order``: the
-        engine's stream order); the watchdog's verdict known by now is raised."""
+        engine's stream order); the book's verdict known by now is raised."""
         self.book.order(self.call, self)
 
     def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
@@ -174,7 +175,7 @@ class Pending:
         for fn in callbacks:
             try:
                 fn(self)
-            except Exception:  # the watchdog outlives a bad callback
+            except Exception:  # the ledger's pass outlives a bad callback
                 log.exception("rankwise: a callback of %s failed", self.call.describe())
 
 
@@ -400,7 +401,7 @@ class WorkBook:
         for _ in records:
             self.records.popleft()
         if abort:
-            log.debug("rankwise: %s watchdog aborts the group: %s", self.name, error)
+            log.debug("rankwise: %s book aborts the group: %s", self.name, error)
             try:
                 self._abort()
             except Exception as exc:  # noqa: BLE001 - the group is given up anyway

@@ -1,10 +1,7 @@
-"""Waiting for a torch ``Work`` the rankwise way: in short slices, between which the
-control plane's failures are raised at once, the slow and deadlock hooks run, and the
-deadline is kept. Why: docs/design.md, "Waiting on torch work". On NCCL no wait here
-blocks the host until a kernel has finished: the engine hands each work to a watchdog
-(``watchdog``) that polls its CUDA event and the control plane, and the calling thread
-only orders its stream after the collective, as torch's ``wait()`` does (docs/gpu.md).
-``CommPlane`` is what that watchdog asks the control plane.
+"""The host wait of a torch ``Work`` (gloo-like engines, whose ``wait`` blocks the host):
+in short slices, between which the control plane's failures are raised at once, the slow
+and deadlock hooks run, and the deadline is kept. Why: docs/design.md, "Waiting on torch
+work". NCCL's works never wait here: ``device_waits`` hands them to the group's book.
 """
 
 from __future__ import annotations
@@ -15,19 +12,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..base import Call, DeadlinePassed
-from .failures import TORCH_ERRORS, from_torch, op_failed
+from .failures import TORCH_ERRORS, op_failed
+from .work_book import GRACE
 
 if TYPE_CHECKING:
     from ...core.port import ControlPlane
 
-__all__ = ["GRACE", "SLICE", "CommPlane", "WorkWaiter"]
+__all__ = ["SLICE", "WorkWaiter"]
 
 #: seconds between two looks at the control plane while a torch op is in flight
 SLICE = 0.2
 _SLICE = timedelta(seconds=SLICE)
-#: seconds an op may take before ``wait``'s ``on_slow`` runs (once): longer than a small
-#: op takes, short enough that a hang it may explain is found at once
-GRACE = 0.005
 _GRACE = timedelta(seconds=GRACE)
 _SPANS = {GRACE: _GRACE, SLICE: _SLICE}
 
@@ -93,50 +88,3 @@ class WorkWaiter:
                 slow, on_slow = on_slow, None
                 slow()
             # a slice ran out: look at the control plane again
-
-
-class CommPlane:
-    """The control plane as the NCCL watchdog sees it (``watchdog.Plane``): the port's
-    failure state, slow and deadlock hooks, and its wording of a call's failure (the
-    watchdog reports a call's failure after the call returned, outside the API's guard).
-    ``flush`` sends the ring check's batch; it returns False when the check is busy on
-    the calling thread (asked again on the next pass)."""
-
-    def __init__(self, waiter: WorkWaiter, flush: Callable[[], bool]) -> None:
-        self.waiter = waiter
-        self.port = waiter.port
-        self._flush = flush
-
-    def failure(self) -> BaseException | None:
-        if self.port.failure is None:
-            return None
-        try:
-            self.port.raise_failure()
-        except BaseException as exc:  # noqa: BLE001 - handed to the watchdog
-            return exc
-        return None
-
-    def slow(self, call: Call) -> bool:
-        return self._flush()
-
-    def warn_at(self, call: Call, start: float) -> float:
-        return float("inf") if call.patient or call.quiet else start + self.port.warn_after
-
-    def warn(self, call: Call) -> None:
-        self.port.slow(call, self.waiter._where)
-
-    def probe_at(self, start: float) -> float:
-        return start + self.port.stuck_after
-
-    def probe(self, blocked_for: float) -> float:
-        return self.port.probe(blocked_for)
-
-    def timed_out(self, call: Call) -> BaseException:
-        self.waiter.stuck = True
-        return self.port.explain(call, DeadlinePassed(self.waiter._where))
-
-    def op_failed(self, call: Call, err: BaseException) -> BaseException:
-        if from_torch(err):
-            return self.port.explain(call, op_failed(self.port.rank, self.waiter.engine_name,
-                                                     call, err))
-        return err
