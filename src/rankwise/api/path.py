@@ -93,14 +93,11 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         obs = observed(group, runner, ev is not None)
         call.event = ev
     call.observers = obs
-    if async_op or ev is not None:
+    if async_op:
         caps = runner.caps
-        inline = caps.run_inline if async_op else None
+        inline = caps.run_inline
         if inline is not None:  # a device engine: the caller's stream carries the order
             return _run_inline(group, runner, call, body, outputs, inline)
-        # under a profiler a synchronous call too runs on the async worker while the
-        # caller waits, as gloo's calls run on gloo's thread: its event ends there,
-        # asynchronous for real (``api.profiling``)
         job: Callable[[], None] = lambda: _run(runner, call, body)
         device = None
         adopt = caps.adopt_async  # device engines: the caller's stream
@@ -110,9 +107,6 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
                          outputs, device, owner=group.comm)
         if runner.serial:
             group.queued = work
-        if not async_op:
-            work.wait()
-            return None
         return work
     if runner.serial and group.queued is not None:
         _queued_first(group, call)
