@@ -14,7 +14,7 @@ from rankwise.wire.frames import CHECK_ENTRY, CHECK_KEY, Flag, Frame, Kind, Op, 
 
 GROUP, PREV = 7, 1
 CHECK = int(Flag.CHECK)
-FP = Fingerprint(int(Op.all_reduce), 3, 1, 0, 4, 0)
+FP = Fingerprint(int(Op.all_reduce), 3, 1, 0, 0, 4)
 NOTHING = memoryview(bytearray())
 
 

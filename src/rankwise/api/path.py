@@ -80,12 +80,12 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
             flags |= route[2]
     if plan is None:
         fp = Fingerprint(int(op), dtype.code if dtype else 0,
-                         reduce_op.code if reduce_op else 0, root, count, flags)
+                         reduce_op.code if reduce_op else 0, flags, root, count)
     else:
         fp = plan.fp  # type: ignore[assignment]
         if fp is None or fp.flags != flags:
             fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
-                                       reduce_op.code if reduce_op else 0, root, count, flags)
+                                       reduce_op.code if reduce_op else 0, flags, root, count)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     obs = group.observers.get(runner) if ev is None else None

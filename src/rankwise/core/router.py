@@ -111,7 +111,7 @@ class Router(Parking):
             state.calls[seq] = fp
             state.last = seq
             if fp.count != -1:
-                state.wire[seq] = (fp.op, fp.dtype, fp.reduce, fp.flags, fp.root, fp.count)
+                state.wire[seq] = fp  # its fields in a header's order
             if not seq % _TRIM:  # what is ``keep`` calls old goes, ``_TRIM`` at a time
                 _trim(state, seq - keep)
             bad: list[Frame] = []
