@@ -51,8 +51,8 @@ def _rank(rank: int, size: int, path: str, slot: int | None, q: Any) -> None:
                  slot_bytes=slot)
     site = _callsite.capture()
     d = _NUMPY_NATIVE[np.dtype(np.float32)]
-    fb = Fingerprint(int(Op.barrier), 0, 0, -1, 0)
-    fa = Fingerprint(int(Op.all_reduce), d.code, ReduceOp.SUM.code, -1, -1)
+    fb = Fingerprint(int(Op.barrier), 0, 0, 0, -1, 0)
+    fa = Fingerprint(int(Op.all_reduce), d.code, ReduceOp.SUM.code, 0, -1, -1)
     far = time.monotonic() + 3600
     out = []
     for name, nbytes, reps in CASES:

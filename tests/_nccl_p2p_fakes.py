@@ -214,7 +214,7 @@ class World:
                        clock=self.clock, reader=False)
 
     def call(self, op: Op, t: Any, site: str, dtype: int = F32) -> Call:
-        return Call(Fingerprint(int(op), dtype, 0, 0, t.numel()), self.clock.now + 5.0, site)
+        return Call(Fingerprint(int(op), dtype, 0, 0, 0, t.numel()), self.clock.now + 5.0, site)
 
     def send(self, src: int, dst: int, t: Any, tag: int = 0, site: str = "a.py:1",
              dtype: int = F32) -> Any:

@@ -196,7 +196,7 @@ def test_trace_merge(tmp_path: Any) -> None:
     class Rec:
         seq, started, finished = 1, 100.0, 100.5
 
-        fp = Fingerprint(int(Op.barrier), 0, 0, 0, 0)
+        fp = Fingerprint(int(Op.barrier), 0, 0, 0, 0, 0)
 
         site = _callsite.UNKNOWN
         label = None  # as a Call outside record_comm

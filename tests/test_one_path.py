@@ -3,7 +3,8 @@ a steady-state call, traced, enters the same rankwise functions in the same orde
 ``api.path.launch`` on, whether the tensor's view is kept or not, ``group=`` is given or
 not, the tensor is a ``Tensor`` subclass, or the call came through torch's backend
 "rankwise"; and each entry reaches ``launch`` through ``api.plans.all_reduce_tensor``,
-and every call has the same observers (``api.observers``), one tuple per group and engine.
+and every call has the same observers (``api.observers``), one tuple per group and engine;
+a profiler adds its observer and its event, not a route.
 Two thread-ranks over the NCCL engine's gloo stand-in (``test_device_fast_path``)."""
 
 from __future__ import annotations
@@ -106,10 +107,11 @@ def _ways(rank: int) -> dict[str, tuple[list[str], list[str], Any]]:
         out[name] = (before, route, g.history[-1].observers)  # the call's observers
     _recording.on = True  # a profiler records: its observer joins, nothing else changes
     try:
-        dist.all_reduce(kept)
+        for _ in range(3):
+            before, route = _trace(lambda: dist.all_reduce(kept))
     finally:
         _recording.on = False
-    out["profiled"] = ([], [], g.history[-1].observers)
+    out["profiled"] = (before, route, g.history[-1].observers)
     return out
 
 
@@ -120,9 +122,18 @@ def test_every_way_into_an_all_reduce_takes_one_route(monkeypatch: pytest.Monkey
     monkeypatch.setattr(profiling, "recording", lambda: _recording.on)
     monkeypatch.setattr(profiling, "Event", _Event)
     for ways in _on_device_plane(monkeypatch, _ways):
-        profiled = ways.pop("profiled")[2]
+        _, profiled_route, profiled = ways.pop("profiled")
         routes = {name: route for name, (_, route, _) in ways.items()}
         first = routes["kept view"]
+        # under a profiler the same route, with the profiler's event begun and ended
+        # (``api.profiling``, ``Profiled``) and nothing else: no hop to another thread
+        # (the stand-in event asks for the group: its calls are the test's, left out;
+        # ``observed`` finds the profiled observer set, ``after`` is ``Profiled``'s)
+        start = profiled_route.index("identity.callsite.capture")
+        added = ("api.observers.observed", "api.observers.after")
+        assert [f for f in profiled_route[start:] if f not in added] == \
+            first[first.index("identity.callsite.capture"):], (profiled_route, first)
+        assert set(profiled_route[start:]) - set(first) == set(added), profiled_route
         assert first[0] == "api.path.launch"
         assert "engines.torch.engine.all_reduce" in first, first
         for name, route in routes.items():

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from rankwise.core.router import Router
+from rankwise.core.router import _TRIM, Router
 from rankwise.identity.calls import Fingerprint
 from rankwise.wire.frames import CHECK_ENTRY, CHECK_KEY, Flag, Frame, Kind, Op, WireError
 
 GROUP, PREV = 7, 1
 CHECK = int(Flag.CHECK)
-FP = Fingerprint(int(Op.all_reduce), 3, 1, 0, 4, 0)
+FP = Fingerprint(int(Op.all_reduce), 3, 1, 0, 0, 4)
 NOTHING = memoryview(bytearray())
 
 
@@ -65,7 +65,8 @@ def test_confirmed_calls_settle_in_one_pass_and_nothing_piles_up() -> None:
     assert not mismatches and _parked(r) == 0
     # what is kept for a late receive is bounded by the call window, not the job's length
     state = r._groups[GROUP]
-    assert len(state.checked) <= 1024 and len(state.expected) <= 1024
+    # (trimmed every ``_TRIM`` calls)
+    assert len(state.checked) <= 1024 + _TRIM and len(state.expected) <= 1024 + _TRIM
 
 
 def test_a_mismatched_entry_is_reported_with_our_call() -> None:
@@ -83,14 +84,35 @@ def test_a_mismatched_entry_is_reported_with_our_call() -> None:
 def test_an_early_entry_is_judged_when_the_call_is_made_and_never_leaks() -> None:
     r, mismatches = _router()
     _call(r, 1)
-    rest = r.checks.take(*_batch([2]))  # the previous rank is ahead of us
-    assert [f.seq for f in rest] == [2]
-    _full_path(r, rest)
+    # the previous rank is ahead of us: its entry waits for our call, as it is
+    assert r.checks.take(*_batch([2])) == []
+    assert list(r._groups[GROUP].early_checks) == [2]
     _call(r, 2)
     assert not mismatches and _parked(r) == 0  # a confirmed call will never take it
+    assert not r._groups[GROUP].early_checks
     # ... and a first-sight call that does post for it is answered at once
     pending = r.post_coll((GROUP, 2, PREV, 0, CHECK), NOTHING)
     assert pending.completed and pending.error is None
+
+
+def test_an_early_entry_of_another_call_is_a_mismatch_once_the_call_is_made() -> None:
+    r, mismatches = _router()
+    _call(r, 1)
+    other = FP._replace(count=8)
+    assert r.checks.take(*_batch([2], other)) == []
+    assert not mismatches  # nothing to judge it by yet
+    _call(r, 2)
+    assert [(f.seq, f.count, fp) for f, fp in mismatches] == [(2, 8, FP)]
+
+
+def test_an_entry_too_far_ahead_takes_the_full_path() -> None:
+    from rankwise.core.check_batches import EARLY_WINDOW
+
+    r, mismatches = _router()
+    _call(r, 1)
+    far = 2 + EARLY_WINDOW
+    rest = r.checks.take(*_batch([far]))
+    assert [f.seq for f in rest] == [far] and not r._groups[GROUP].early_checks
 
 
 def test_a_first_sight_receive_posted_after_its_frame_came_completes() -> None:

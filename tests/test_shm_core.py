@@ -40,7 +40,7 @@ def _group(rank: int, size: int, store_path: str, **kw: Any) -> Any:
 
 
 def _fp(op: Op, dtype_code: int = 1, reduce: int = 0, root: int = -1) -> Fingerprint:
-    return Fingerprint(int(op), dtype_code, reduce, root, -1)
+    return Fingerprint(int(op), dtype_code, reduce, 0, root, -1)
 
 
 def _data(rank: int, n: int, dt: np.dtype[Any], salt: int = 0) -> np.ndarray:

@@ -63,13 +63,29 @@ def test_views_leave_with_their_tensors_and_large_ones_are_not_kept() -> None:
     views = TensorViews()
     t = torch.ones(4)
     views.view(t, "tensor")
-    assert len(views) == 1
+    assert len(views) == 1 and views.kept == 16
     del t
     gc.collect()
-    assert len(views) == 0
+    assert len(views) == 0 and views.kept == 0
     big = torch.ones(MAX_BYTES // 4 + 1)
     assert views.view(big, "tensor")[1] is None  # no memo: nothing kept for its next call
     assert len(views) == 0
+
+
+def test_kept_views_stay_within_their_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rankwise.api.views as views_module
+
+    monkeypatch.setattr(views_module, "MAX_KEPT", 64)
+    views = TensorViews()
+    a, b = torch.ones(8), torch.ones(8)  # 32 bytes each: both fit
+    assert views.view(a, "tensor")[1] is not None and views.view(b, "tensor")[1] is not None
+    c = torch.ones(8)
+    assert views.view(c, "tensor")[1] is None and views.kept == 64  # over the budget
+    a.set_(torch.ones(4))  # a swapped storage: viewed again, the stale view let go
+    assert views.view(a, "tensor")[1] is not None and views.kept == 48
+    del b
+    gc.collect()
+    assert views.kept == 16
 
 
 def test_done_work_answers_like_a_completed_torch_work() -> None:

@@ -50,7 +50,7 @@ def _router() -> tuple[Router, list[tuple[Frame, Any]]]:
 
 def test_a_call_flag_is_part_of_the_identity() -> None:
     code = barrier_name_code("rank_zero_first@x.py:1")
-    sync = Fingerprint(int(Op.barrier), 0, 0, 0, code, int(Flag.SYNC))
+    sync = Fingerprint(int(Op.barrier), 0, 0, int(Flag.SYNC), 0, code)
     router, mismatches = _router()
     router.register_call(0, 1, sync)
     router.post_coll((0, 1, 1, 0, 0), memoryview(bytearray()))
@@ -71,7 +71,7 @@ def test_the_device_flag_is_part_of_the_identity_and_shown() -> None:
     """A CUDA call on a two-plane group and the same call on host memory: a mismatch,
     described so that the reader sees which side is which, with advice that names the
     devices (also when the two calls are known only as text, from who-is-where reports)."""
-    cuda = Fingerprint(int(Op.all_reduce), 11, 1, 0, 4, int(Flag.DEVICE))
+    cuda = Fingerprint(int(Op.all_reduce), 11, 1, int(Flag.DEVICE), 0, 4)
     host = cuda._replace(flags=0)
     router, mismatches = _router()
     router.register_call(0, 1, cuda)
@@ -86,7 +86,7 @@ def test_the_device_flag_is_part_of_the_identity_and_shown() -> None:
 
 def test_lanes_keep_step_zero_apart() -> None:
     router, mismatches = _router()
-    router.register_call(0, 1, Fingerprint(int(Op.barrier), 0, 0, 0, 0))
+    router.register_call(0, 1, Fingerprint(int(Op.barrier), 0, 0, 0, 0, 0))
     data = router.post_coll((0, 1, 1, 0, 0), memoryview(bytearray()))
     cts = router.post_coll((0, 1, 1, 0, int(Flag.CTS)), memoryview(bytearray()))
     frame = _frame(1, flags=Flag.CTS)

@@ -63,7 +63,7 @@ def _peer(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str,
 
 
 def _do_send(g: ProcessGroup, buf: Buffer, dst: int, tag: int) -> None:
-    fp = Fingerprint(int(Op.send), buf.dtype.code, 0, 0, buf.numel)
+    fp = Fingerprint(int(Op.send), buf.dtype.code, 0, 0, 0, buf.numel)
     comm = g.comm
     comm.router.check_alive([dst])
     payload = buf.array.view("uint8").data if buf.nbytes else None

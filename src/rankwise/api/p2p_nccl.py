@@ -90,7 +90,7 @@ def p2p_call(g: ProcessGroup, op: Op, buf: Buffer, site: CallSite,
     """The call a device p2p op is watched as (never registered: p2p has no sequence)."""
     from ..engines.base import Call
 
-    fp = Fingerprint(int(op), buf.dtype.code, 0, 0, buf.numel)
+    fp = Fingerprint(int(op), buf.dtype.code, 0, 0, 0, buf.numel)
     return Call(g, 0, fp, site, buf.dtype, None,
                 time.monotonic() + (g.timeout if timeout is None else timeout),
                 time.time(), buf.shape, label=op.name)

@@ -80,12 +80,12 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
             flags |= route[2]
     if plan is None:
         fp = Fingerprint(int(op), dtype.code if dtype else 0,
-                         reduce_op.code if reduce_op else 0, root, count, flags)
+                         reduce_op.code if reduce_op else 0, flags, root, count)
     else:
         fp = plan.fp  # type: ignore[assignment]
         if fp is None or fp.flags != flags:
             fp = plan.fp = Fingerprint(int(op), dtype.code if dtype else 0,
-                                       reduce_op.code if reduce_op else 0, root, count, flags)
+                                       reduce_op.code if reduce_op else 0, flags, root, count)
     runner = engine
     call = group.begin(fp, site, dtype, reduce_op, runner.framed, shape)
     obs = group.observers.get(runner) if ev is None else None
@@ -93,14 +93,11 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
         obs = observed(group, runner, ev is not None)
         call.event = ev
     call.observers = obs
-    if async_op or ev is not None:
+    if async_op:
         caps = runner.caps
-        inline = caps.run_inline if async_op else None
+        inline = caps.run_inline
         if inline is not None:  # a device engine: the caller's stream carries the order
             return _run_inline(group, runner, call, body, outputs, inline)
-        # under a profiler a synchronous call too runs on the async worker while the
-        # caller waits, as gloo's calls run on gloo's thread: its event ends there,
-        # asynchronous for real (``api.profiling``)
         job: Callable[[], None] = lambda: _run(runner, call, body)
         device = None
         adopt = caps.adopt_async  # device engines: the caller's stream
@@ -110,9 +107,6 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
                          outputs, device, owner=group.comm)
         if runner.serial:
             group.queued = work
-        if not async_op:
-            work.wait()
-            return None
         return work
     if runner.serial and group.queued is not None:
         _queued_first(group, call)

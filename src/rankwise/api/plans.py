@@ -6,7 +6,7 @@ torch's backend "rankwise") hands the same few tensors to every call. Both entri
 ``all_reduce_tensor``, which asks the one ``TensorViews`` cache (``api.views``) for the
 tensor's view and memo and keeps there, per reduce op, the call's checked body, element
 count and fingerprint (``Plan``): nothing is derived again, or bound, per call. A tensor
-the cache does not keep (over ``views.MAX_BYTES``, or requiring grad) is viewed and
+the cache does not keep (over ``views.MAX_BYTES``, past ``views.MAX_KEPT``, or requiring grad) is viewed and
 checked afresh, and no plan is made for it: its call has its body and fingerprint alone. Then ``path.launch``, as every call.
 """
 

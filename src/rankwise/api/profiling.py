@@ -8,11 +8,11 @@ rankwise never imports torch for this.
 
 Why events end on another thread: torch's profiler marks an event async when it ends on
 another thread than it started on (``_parse_kineto_results``), which is how gloo's events
-end (on gloo's worker thread, where its calls run). A collective does the same for real:
-while a profiler records, ``api.collectives.launch`` runs even a synchronous call on the
-async worker, the caller waiting, and its event ends there (one hand-off per call, paid
-only under a profiler). What still ends on the caller's thread (point-to-point calls,
-the torch backend's events around several calls) ends through :class:`_Finisher`.
+end (on gloo's worker thread, where its calls run). A call takes its one route under a
+profiler too (``api.path``): the ``Profiled`` observer ends its event, on the async
+worker for an async call, and through :class:`_Finisher`'s thread where it ends on the
+caller's (a synchronous call, point-to-point calls, the torch backend's events around
+several calls).
 
 Nesting: the torch backend opens one event for a call it splits into several rankwise calls
 (``all_reduce_coalesced``, ``all_gather_coalesced``); the calls inside add none, so one

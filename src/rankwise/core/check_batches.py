@@ -18,8 +18,9 @@ __all__ = ["CheckBatches"]
 
 _ENTRY = CHECK_ENTRY.size
 _seq_of = struct.Struct("<Q").unpack_from  #: an entry's seq (its first field)
-#: calls whose expected ring-check entries are kept (a neighbour is never further behind)
-_EXPECT_KEEP = 1024
+#: how many calls ahead of ours a neighbour's entry is kept as it is, to be judged when
+#: our call is made (``GroupState.early_checks``); one further ahead takes the full path
+EARLY_WINDOW = 1024
 
 
 class CheckBatches:
@@ -48,9 +49,7 @@ class CheckBatches:
         comes before it is stored takes the full path, which judges it just as well."""
         state = self._groups.get(group)  # made by register_call, before any check
         if state is not None:
-            expected = state.expected
-            expected[seq] = key
-            expected.pop(seq - _EXPECT_KEEP, None)
+            state.expected[seq] = key  # trimmed with the call's other records
 
     def take(self, frame: Frame, payload: bytes) -> list[Frame]:
         """Judge a ``Kind.CHECKS`` frame (the neighbour's confirmed calls, see
@@ -71,13 +70,18 @@ class CheckBatches:
             return decode_checks(frame, payload)  # (raises on a torn payload)
         group, src, step = frame.group, frame.src, frame.step
         rest: list[int] = []
+        early: list[int] = []
         done: list[tuple[Pending, int]] = []
         with self._lock:
             expected, checked, posted = state.expected, state.checked, self._coll_posted
+            last = state.last
             for off in range(0, n, _ENTRY):
                 seq = _seq_of(payload, off)[0]
                 if step or expected.get(seq) != payload[off:off + CHECK_KEY]:
-                    rest.append(off)
+                    if not step and last < seq <= last + EARLY_WINDOW:
+                        early.append(off)  # our call #seq is not made yet
+                    else:
+                        rest.append(off)
                     continue
                 pending = posted.pop((group, seq, src, 0, CHECK_LANE), None) \
                     if posted else None
@@ -89,6 +93,10 @@ class CheckBatches:
                     posted[(group, seq, src, 0, CHECK_LANE)] = pending
                     rest.append(off)
             judged = [(p, self._judged_frame(state, group, seq, src)) for p, seq in done]
+            if early:  # validated as hostile bytes, then kept for ``register_call``
+                ahead = decode_checks(frame, b"".join(payload[o:o + _ENTRY] for o in early))
+                for f in ahead:
+                    state.early_checks[f.seq] = f
         for pending, f in judged:
             pending.finish(f)
         if not rest:

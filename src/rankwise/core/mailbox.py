@@ -128,3 +128,11 @@ class GroupState:
     #: our confirmed calls' ring-check entries as the neighbour must send them (seq and
     #: fingerprint, ``CHECK_KEY`` bytes), by seq: ``take_checks`` compares bytes to bytes
     expected: dict[int, bytes] = field(default_factory=dict)
+    #: ring-check entries of a ``Kind.CHECKS`` frame that came before our call #seq was
+    #: made (the neighbour is ahead): seq -> the entry's frame, judged by
+    #: ``register_call`` against the call; at most ``EARLY_WINDOW`` calls ahead
+    early_checks: dict[int, Frame] = field(default_factory=dict)
+    #: the last call registered (``register_call``): how far ahead an entry is
+    last: int = 0
+    #: the calls before this one have no records left (``router._trim``)
+    trimmed: int = 0

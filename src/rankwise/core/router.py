@@ -34,6 +34,24 @@ MismatchHandler = Callable[[Frame, "Fingerprint | None", str], None]
 ProtocolErrorHandler = Callable[[int, str], None]
 
 
+#: calls between two trims of a group's per-call records (``register_call``)
+_TRIM = 64
+
+
+def _trim(state: GroupState, below: int) -> None:
+    """Drop ``state``'s per-call records of calls before #``below`` (bounded memory: a
+    neighbour is never that far behind)."""
+    start = state.trimmed
+    if below <= start:
+        return
+    for book in (state.calls, state.wire, state.checked, state.expected):
+        if book:
+            pop = book.pop
+            for seq in range(start, below):
+                pop(seq, None)
+    state.trimmed = below
+
+
 class Router(Parking):
     """Thread-safe mailboxes shared by the I/O thread (producer) and callers (consumers)."""
 
@@ -91,14 +109,20 @@ class Router(Parking):
             # on every call only to throw it away)
             state = self._groups.get(group) or self._groups.setdefault(group, GroupState())
             state.calls[seq] = fp
-            state.calls.pop(seq - keep, None)
+            state.last = seq
             if fp.count != -1:
-                state.wire[seq] = (fp.op, fp.dtype, fp.reduce, fp.flags, fp.root, fp.count)
-            state.wire.pop(seq - keep, None)
-            state.checked.pop(seq - keep, None)
-            state.expected.pop(seq - keep, None)
+                state.wire[seq] = fp  # its fields in a header's order
+            if not seq % _TRIM:  # what is ``keep`` calls old goes, ``_TRIM`` at a time
+                _trim(state, seq - keep)
             bad: list[Frame] = []
-            for f in state.early.pop(seq, ()):
+            if state.early_checks:
+                f = state.early_checks.pop(seq, None)
+                if f is not None:  # the neighbour's entry came first (``CheckBatches``)
+                    if fp.differs(f):
+                        bad.append(f)
+                    else:
+                        state.checked[seq] = f.src
+            for f in state.early.pop(seq, ()) if state.early else ():
                 if fp.differs(f):  # parked before we made the call: never deliver it
                     bad.append(f)
                     gone = self._coll_arrived.pop(coll_key(f), None)

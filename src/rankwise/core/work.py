@@ -78,6 +78,17 @@ class Work:
         else:
             future.set_result(self._result)
 
+    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        """``fn(error)`` once the call has completed, host and device part (at once if it
+        has): what a caller that keeps its own future needs, without this work's
+        (``torch._work.AsyncWork``: one future and one lock less per DDP bucket)."""
+        if not self._done.is_set():
+            self.get_future().add_done_callback(lambda _: fn(self._error))
+        elif self._error is None and self.device is not None:
+            self.device.when_done(fn)
+        else:
+            fn(self._error)
+
     def get_future(self) -> Future:
         """A ``Future`` completed with this call's output tensors (a list, as torch's) when
         the call completes, or with its error; ``then`` chains work after it (DDP

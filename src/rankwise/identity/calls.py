@@ -31,14 +31,17 @@ class Fingerprint(NamedTuple):
 
     A named tuple, not a frozen dataclass: one is built per call, and the tuple is made
     in C (~0.3 us) where the dataclass's ``__init__`` set each field through
-    ``object.__setattr__`` (~1 us)."""
+    ``object.__setattr__`` (~1 us). Its fields in the order a frame header carries them
+    (``Frame[3:9]``): the router keeps the fingerprint itself as the fields a matching
+    frame must carry, where it kept a tuple made per call (and alive for 1,024 calls:
+    enough to reach the collector's oldest generation, whose passes then came often)."""
 
     op: int
     dtype: int
     reduce: int
+    flags: int  #: the call flags (``wire.frames.CALL_FLAGS``), e.g. SYNC on a block's barrier
     root: int
     count: int  # type: ignore[assignment]  # shadows tuple.count; -1: counts may differ
-    flags: int = 0  #: the call flags (``wire.frames.CALL_FLAGS``), e.g. SYNC on a block's barrier
 
     def differs(self, f: Frame) -> bool:
         if (f.op, f.dtype, f.reduce, f.root, f.flags & CALL_FLAGS) != \

@@ -13,7 +13,6 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
@@ -138,20 +137,23 @@ class AsyncWork(_RankwiseBacked):
     def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
         super().__init__(inner, tensors)
         self._future: Future[Any] = Future()
-        self._settling = threading.RLock()  # a callback may wait() on it
-        self._settled = False
-        inner.get_future().add_done_callback(self._settle)
+        #: popped by whoever settles the future first (the worker's callback or
+        #: ``wait``; a callback may ``wait()`` on this work): ``list.pop`` is atomic
+        self._unsettled = [True]
+        inner.when_done(self._settle)
 
-    def _settle(self, done: Any = None) -> None:
-        with self._settling:  # the worker's callback and wait() may both get here
-            if self._settled:
-                return
-            self._settled = True
-            error = self._inner.exception()
-            if error is not None:
-                fail_future(self._future, error)
-            else:
-                self._future.set_result(self._tensors)
+    def _settle(self, error: BaseException | None = None) -> None:
+        try:
+            self._unsettled.pop()
+        except IndexError:
+            return  # settled already
+        if error is None:  # from ``wait``: the host part's error, or the device part's
+            device = self._inner.device
+            error = self._inner.exception() or (device.error() if device is not None else None)
+        if error is not None:
+            fail_future(self._future, error)
+        else:
+            self._future.set_result(self._tensors)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Also settles the torch future: the worker's callback may not have run yet when

@@ -95,6 +95,9 @@ class DeviceWork:
         """``fn(error)`` once every torch work of the call is settled (on the ledger's
         thread, or here if they are): futures complete when the kernels have."""
         pendings = list(self.pendings)
+        if len(pendings) == 1:  # most calls: one work, no count to keep
+            pendings[0].on_settled(lambda _: self._settled(fn))
+            return
         left = [len(pendings)]
         lock = threading.Lock()
 
@@ -103,16 +106,20 @@ class DeviceWork:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                error = self.error()
-                if error is None:
-                    self.streams.synchronize(self.event)  # the kernels are done: brief
-                fn(error)
+                self._settled(fn)
 
         if not pendings:
             fn(None)
             return
         for p in pendings:
             p.on_settled(one)
+
+    def _settled(self, fn: Callable[[BaseException | None], None]) -> None:
+        """``when_done``'s end: every work settled, ``fn`` told how the call ended."""
+        error = self.error()
+        if error is None:
+            self.streams.synchronize(self.event)  # the kernels are done: brief
+        fn(error)
 
 
 class OrderedWork(DeviceWork):
