@@ -158,3 +158,38 @@ def test_hot_path_gives_torchs_results(engine: str) -> None:
         assert got["completed"]
         assert got["premul"] == [8.0, 8.0]  # 1 * 2.0 + 2 * 3.0: each rank's own factor
         assert got["mismatch"] == "CollectiveMismatch", got
+
+
+def test_a_wait_that_meets_the_worker_settling_returns_with_the_future_complete(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's callback and ``wait`` may both settle the torch future: the one that
+    comes second must not return before the first has completed it (``wait();
+    get_future().value()`` raised torch's "completed() INTERNAL ASSERT FAILED")."""
+    import threading
+
+    from rankwise.core.work import Work
+    from rankwise.torch._work import AsyncWork
+
+    entered, release = threading.Event(), threading.Event()
+    complete = AsyncWork._complete
+
+    def slow_complete(self: AsyncWork, error: BaseException | None) -> None:
+        entered.set()
+        assert release.wait(10)
+        complete(self, error)
+
+    monkeypatch.setattr(AsyncWork, "_complete", slow_complete)
+    out = [torch.ones(1)]
+    inner = Work("all_reduce #1 on test", out)
+    work = AsyncWork(inner, out)
+    worker = threading.Thread(target=inner._finish)  # the async worker ending the call
+    worker.start()
+    assert entered.wait(10)  # it is completing the torch future now
+    seen: list[bool] = []
+    waiter = threading.Thread(target=lambda: (work.wait(), seen.append(work.get_future().done())))
+    waiter.start()
+    waiter.join(0.5)  # it must still be waiting for the worker (a bound, not a sync)
+    release.set()
+    waiter.join(10)
+    worker.join(10)
+    assert seen == [True]

@@ -13,6 +13,7 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
@@ -137,16 +138,18 @@ class AsyncWork(_RankwiseBacked):
     def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
         super().__init__(inner, tensors)
         self._future: Future[Any] = Future()
-        #: popped by whoever settles the future first (the worker's callback or
-        #: ``wait``; a callback may ``wait()`` on this work): ``list.pop`` is atomic
-        self._unsettled = [True]
+        self._settling = threading.RLock()  # a callback may wait() on it
+        self._settled = False
         inner.when_done(self._settle)
 
     def _settle(self, error: BaseException | None = None) -> None:
-        try:
-            self._unsettled.pop()
-        except IndexError:
-            return  # settled already
+        with self._settling:  # the worker's callback and wait() may both get here: the
+            if self._settled:  # second returns once the future is complete
+                return
+            self._settled = True
+            self._complete(error)
+
+    def _complete(self, error: BaseException | None) -> None:
         if error is None:  # from ``wait``: the host part's error, or the device part's
             device = self._inner.device
             error = self._inner.exception() or (device.error() if device is not None else None)
