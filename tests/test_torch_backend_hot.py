@@ -186,7 +186,12 @@ def test_a_wait_that_meets_the_worker_settling_returns_with_the_future_complete(
     worker.start()
     assert entered.wait(10)  # it is completing the torch future now
     seen: list[bool] = []
-    waiter = threading.Thread(target=lambda: (work.wait(), seen.append(work.get_future().done())))
+
+    def wait() -> None:
+        work.wait()
+        seen.append(work.get_future().done())
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     waiter.join(0.5)  # it must still be waiting for the worker (a bound, not a sync)
     release.set()
