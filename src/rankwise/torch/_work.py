@@ -12,6 +12,7 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 
 from __future__ import annotations
 
+import _thread
 import functools
 import threading
 from collections.abc import Generator
@@ -22,7 +23,8 @@ import torch.distributed as tdist
 from torch.futures import Future
 
 from ..core.work import Work as RankwiseWork
-from ..rewrap import bare, note
+from ..errors import DistError
+from ..rewrap import bare, dropped, frameless, note
 
 __all__ = ["AsyncWork", "DoneWork", "RecvWork"]
 
@@ -56,7 +58,12 @@ class _Failed:
 
 
 def _raise_error(value: _Failed) -> None:
-    raise value.error
+    try:
+        raise value.error
+    except DistError as error:  # out with no frame of rankwise's (rewrap)
+        if dropped(error):
+            raise
+        raise error  # noqa: TRY201 - Python 3.10: with this frame only
 
 
 def fail_future(future: Future[Any], error: BaseException) -> None:
@@ -66,10 +73,19 @@ def fail_future(future: Future[Any], error: BaseException) -> None:
     raises it too, and backward raises it. Why not ``set_exception``: it stores the error
     as a plain value, in which C++ finds no tensor, and the reducer then indexes an empty
     list: rank 0 of a DDP job whose bucket all_reduce failed died of SIGSEGV instead of
-    raising (seen under load, when the error came before backward's end)."""
+    raising (seen under load, when the error came before backward's end).
+
+    Completed from a thread of its own that runs no Python frame (``set_result`` called
+    from C): torch runs the future's callbacks there, and where one raises it (a DDP comm
+    hook's ``then``) torch's message lists the frames above the callback, which would be
+    the completing thread's, rankwise's (``rewrap``). Returns once the future is done."""
     note(error)  # rankwise.unwrap finds it in what torch makes of it
     future._set_unwrap_func(_raise_error)
-    future.set_result(_Failed(error))
+    _thread.start_new_thread(future.set_result, (_Failed(error),))
+    try:
+        future.wait()  # done when set: torch wakes waiters before it runs the callbacks
+    except BaseException:  # noqa: BLE001, S110 - the error it now holds
+        pass
 
 
 class DoneWork(tdist.Work):
@@ -112,6 +128,7 @@ class _RankwiseBacked(tdist.Work):
         super().__init__()
         self._inner, self._tensors = inner, tensors
 
+    @frameless
     def wait(self, timeout: timedelta | None = None) -> bool:
         return bool(self._inner.wait(timeout if timeout else None))
 
@@ -153,6 +170,7 @@ class AsyncWork(_RankwiseBacked):
             else:
                 self._future.set_result(self._tensors)
 
+    @frameless
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Also settles the torch future: the worker's callback may not have run yet when
         the rankwise work is done, and ``wait(); get_future().value()`` must not fail."""
@@ -178,6 +196,7 @@ class RecvWork(_RankwiseBacked):
     def _source_rank(self) -> int:
         return self.source_rank()
 
+    @frameless
     def get_future(self) -> Future[Any]:
         self.wait()
         return _future_of(self._tensors)
