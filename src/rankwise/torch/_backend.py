@@ -415,6 +415,6 @@ class TorchProcessGroup(tdist.ProcessGroup):
         with it (peers learn where this rank left); a subgroup only forgets itself."""
         from ..api.init import destroy_process_group
 
-        if maybe_current() is None:
-            return
+        if maybe_current() is None or self.group.retired is not None:
+            return  # no world, or the group's was replaced (shrink/grow) and is closed
         destroy_process_group(None if self._owns_world else self.group)
