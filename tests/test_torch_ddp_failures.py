@@ -76,6 +76,6 @@ def test_a_mismatch_in_torchs_ddp_backward_reads_as_rankwises(tmp_path: Path) ->
     summary = stderr[stderr.index("rankwise run: job failed"):]
     assert "traceback  :" in summary and "CollectiveMismatch: " in summary, summary
     assert PACKAGE not in summary and "Cannot extract" not in summary, summary
-    for rank in (0, 1):
-        line = next(x for x in stderr.splitlines() if x.startswith(f"[rank{rank}]: "))
-        assert line.startswith(f"[rank{rank}]: rank {rank}: CollectiveMismatch: "), line
+    for r in (0, 1):
+        line = next(x for x in stderr.splitlines() if x.startswith(f"[rank{r}]: "))
+        assert line.startswith(f"[rank{r}]: rank {r}: CollectiveMismatch: "), line
