@@ -17,7 +17,7 @@ import functools
 import threading
 from collections.abc import Generator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as tdist
 from torch.futures import Future
@@ -45,7 +45,10 @@ class _Failed:
     C++ reads tensors out of a value by pickling it, and pickling calls ``__reduce__``
     (object's ``__reduce_ex__`` does, with no argument): here the ``throw`` of a spent
     generator, which raises its argument from C without entering a frame, so what torch
-    formats of it lists none of rankwise's (``rewrap``)."""
+    formats of it lists none of rankwise's (``rewrap``). Python reads it through the
+    future's unwrap function (:meth:`throw`), except where the future crossed torch's C++,
+    which keeps no unwrap function (under torch's own ``ProcessGroup``, 2.14+: a comm
+    hook's ``fut.value()[0]``): indexing or iterating it raises the error too."""
 
     __slots__ = ("__reduce__", "error")
 
@@ -56,14 +59,16 @@ class _Failed:
         # a slot, set per object (mypy sees object's method)
         self.__reduce__ = functools.partial(spent.throw, bare(error))  # type: ignore[method-assign,assignment]
 
+    def throw(self, *_: Any) -> NoReturn:
+        """Raise the error, leaving with no frame of rankwise's on it."""
+        try:
+            raise self.error
+        except DistError as error:
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
 
-def _raise_error(value: _Failed) -> None:
-    try:
-        raise value.error
-    except DistError as error:  # out with no frame of rankwise's (rewrap)
-        if dropped(error):
-            raise
-        raise error  # noqa: TRY201 - Python 3.10: with this frame only
+    __getitem__ = __iter__ = throw
 
 
 def fail_future(future: Future[Any], error: BaseException) -> None:
@@ -80,7 +85,7 @@ def fail_future(future: Future[Any], error: BaseException) -> None:
     hook's ``then``) torch's message lists the frames above the callback, which would be
     the completing thread's, rankwise's (``rewrap``). Returns once the future is done."""
     note(error)  # rankwise.unwrap finds it in what torch makes of it
-    future._set_unwrap_func(_raise_error)
+    future._set_unwrap_func(_Failed.throw)
     _thread.start_new_thread(future.set_result, (_Failed(error),))
     try:
         future.wait()  # done when set: torch wakes waiters before it runs the callbacks
