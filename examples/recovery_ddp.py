@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise
+import rankwise.torch  # registers backend "rankwise" (--torch-ddp)
 from rankwise.nn import DistributedDataParallel
 from rankwise.utils.data import DistributedSampler
 
@@ -125,8 +126,6 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.torch_ddp:
-        import rankwise.torch  # registers backend "rankwise"
-
         dist.init_process_group("rankwise")
     else:
         rankwise.init_process_group(args.backend)
