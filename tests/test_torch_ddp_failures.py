@@ -3,7 +3,8 @@ message torch builds names no frame of rankwise's (nor does the traceback as pri
 nor the launcher's summary), ``rankwise.unwrap`` gives rankwise's exception back, and the
 rank's line reports it, not torch's wrapper. Each way torch's C++ passes it on: the
 reducer's bucket future, a Python comm hook's ``then``, a collective torch's C++ calls
-(DDP's parameter check at construction), and a mismatch met in backward."""
+(DDP's parameter check, and ``_broadcast_coalesced`` of the parameters, at construction),
+and a mismatch met in backward."""
 
 from __future__ import annotations
 
@@ -27,7 +28,14 @@ PACKAGE = os.path.dirname(rankwise.__file__) + os.sep
 #: what torch's C++ puts before rankwise's message, per mode (None: raised as it is)
 PREFIX = {"backward": "Cannot extract tensors from value: ",
           "hook": "Got the following error when running the callback: ",
-          "construct": None, "mismatch": "Cannot extract tensors from value: "}
+          "construct": None, "broadcast": None,
+          "mismatch": "Cannot extract tensors from value: "}
+
+
+def _line_of(code: str) -> int:
+    """The line of SCRIPT that holds ``code``."""
+    lines = Path(SCRIPT).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if code in text)
 
 
 def _launch(tmp_path: Path, mode: str) -> tuple[dict[str, dict[str, object]], str]:
@@ -38,7 +46,7 @@ def _launch(tmp_path: Path, mode: str) -> tuple[dict[str, dict[str, object]], st
     return seen, res.stderr
 
 
-@pytest.mark.parametrize("mode", ["backward", "hook", "construct"])
+@pytest.mark.parametrize("mode", ["backward", "hook", "construct", "broadcast"])
 def test_a_dead_peer_inside_torchs_ddp_reads_as_rankwises(tmp_path: Path, mode: str) -> None:
     seen, stderr = _launch(tmp_path, mode)
     mine = seen["seen0"]
@@ -69,8 +77,8 @@ def test_a_mismatch_in_torchs_ddp_backward_reads_as_rankwises(tmp_path: Path) ->
         assert what["unwrapped"] == "CollectiveMismatch" and what["caught"], (rank, what)
         assert what["same"], (rank, what)
         assert PACKAGE not in str(what["printed"]), (rank, what["printed"])
-        assert "torch_ddp_peer_dies.py:46" in str(what["message"]), what["message"]
-        assert "torch_ddp_peer_dies.py:47" in str(what["message"]), what["message"]
+        for at in (_line_of("dist.all_reduce(torch.ones(3))"), _line_of("loss.backward()")):
+            assert f"torch_ddp_peer_dies.py:{at}" in str(what["message"]), what["message"]
     assert str(seen["seen0"]["message"]).startswith(
         "Cannot extract tensors from value: CollectiveMismatch: "), seen["seen0"]
     summary = stderr[stderr.index("rankwise run: job failed"):]

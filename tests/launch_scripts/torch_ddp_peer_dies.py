@@ -8,7 +8,8 @@ propagate.
 MODE ``backward`` (the default): rank 1 dies before backward (the reducer's bucket
 future); ``hook``: the same under a Python comm hook (the error is raised in the hook's
 ``then``); ``construct``: rank 1 dies before ``DDP(...)`` (its parameter check, a
-collective torch's C++ calls); ``mismatch``: rank 1 makes an all_reduce of its own before
+collective torch's C++ calls); ``broadcast``: rank 1 dies inside ``DDP(...)`` right after
+that check, so rank 0 fails in ``_broadcast_coalesced`` of the parameters; ``mismatch``: rank 1 makes an all_reduce of its own before
 backward.
 """
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import distributed as ddp_module
 
 import rankwise
 import rankwise.torch  # registers backend "rankwise"
@@ -36,6 +38,14 @@ def main():
     try:
         if dies and mode == "construct":
             os._exit(3)  # dies without a word
+        if dies and mode == "broadcast":
+            check = ddp_module._verify_param_shape_across_processes
+
+            def check_then_die(*args, **kwargs):
+                check(*args, **kwargs)
+                os._exit(3)
+
+            ddp_module._verify_param_shape_across_processes = check_then_die
         ddp = DDP(nn.Linear(4, 1))
         if mode == "hook":
             ddp.register_comm_hook(None, default_hooks.allreduce_hook)
