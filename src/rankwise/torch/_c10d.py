@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import Backend as C10DBackend
 
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import DistError, InvalidArgument
-from ..rewrap import dropped
+from ..rewrap import dropped, frameless
 from ._backend import BACKEND_NAME, TorchProcessGroup
 from ._work import DoneWork
 
@@ -150,6 +150,7 @@ class TorchBackend(C10DBackend):
         attach_cuda(current(), group)
         return TorchBackend(group, owns_world=False, options=opts)
 
+    @frameless
     def monitored_barrier(self, opts: Any, wait_all_ranks: bool = False) -> None:
         """torch's ``monitored_barrier``: rankwise's, which names the ranks that did not
         arrive, with a who-is-where table."""
