@@ -2,6 +2,7 @@
 
     rankwise run -n 4 --on-failure=continue examples/recovery_ddp.py
     rankwise run -n 4 --on-failure=continue --respawn 1 examples/recovery_ddp.py --grow
+    rankwise run -n 3 --on-failure=continue examples/recovery_ddp.py --torch-ddp
 
 Rank ``--victim`` (the launcher's RANK) SIGKILLs itself at step ``--kill-at``. The others
 raise ``PeerFailure`` inside DDP's backward, call ``rankwise.shrink()``, restore the state
@@ -12,6 +13,11 @@ so the replacement the launcher started (``--respawn``) is admitted at the first
 after it arrives, without the survivors waiting for it; if it is not there by the last
 step, they wait for it (bounded) before finishing at the original size. At the end every rank compares
 a hash of its parameters; rank 0 prints PASS or FAIL and the final world size.
+
+With ``--torch-ddp`` the same loop runs on torch's own stack: ``init_process_group
+("rankwise")`` and ``torch.nn.parallel.DistributedDataParallel``. torch's reducer re-wraps
+the failure as a ``RuntimeError``; ``rankwise.unwrap`` gives the ``PeerFailure`` back, and
+``shrink`` makes torch's default group again over the survivors.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import rankwise
+import rankwise.torch  # registers backend "rankwise" (--torch-ddp)
 from rankwise.nn import DistributedDataParallel
 from rankwise.utils.data import DistributedSampler
 
@@ -56,7 +64,8 @@ class Trainer:
         self.batch = batch
         self.step = 0
         self.target = 0  #: the world size to grow back to (rank 0's at the start)
-        self.ddp: DistributedDataParallel | None = None
+        self.ddp: nn.Module | None = None
+        self.wrap: type[nn.Module] = DistributedDataParallel  #: torch's with --torch-ddp
 
     def sync(self) -> None:
         """After init, shrink or grow, on every rank in the same order: rank 0's step
@@ -70,7 +79,7 @@ class Trainer:
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             rankwise.broadcast(state["momentum_buffer"], src=0)
-        self.ddp = DistributedDataParallel(self.net)
+        self.ddp = self.wrap(self.net)
         self.sampler = DistributedSampler(self.data, num_replicas=rankwise.get_world_size(),
                                           rank=rankwise.get_rank(), shuffle=True, seed=0)
 
@@ -112,12 +121,19 @@ def main() -> int:
                     help="let a PeerFailure end the process (to compare with a restart)")
     ap.add_argument("--backend", default="gloo", choices=("gloo", "torch-gloo"),
                     help="gloo: rankwise's own engines; torch-gloo: torch's gloo moves the data")
+    ap.add_argument("--torch-ddp", action="store_true",
+                    help="torch's init_process_group('rankwise') and torch's DDP")
     args = ap.parse_args()
 
-    rankwise.init_process_group(args.backend)
+    if args.torch_ddp:
+        dist.init_process_group("rankwise")
+    else:
+        rankwise.init_process_group(args.backend)
     launch_rank = int(os.environ.get("RANK", "0"))
     joined = rankwise.membership().joined != ()
     trainer = Trainer(args.batch)
+    if args.torch_ddp:
+        trainer.wrap = nn.parallel.DistributedDataParallel
     trainer.target = rankwise.get_world_size()  # a joiner gets rank 0's in sync()
     trainer.sync()
     if joined:
@@ -138,29 +154,31 @@ def main() -> int:
         time.sleep(args.step_delay)
         try:
             trainer.train_step()
-        except rankwise.PeerFailure as exc:
-            if args.no_recover:
+        except RuntimeError as exc:  # torch's DDP re-wraps it: unwrap gives it back
+            error = rankwise.unwrap(exc)
+            if args.no_recover or not isinstance(error, rankwise.PeerFailure):
                 raise
             noticed = time.monotonic()
             m = rankwise.shrink(timeout=args.recovery_timeout)
             trainer.sync()
             print(f"rank {m.previous_rank} -> {m.rank} of {m.world_size}: lost ranks "
-                  f"{list(m.lost)} ({type(exc).__name__}); resumed at step {trainer.step} "
+                  f"{list(m.lost)} ({type(error).__name__}); resumed at step {trainer.step} "
                   f"{time.monotonic() - noticed:.2f}s after the failure (t={time.time():.3f})",
                   flush=True)
     if args.grow and rankwise.get_world_size() < trainer.target:  # the replacement is late
         admit(trainer, trainer.target - rankwise.get_world_size(), args.recovery_timeout)
     hashes: list[object] = [None] * rankwise.get_world_size()
     rankwise.all_gather_object(hashes, parameters_hash(trainer.net))
+    torchs = f", torch's {dist.get_world_size()}" if args.torch_ddp else ""
     if rankwise.get_rank() == 0:
         same = len(set(hashes)) == 1
         print(f"{'PASS' if same else 'FAIL'}: parameters {'identical' if same else 'differ'} "
               f"on {len(hashes)} ranks after {trainer.step} steps (world size "
-              f"{rankwise.get_world_size()}, engine {rankwise.group.WORLD.engine_name()})",
-              flush=True)
+              f"{rankwise.get_world_size()}{torchs}, engine "
+              f"{rankwise.group.WORLD.engine_name()})", flush=True)
         if not same:
             return 1
-    rankwise.destroy_process_group()
+    (dist if args.torch_ddp else rankwise).destroy_process_group()
     return 0
 
 

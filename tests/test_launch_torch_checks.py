@@ -111,25 +111,6 @@ def test_import_torch_imports_nothing_of_rankwise(tmp_path: Path, checks: str) -
     assert res.stdout.split() == ["['rankwise_autoload']", str(checks != "off")], res.stdout
 
 
-def test_a_dead_peer_inside_torchs_ddp_reads_as_rankwises(tmp_path: Path) -> None:
-    """torch's reducer re-wraps the PeerFailure as a RuntimeError: its text names no frame
-    of rankwise's, ``rankwise.unwrap`` gives the PeerFailure back, and the rank's line
-    (and the summary) report the PeerFailure, not torch's wrapper."""
-    res = run(launcher_cmd("--no-live", "-n", "2", str(SCRIPTS / "torch_ddp_peer_dies.py"),
-                           str(tmp_path)), env=autoload_env(tmp_path), timeout=120)
-    assert res.returncode != 0, res.stdout + res.stderr
-    seen = json.loads((tmp_path / "seen.json").read_text())
-    assert seen["message"].startswith("Cannot extract tensors from value: PeerFailure: "
-                                      "rank 1 died"), seen  # torch's prefix, then ours
-    at = seen["message"][seen["message"].index("\nAt:\n"):]
-    assert "torch_ddp_peer_dies.py(" in at and "/rankwise/" not in at, at
-    assert (seen["unwrapped"], seen["peer"], seen["caught"], seen["same"]) == \
-        ("PeerFailure", 1, True, True), seen
-    line = next(x for x in res.stderr.splitlines() if x.startswith("[rank0]: "))
-    assert line.startswith("[rank0]: rank 0: PeerFailure: rank 1 died"), line
-    assert "Cannot extract" not in res.stderr[res.stderr.index("rankwise run: job failed"):]
-
-
 @pytest.mark.parametrize("checks", ["cpu", "off"])
 def test_torchs_debug_server_works_under_rankwise_run(tmp_path: Path, checks: str) -> None:
     """torch 2.15's ``start_debug_server`` opens a TCPStore client of MASTER_PORT, which

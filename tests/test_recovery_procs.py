@@ -81,3 +81,31 @@ def test_ddp_loses_a_rank_and_finishes_in_the_same_processes(transport: str,
         in text, text[-4000:]
     if grow:
         assert re.search(r"joined the running job at step \d+ \(4 ranks\)", text)
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("grow", [False, True])
+def test_torchs_own_ddp_loses_a_rank_and_finishes_in_the_same_processes(grow: bool) -> None:
+    """torch's DDP over backend "rankwise" (``--torch-ddp``): the survivors catch what
+    torch's reducer made of the PeerFailure (``rankwise.unwrap``), ``shrink`` makes torch's
+    default group again over them, and the 2 train on with identical parameters; with
+    ``grow``, the replacement joins torch's group of 3 as well."""
+    pytest.importorskip("torch.distributed")
+    cmd = [sys.executable, "-m", "rankwise", "run", "-n", "3", "--on-failure=continue"]
+    cmd += ["--respawn", "1"] if grow else []
+    cmd += [EXAMPLE, "--torch-ddp", "--steps", "16", "--kill-at", "8"]
+    cmd += ["--grow"] if grow else []
+    done = _procs.run(cmd, timeout=240, env=_env())
+    text = done.stdout + done.stderr
+    assert done.returncode == 3, text[-4000:]
+    waits = _resumed_within(text)
+    print(f"kill -> resumed: {', '.join(f'{s:.2f}s' for s in waits)}")  # docs/recovery.md
+    assert len(waits) == 2 and max(waits) < 5.0, (waits, text[-4000:])
+    assert text.count("lost ranks [2] (PeerFailure); resumed at step 8") == 2, text[-4000:]
+    assert "restarting" not in text
+    # 8 steps more (at 2 ranks, or 3 once the replacement joined), torch's group the same
+    size = 3 if grow else 2
+    assert f"PASS: parameters identical on {size} ranks after 16 steps (world size {size}, " \
+        f"torch's {size}," in text, text[-4000:]

@@ -3,6 +3,7 @@ torch's C++ is given: no frame of rankwise's in what torch formats of it."""
 
 from __future__ import annotations
 
+import sys
 import traceback
 
 import pytest
@@ -62,3 +63,25 @@ def test_torchs_tensor_extraction_raises_a_copy_from_no_frame_of_rankwise() -> N
     assert not [f for f in files if "/rankwise/" in f], files
     assert rankwise.unwrap(RuntimeError(f"Cannot extract tensors from value: "
                                         f"PeerFailure: {info.value}")) is error
+
+
+def test_a_seam_lets_rankwise_errors_out_without_the_frames_they_came_through() -> None:
+    """``rewrap.frameless``: a rankwise error leaves with the caller's frames only (3.10
+    keeps the seam's own one); any other error keeps every frame (a bug's are wanted)."""
+    def inner(error: BaseException) -> None:
+        raise error
+
+    @rewrap.frameless
+    def method(error: BaseException) -> None:
+        inner(error)
+
+    def frames(error: BaseException) -> list[str]:
+        try:
+            method(error)
+        except BaseException as exc:  # noqa: BLE001 - read here
+            return [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        raise AssertionError("method did not raise")
+
+    names = frames(PeerFailure("rank 1 died: test", rank=1))
+    assert names == (["frames"] if sys.version_info >= (3, 11) else ["frames", "seam"])
+    assert frames(KeyError("bug")) == ["frames", "seam", "method", "inner"]

@@ -7,6 +7,10 @@ PeerFailure: ...")`` with no ``__cause__``, so ``except rankwise.PeerFailure`` m
 Each exception handed to torch that way is noted here (:func:`note`, a short bounded list:
 the failures of the last few calls), and ``unwrap`` finds it again by its message.
 
+A rankwise error raised straight through torch's C++ (a backend method torch calls, as in
+DDP's ``_broadcast_coalesced``) keeps its class, but leaves the seam without the frames it
+was raised through (:func:`dropped`).
+
 torch is given a bare copy (:func:`bare`): the same class, arguments and attributes, no
 traceback, raised where no Python frame of rankwise's is on its way, so the text torch
 builds of it ("At: ...", the frames pybind11 lists) names no rankwise-internal frame.
@@ -15,11 +19,17 @@ builds of it ("At: ...", the frames pybind11 lists) names no rankwise-internal f
 from __future__ import annotations
 
 import collections
+import functools
+import sys
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .errors import DistError
 
-__all__ = ["bare", "note", "unwrap"]
+__all__ = ["bare", "dropped", "frameless", "note", "unwrap"]
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 _noted: collections.deque[BaseException] = collections.deque(maxlen=16)
 _lock = threading.Lock()
@@ -31,6 +41,40 @@ def bare(error: BaseException) -> BaseException:
     copy = BaseException.__new__(type(error), *error.args)
     copy.__dict__.update(getattr(error, "__dict__", {}))
     return copy
+
+
+#: whether a bare ``raise`` re-raises with the exception's own ``__traceback__`` (3.11+;
+#: 3.10 re-raises with the traceback it was caught with)
+_OWN_TRACEBACK = sys.version_info >= (3, 11)
+
+
+def dropped(error: BaseException) -> bool:
+    """Drop the frames ``error`` was raised through, at a seam torch's code calls (a
+    backend method, a ``Work``'s ``wait``): what the user sees then lists torch's frames
+    and theirs, not rankwise's. True where a bare ``raise`` then re-raises it with no frame
+    at all; else ``raise error`` adds the seam's one frame (Python 3.10)::
+
+        except DistError as error:
+            if dropped(error):
+                raise
+            raise error
+    """
+    error.__traceback__ = None
+    return _OWN_TRACEBACK
+
+
+def frameless(fn: _Fn) -> _Fn:
+    """``fn`` as a seam (:func:`dropped`), for the methods off the per-call path (a
+    ``Work``'s ``wait``); the per-call ones write the three lines out (no extra frame)."""
+    @functools.wraps(fn)
+    def seam(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DistError as error:
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
+    return seam  # type: ignore[return-value]
 
 
 def note(error: BaseException) -> None:

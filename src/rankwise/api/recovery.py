@@ -11,6 +11,7 @@ sampler, step) and what rankwise guarantees: docs/recovery.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,12 +25,23 @@ from .init import connect_world
 from .leaving import _set_watcher
 from .world import World, WorldSpec, current, retire, set_world
 
-__all__ = ["Membership", "grow", "membership", "shrink"]
+__all__ = ["Membership", "follow_rebuilds", "grow", "membership", "shrink"]
 
 #: the default bound of the agreement (and of the new world's rendezvous), in seconds
 RECOVERY_TIMEOUT = 60.0
 #: how a rank that leaves to rebuild the world says goodbye (its peers do not count it dead)
 _REBUILDING = "left to rebuild the world"
+#: what else moves to each new world, called once the world is ready (``follow_rebuilds``)
+_followers: list[Callable[[], None]] = []
+
+
+def follow_rebuilds(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` after every ``shrink``/``grow`` that made a new world, on every
+    member, before they return. Why: what was built over the old world from outside
+    rankwise (``rankwise.torch``: torch's default group on backend "rankwise") has to be
+    built again over the new one, and the user cannot tell which of it was rankwise's."""
+    if hook not in _followers:
+        _followers.append(hook)
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,8 @@ def _rebuild(old: World, plan: WorldSpec, decision: Decision, rank: int, size: i
     new.launch_ranks = decision.launch_ranks
     new.admitted = old.admitted + len(decision.joiners)
     new.joined = old.joined
+    for hook in _followers:
+        hook()
     return Membership(generation, rank, size, old.comm.rank, lost, joined,
                       decision.launch_ranks)
 

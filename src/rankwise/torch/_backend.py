@@ -54,7 +54,8 @@ from ..api import p2p, profiling
 from ..api.plans import all_reduce_tensor
 from ..api.world import maybe_current, resolve_group
 from ..core.group import ProcessGroup as RankwiseGroup
-from ..errors import InvalidArgument
+from ..errors import DistError, InvalidArgument
+from ..rewrap import dropped
 from ..wire.buffers import ReduceOp, coerce_reduce_op
 from ..wire.reduce_op import make_premul_sum, torch_premul_factor
 from ._sparse import check_sparse, sparse_all_reduce
@@ -91,14 +92,21 @@ def _call_timeout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None
 
 
 def _honours_timeout(method: _Method) -> _Method:
-    """Run ``method`` bounded by its options' timeout where one was set."""
+    """Run ``method`` bounded by its options' timeout where one was set. As every method
+    torch calls, it lets a rankwise error out with no frame of rankwise's on it
+    (``rewrap.dropped``): torch's C++ passes it on as it is, to the user."""
     @functools.wraps(method)
     def bounded(self: TorchProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        seconds = _call_timeout(args, kwargs)
-        if seconds is None:
-            return method(self, *args, **kwargs)
-        with self._bounded(seconds):
-            return method(self, *args, **kwargs)
+        try:
+            seconds = _call_timeout(args, kwargs)
+            if seconds is None:
+                return method(self, *args, **kwargs)
+            with self._bounded(seconds):
+                return method(self, *args, **kwargs)
+        except DistError as error:
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
     return bounded  # type: ignore[return-value]
 
 
@@ -222,21 +230,26 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # --- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
-        if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED \
-                or tensors[0].requires_grad or opts.timeout != _UNSET_TIMEOUT:
-            return self._allreduce(tensors, opts)
-        # every torch.distributed.all_reduce, every DDP bucket: the call rankwise's own
-        # ``all_reduce`` of a tensor makes (one view cache, one plan per kept tensor)
-        g = resolve_group(self.group)
-        assert g is not None  # torch makes a group only on its members
-        if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
-            all_reduce_tensor(g, tensors[0], _reduce_op(opts), False, tensors, tensors)
-            return None
-        # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
-        # goes on while the bucket is reduced (torch's callbacks run on that worker)
-        work = all_reduce_tensor(g, tensors[0], _reduce_op(opts), True, tensors, tensors)
-        assert work is not None
-        return AsyncWork(work, tensors)
+        try:
+            if opts is None or len(tensors) != 1 or tensors[0].layout is not _STRIDED \
+                    or tensors[0].requires_grad or opts.timeout != _UNSET_TIMEOUT:
+                return self._allreduce(tensors, opts)
+            # every torch.distributed.all_reduce, every DDP bucket: the call rankwise's own
+            # ``all_reduce`` of a tensor makes (one view cache, one plan per kept tensor)
+            g = resolve_group(self.group)
+            assert g is not None  # torch makes a group only on its members
+            if not opts.asyncOp:  # torch's synchronous wrapper: run inline, no Work
+                all_reduce_tensor(g, tensors[0], _reduce_op(opts), False, tensors, tensors)
+                return None
+            # DDP's reducer and async_op=True: run on rankwise's async worker, so backward
+            # goes on while the bucket is reduced (torch's callbacks run on that worker)
+            work = all_reduce_tensor(g, tensors[0], _reduce_op(opts), True, tensors, tensors)
+            assert work is not None
+            return AsyncWork(work, tensors)
+        except DistError as error:  # leaves with no frame of rankwise's (rewrap)
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
 
     @_honours_timeout
     def _allreduce(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
@@ -254,8 +267,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
                     sparse_all_reduce(t, rop, self.group)
         return _finish(opts, tensors)
 
-    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> tdist.Work | None:
-        return self.allreduce(tensors, opts)
+    allreduce_coalesced = allreduce  # one tensor per call either way (``_one``)
 
     @_honours_timeout
     def broadcast(self, tensors: Tensors, opts: Any) -> tdist.Work | None:
@@ -379,16 +391,19 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return _finish(opts, None)
 
     # --- point to point -------------------------------------------------------------------
+    @_honours_timeout  # no options, no timeout: for its frames (rewrap)
     def send(self, tensors: Tensors, dst: int, tag: int) -> tdist.Work:
         p2p.send(_bare(_one(tensors, "send")), group=self.group, tag=tag, group_dst=dst)
         return DoneWork(tensors)  # torch's send waits on it unconditionally
 
+    @_honours_timeout
     def recv(self, tensors: Tensors, src: int, tag: int) -> tdist.Work:
         work = p2p.irecv(_bare(_one(tensors, "recv")), group=self.group, tag=tag,
                          group_src=src)
         assert work is not None
         return RecvWork(work, tensors)
 
+    @_honours_timeout
     def recv_anysource(self, tensors: Tensors, tag: int) -> tdist.Work:
         work = p2p.irecv(_bare(_one(tensors, "recv")), group=self.group, tag=tag)
         assert work is not None
@@ -400,6 +415,6 @@ class TorchProcessGroup(tdist.ProcessGroup):
         with it (peers learn where this rank left); a subgroup only forgets itself."""
         from ..api.init import destroy_process_group
 
-        if maybe_current() is None:
-            return
+        if maybe_current() is None or self.group.retired is not None:
+            return  # no world, or the group's was replaced (shrink/grow) and is closed
         destroy_process_group(None if self._owns_world else self.group)

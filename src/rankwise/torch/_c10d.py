@@ -32,7 +32,8 @@ from typing import Any
 from torch._C._distributed_c10d import Backend as C10DBackend
 
 from ..core.group import ProcessGroup as RankwiseGroup
-from ..errors import InvalidArgument
+from ..errors import DistError, InvalidArgument
+from ..rewrap import dropped, frameless
 from ._backend import BACKEND_NAME, TorchProcessGroup
 from ._work import DoneWork
 
@@ -58,7 +59,12 @@ def _with_work(method: Callable[..., Any]) -> Callable[..., Any]:
     tensors) where the shared body returned ``None`` (a synchronous call, done)."""
     @functools.wraps(method)
     def call(self: TorchBackend, *args: Any, **kwargs: Any) -> Any:
-        work = method(self, *args, **kwargs)
+        try:
+            work = method(self, *args, **kwargs)
+        except DistError as error:  # leaves with no frame of rankwise's (rewrap)
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
         return DoneWork(args[0] if args else None) if work is None else work
     return call
 
@@ -144,6 +150,7 @@ class TorchBackend(C10DBackend):
         attach_cuda(current(), group)
         return TorchBackend(group, owns_world=False, options=opts)
 
+    @frameless
     def monitored_barrier(self, opts: Any, wait_all_ranks: bool = False) -> None:
         """torch's ``monitored_barrier``: rankwise's, which names the ranks that did not
         arrive, with a who-is-where table."""

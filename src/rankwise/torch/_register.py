@@ -27,6 +27,7 @@ import torch.distributed as tdist
 
 from .. import settings
 from ..api import init as _init
+from ..api.recovery import follow_rebuilds
 from ..api.world import current, maybe_current
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import InvalidArgument
@@ -36,6 +37,7 @@ from ..wire.auth import resolve_token
 from ._backend import BACKEND_NAME, TorchProcessGroup
 from ._c10d import TorchBackend, backend_trampoline
 from ._cuda_backend import DEVICES, attach_cuda
+from ._follow import follow_world
 
 __all__ = ["install"]
 
@@ -137,3 +139,4 @@ def install() -> None:
     if not hasattr(handlers["env"], "rankwise_wraps"):
         handlers["env"] = _wrap_env_handler(handlers["env"])
     skip_directory(os.path.dirname(torch.__file__))
+    follow_rebuilds(follow_world)  # torch's default group moves to the world shrink made

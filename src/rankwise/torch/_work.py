@@ -12,17 +12,19 @@ torch's C++ side reaches a Python ``Work`` through two methods only, ``wait`` an
 
 from __future__ import annotations
 
+import _thread
 import functools
 import threading
 from collections.abc import Generator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as tdist
 from torch.futures import Future
 
 from ..core.work import Work as RankwiseWork
-from ..rewrap import bare, note
+from ..errors import DistError
+from ..rewrap import bare, dropped, frameless, note
 
 __all__ = ["AsyncWork", "DoneWork", "RecvWork"]
 
@@ -43,7 +45,10 @@ class _Failed:
     C++ reads tensors out of a value by pickling it, and pickling calls ``__reduce__``
     (object's ``__reduce_ex__`` does, with no argument): here the ``throw`` of a spent
     generator, which raises its argument from C without entering a frame, so what torch
-    formats of it lists none of rankwise's (``rewrap``)."""
+    formats of it lists none of rankwise's (``rewrap``). Python reads it through the
+    future's unwrap function (:meth:`throw`), except where the future crossed torch's C++,
+    which keeps no unwrap function (under torch's own ``ProcessGroup``, 2.14+: a comm
+    hook's ``fut.value()[0]``): indexing or iterating it raises the error too."""
 
     __slots__ = ("__reduce__", "error")
 
@@ -54,9 +59,16 @@ class _Failed:
         # a slot, set per object (mypy sees object's method)
         self.__reduce__ = functools.partial(spent.throw, bare(error))  # type: ignore[method-assign,assignment]
 
+    def throw(self, *_: Any) -> NoReturn:
+        """Raise the error, leaving with no frame of rankwise's on it."""
+        try:
+            raise self.error
+        except DistError as error:
+            if dropped(error):
+                raise
+            raise error  # noqa: TRY201 - Python 3.10: with this frame only
 
-def _raise_error(value: _Failed) -> None:
-    raise value.error
+    __getitem__ = __iter__ = throw
 
 
 def fail_future(future: Future[Any], error: BaseException) -> None:
@@ -66,10 +78,19 @@ def fail_future(future: Future[Any], error: BaseException) -> None:
     raises it too, and backward raises it. Why not ``set_exception``: it stores the error
     as a plain value, in which C++ finds no tensor, and the reducer then indexes an empty
     list: rank 0 of a DDP job whose bucket all_reduce failed died of SIGSEGV instead of
-    raising (seen under load, when the error came before backward's end)."""
+    raising (seen under load, when the error came before backward's end).
+
+    Completed from a thread of its own that runs no Python frame (``set_result`` called
+    from C): torch runs the future's callbacks there, and where one raises it (a DDP comm
+    hook's ``then``) torch's message lists the frames above the callback, which would be
+    the completing thread's, rankwise's (``rewrap``). Returns once the future is done."""
     note(error)  # rankwise.unwrap finds it in what torch makes of it
-    future._set_unwrap_func(_raise_error)
-    future.set_result(_Failed(error))
+    future._set_unwrap_func(_Failed.throw)
+    _thread.start_new_thread(future.set_result, (_Failed(error),))
+    try:
+        future.wait()  # done when set: torch wakes waiters before it runs the callbacks
+    except BaseException:  # noqa: BLE001, S110 - the error it now holds
+        pass
 
 
 class DoneWork(tdist.Work):
@@ -112,6 +133,7 @@ class _RankwiseBacked(tdist.Work):
         super().__init__()
         self._inner, self._tensors = inner, tensors
 
+    @frameless
     def wait(self, timeout: timedelta | None = None) -> bool:
         return bool(self._inner.wait(timeout if timeout else None))
 
@@ -158,6 +180,7 @@ class AsyncWork(_RankwiseBacked):
         else:
             self._future.set_result(self._tensors)
 
+    @frameless
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Also settles the torch future: the worker's callback may not have run yet when
         the rankwise work is done, and ``wait(); get_future().value()`` must not fail."""
@@ -183,6 +206,7 @@ class RecvWork(_RankwiseBacked):
     def _source_rank(self) -> int:
         return self.source_rank()
 
+    @frameless
     def get_future(self) -> Future[Any]:
         self.wait()
         return _future_of(self._tensors)
