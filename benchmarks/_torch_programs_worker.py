@@ -7,12 +7,16 @@ steps. The models, data and parallel setups are the bit-identity tests' own
     _torch_programs_worker.py OUT WARMUP STEPS PROGRAM...
 
 For each program, in order, every rank writes ``OUT/<program>-rank<R>.json``:
-``{"backend": the default group's backend, "step_s": [seconds of each timed step]}``,
+``{"backend": the default group's backend, "step_s": [seconds of each timed step],
+"cpu_s": [the process's CPU seconds in each]}``,
 after ``WARMUP`` untimed steps (first-call caches, sockets, torch's lazy init).
 ``lightning`` and ``accelerate`` make their own process group and must run alone.
+``TORCH_PROGRAMS_PROFILE=DIR`` profiles each rank's timed steps (cProfile) into DIR.
 """
 
+import cProfile
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +32,9 @@ import _torch_client_workloads as workloads  # the tests' models and data
 from torch_same_bits import ToyModel
 
 Step = Callable[[int], None]
+#: wall and CPU seconds of each timed step (CPU: the whole process's, every thread's)
+Times = tuple[list[float], list[float]]
+PROFILE = "TORCH_PROGRAMS_PROFILE"  #: a folder: profile each rank's timed steps into it
 #: the programs that make their own default group (and so run in a job of their own)
 FRAMEWORKS = ("lightning", "accelerate")
 
@@ -127,21 +134,31 @@ PROGRAMS: dict[str, Callable[[int, int, Path], Step]] = {f.__name__: f for f in 
 ALL = (*PROGRAMS, *FRAMEWORKS)
 
 
-def _write(out: Path, name: str, rank: int, times: list[float]) -> None:
-    got = {"backend": str(dist.get_backend()), "step_s": times}
+def _write(out: Path, name: str, rank: int, times: Times) -> None:
+    got = {"backend": str(dist.get_backend()), "step_s": times[0], "cpu_s": times[1]}
     (out / f"{name}-rank{rank}.json").write_text(json.dumps(got))
 
 
-def timed(step: Step, warmup: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` calls of ``step``, after ``warmup`` untimed ones."""
+def timed(step: Step, warmup: int, steps: int, name: str) -> Times:
+    """Wall and CPU seconds of each of ``steps`` calls of ``step``, after ``warmup`` untimed
+    ones. With
+    ``PROFILE`` set (a folder), the timed steps run under cProfile, written there as
+    ``<name>-rank<R>.prof`` (the times then include the profiler's cost)."""
     for i in range(warmup):
         step(i)
     dist.barrier()  # every rank starts the timed steps together
-    times = []
+    profile = cProfile.Profile() if os.environ.get(PROFILE) else None
+    times: Times = ([], [])
+    if profile is not None:
+        profile.enable()
     for i in range(warmup, warmup + steps):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         step(i)
-        times.append(time.perf_counter() - start)
+        times[0].append(time.perf_counter() - start)
+        times[1].append(time.process_time() - cpu)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(Path(os.environ[PROFILE]) / f"{name}-rank{dist.get_rank()}.prof")
     return times
 
 
@@ -161,7 +178,7 @@ def accelerate_loop(out: Path, warmup: int, steps: int) -> None:
         acc.backward(nn.functional.mse_loss(model(x), y))
         opt.step()
         opt.zero_grad()
-    _write(out, "accelerate", acc.process_index, timed(step, warmup, steps))
+    _write(out, "accelerate", acc.process_index, timed(step, warmup, steps, "accelerate"))
 
 
 def lightning_trainer(out: Path, warmup: int, steps: int) -> None:
@@ -170,7 +187,7 @@ def lightning_trainer(out: Path, warmup: int, steps: int) -> None:
     all_reduce, the optimizer)."""
     import lightning.pytorch as pl
 
-    ends: list[float] = []
+    ends: list[tuple[float, float]] = []
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -182,7 +199,7 @@ def lightning_trainer(out: Path, warmup: int, steps: int) -> None:
             return nn.functional.mse_loss(self.layer(x), y)
 
         def on_train_batch_end(self, *args: object) -> None:
-            ends.append(time.perf_counter())
+            ends.append((time.perf_counter(), time.process_time()))
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -194,7 +211,8 @@ def lightning_trainer(out: Path, warmup: int, steps: int) -> None:
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
-    times = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1:])]
+    pairs = list(zip(ends[warmup:], ends[warmup + 1:]))
+    times = ([b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs])
     _write(out, "lightning", trainer.global_rank, times)
 
 
@@ -216,7 +234,7 @@ def main() -> None:
             tmp = out / f"{name}-files"
             tmp.mkdir(exist_ok=True)
             step = PROGRAMS[name](rank, world, tmp)
-            _write(out, name, rank, timed(step, warmup, steps))
+            _write(out, name, rank, timed(step, warmup, steps, name))
     if dist.is_initialized():  # neither framework does: torch's gloo may abort at exit else
         dist.destroy_process_group()
 

@@ -53,13 +53,14 @@ def test_the_stack_runs_in_one_job_and_each_framework_alone() -> None:
 
 def _rank_files(out: Path, name: str, backend: str, steps: list[list[float]]) -> None:
     for rank, times in enumerate(steps):
-        (out / f"{name}-rank{rank}.json").write_text(
-            json.dumps({"backend": backend, "step_s": times}))
+        (out / f"{name}-rank{rank}.json").write_text(json.dumps(
+            {"backend": backend, "step_s": times, "cpu_s": [t / 2 for t in times]}))
 
 
 def test_a_job_counts_its_slowest_ranks_median_step(tmp_path: Path) -> None:
     _rank_files(tmp_path, "fsdp2", "rankwise", [[0.1, 0.3, 0.2], [0.4, 0.5, 9.0]])
-    assert bench.read_job(tmp_path, ["fsdp2"], 2, "rankwise") == {"fsdp2": 0.5}
+    assert bench.read_job(tmp_path, ["fsdp2"], 2, "rankwise") == \
+        {"fsdp2": {"wall": 0.5, "cpu": 0.25}}
     with pytest.raises(SystemExit, match="ran on backend 'rankwise', not 'gloo'"):
         bench.read_job(tmp_path, ["fsdp2"], 2, "gloo")
     with pytest.raises(SystemExit, match="ddp_tutorial wrote no ddp_tutorial-rank0.json"):
@@ -73,7 +74,8 @@ def test_the_table_gives_each_ratio_over_repeats_and_one_summary_line() -> None:
     lines = bench.table({"fsdp2": {"rankwise": [0.012, 0.010, 0.033],
                                    "gloo": [0.010, 0.010, 0.010]},
                          "pipelining": {"rankwise": [0.009, 0.010, 0.011],
-                                        "gloo": [0.010, 0.010, 0.010]}})
+                                        "gloo": [0.010, 0.010, 0.010]}}, "wall")
+    assert lines[0].split()[:2] == ["wall", "clock"], lines
     assert lines[1].split() == ["fsdp2", "12.00", "10.00", "1.20", "1.00-3.30"], lines
     assert lines[2].split() == ["pipelining", "10.00", "10.00", "1.00", "0.90-1.10"], lines
     assert lines[-1] == ("torch programs step time, rankwise run (checks on) / torchrun + "
