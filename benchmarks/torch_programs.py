@@ -41,6 +41,10 @@ WORKER = HERE / "_torch_programs_worker.py"
 STACK = ("ddp_tutorial", "fsdp2", "tensor_parallel", "checkpoint", "pipelining")
 FRAMEWORKS = {"lightning": "lightning.pytorch", "accelerate": "accelerate"}
 LAUNCHERS = ("rankwise", "gloo")  #: result names: `rankwise run`, and torchrun + gloo
+#: what each launcher name stands for; "off" (``--off``) is `rankwise run --checks=off`:
+#: rankwise's launcher around torch's gloo, so rankwise/off is what the checks cost alone
+SAY = {"rankwise": "rankwise run (checks on)", "gloo": "torchrun + gloo",
+       "off": "rankwise run --checks=off"}
 TARGET = 1.1
 #: the clocks each step is timed by, and the worker's key for each: the wall clock, and the
 #: process's CPU time (every thread's: gloo's, rankwise's), which on a machine loaded past
@@ -72,6 +76,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per job")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--off", action="store_true",
+                        help="also `rankwise run --checks=off`: the launcher without checks")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.programs.split(",") if n.strip()]
     unknown = [n for n in names if n not in (*STACK, *FRAMEWORKS)]
@@ -84,6 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, opt) < low:
             parser.error(f"--{opt} must be at least {low}")
     args.programs = names
+    args.launchers = (*LAUNCHERS, "off") if args.off else LAUNCHERS
     return args
 
 
@@ -103,9 +110,10 @@ def _free_port() -> int:
 def command(launcher: str, ranks: int, out: Path, warmup: int, steps: int,
             names: Sequence[str]) -> list[str]:
     program = [str(WORKER), str(out), str(warmup), str(steps), *names]
-    if launcher == "rankwise":  # the checks are on: `rankwise run`'s default
-        return [sys.executable, "-m", "rankwise", "run", "--no-live", "-n", str(ranks),
-                *program]
+    if launcher in ("rankwise", "off"):  # the checks on: `rankwise run`'s default
+        checks = ["--checks=off"] if launcher == "off" else []
+        return [sys.executable, "-m", "rankwise", "run", "--no-live", *checks, "-n",
+                str(ranks), *program]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
             "--master-port", str(_free_port()), *program]
 
@@ -163,11 +171,12 @@ Results = dict[str, dict[str, list[float]]]  #: program -> launcher -> s/step pe
 def measure(args: argparse.Namespace) -> dict[str, Results]:
     """Each clock's results (:data:`CLOCKS`)."""
     results: dict[str, Results] = {
-        clock: {p: {k: [] for k in LAUNCHERS} for p in args.programs} for clock in CLOCKS}
+        clock: {p: {k: [] for k in args.launchers} for p in args.programs}
+        for clock in CLOCKS}
     with tempfile.TemporaryDirectory(prefix="rw-torch-programs-") as tmp:
         for rep in range(args.repeats):
             for j, names in enumerate(jobs(args.programs)):
-                order = LAUNCHERS if (rep + j) % 2 == 0 else LAUNCHERS[::-1]
+                order = args.launchers if (rep + j) % 2 == 0 else args.launchers[::-1]
                 for launcher in order:
                     out = Path(tmp) / f"{rep}-{j}-{launcher}"
                     out.mkdir()
@@ -181,22 +190,22 @@ def measure(args: argparse.Namespace) -> dict[str, Results]:
     return results
 
 
-def table(results: Results, clock: str = "wall") -> list[str]:
-    """One line per program (step ms medians, ratio median (range) over repeats), then the
-    summary line."""
-    head = f"{clock + ' clock':<16} {'rankwise ms':>11} {'gloo ms':>8} {'ratio':>6}"
+def table(results: Results, clock: str = "wall", ours: str = "rankwise",
+          base: str = "gloo") -> list[str]:
+    """One line per program (step ms medians, ratio ours/base: median (range) over
+    repeats), then the summary line."""
+    head = f"{clock + ' clock':<16} {ours + ' ms':>11} {base + ' ms':>8} {'ratio':>6}"
     lines = [f"{head} {'range':>11}"]
     ratios: dict[str, float] = {}
     for name, by in results.items():
-        per = [r / g for r, g in zip(by["rankwise"], by["gloo"], strict=True)]
+        per = [r / g for r, g in zip(by[ours], by[base], strict=True)]
         ratios[name] = statistics.median(per)
-        lines.append(f"{name:<16} {statistics.median(by['rankwise']) * 1e3:>11.2f} "
-                     f"{statistics.median(by['gloo']) * 1e3:>8.2f} {ratios[name]:>6.2f} "
+        lines.append(f"{name:<16} {statistics.median(by[ours]) * 1e3:>11.2f} "
+                     f"{statistics.median(by[base]) * 1e3:>8.2f} {ratios[name]:>6.2f} "
                      f"{min(per):>5.2f}-{max(per):<5.2f}")
     worst = max(ratios, key=lambda n: ratios[n])
     over = [n for n, r in ratios.items() if r > TARGET]
-    lines.append(f"torch programs step {CLOCKS_SAY[clock]}, rankwise run (checks on) / "
-                 f"torchrun + gloo: "
+    lines.append(f"torch programs step {CLOCKS_SAY[clock]}, {SAY[ours]} / {SAY[base]}: "
                  f"median {statistics.median(ratios.values()):.2f}x, worst {worst} "
                  f"{ratios[worst]:.2f}x; {len(ratios) - len(over)} of {len(ratios)} at or "
                  f"under {TARGET}x" + (f" (over: {', '.join(over)})" if over else ""))
@@ -210,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = measure(args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     for clock in ("cpu", "wall"):  # wall last: the figure of the target
+        if args.off:  # what the checks cost alone, then the launchers against each other
+            print("\n".join(table(results[clock], clock, "rankwise", "off")))
+            print("\n".join(table(results[clock], clock, "off", "gloo")))
         print("\n".join(table(results[clock], clock)))
 
 

@@ -49,6 +49,10 @@ def test_the_stack_runs_in_one_job_and_each_framework_alone() -> None:
     assert rw[-4:] == ["o", "5", "30", "fsdp2"] and rw[-5].endswith("_worker.py"), rw
     tr = bench.command("gloo", 4, Path("o"), 5, 30, ["fsdp2"])
     assert tr[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "4"], tr
+    off = bench.command("off", 2, Path("o"), 5, 30, ["fsdp2"])
+    assert off[1:8] == ["-m", "rankwise", "run", "--no-live", "--checks=off", "-n", "2"], off
+    assert args.launchers == ("rankwise", "gloo")
+    assert bench.parse_args(["--off"]).launchers == ("rankwise", "gloo", "off")
 
 
 def _rank_files(out: Path, name: str, backend: str, steps: list[list[float]]) -> None:
@@ -68,6 +72,8 @@ def test_a_job_counts_its_slowest_ranks_median_step(tmp_path: Path) -> None:
     _rank_files(tmp_path, "pipelining", "gloo", [[0.1], [0.1]])
     with pytest.raises(SystemExit, match="entry point"):
         bench.read_job(tmp_path, ["pipelining"], 2, "rankwise")
+    assert bench.read_job(tmp_path, ["pipelining"], 2, "off") == \
+        {"pipelining": {"wall": 0.1, "cpu": 0.05}}  # --checks=off: torch's gloo, as asked
 
 
 def test_the_table_gives_each_ratio_over_repeats_and_one_summary_line() -> None:
@@ -81,3 +87,12 @@ def test_the_table_gives_each_ratio_over_repeats_and_one_summary_line() -> None:
     assert lines[-1] == ("torch programs step time, rankwise run (checks on) / torchrun + "
                          "gloo: median 1.10x, worst fsdp2 1.20x; 1 of 2 at or under 1.1x "
                          "(over: fsdp2)")
+
+
+def test_the_checks_alone_are_rankwise_against_its_launcher_without_them() -> None:
+    lines = bench.table({"fsdp2": {"rankwise": [0.02], "gloo": [0.01], "off": [0.016]}},
+                        "cpu", "rankwise", "off")
+    assert lines[0].split()[:4] == ["cpu", "clock", "rankwise", "ms"], lines
+    assert lines[1].split()[:4] == ["fsdp2", "20.00", "16.00", "1.25"], lines
+    assert lines[-1].startswith("torch programs step CPU time, rankwise run (checks on) / "
+                                "rankwise run --checks=off: median 1.25x"), lines
