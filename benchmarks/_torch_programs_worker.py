@@ -118,15 +118,7 @@ def pipelining(rank: int, world: int, tmp: Path) -> Step:
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=nn.functional.mse_loss)
     opt = torch.optim.SGD(part.parameters(), lr=0.1)
 
-    def step(i: int) -> None:
-        x, y = workloads._batch(0, i)
-        if rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=y)
-        opt.step()
-        opt.zero_grad()
-    return step
+    return lambda i: workloads.pipeline_step(schedule, opt, rank, i)
 
 
 PROGRAMS: dict[str, Callable[[int, int, Path], Step]] = {f.__name__: f for f in (
