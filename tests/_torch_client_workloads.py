@@ -193,16 +193,21 @@ def _pipeline(schedule_name: str) -> Workload:
         schedule = cls(stage, n_microbatches=2, loss_fn=nn.functional.mse_loss)
         opt = torch.optim.SGD(part.parameters(), lr=0.1)
         for step in range(2):
-            x, y = _batch(0, step)
-            if rank == 0:
-                schedule.step(x)
-            else:
-                schedule.step(target=y)
-            opt.step()
-            opt.zero_grad()
+            pipeline_step(schedule, opt, rank, step)
         return _params(part)
     run.__name__ = f"pipeline_{schedule_name}"
     return run
+
+
+def pipeline_step(schedule: Any, opt: torch.optim.Optimizer, rank: int, step: int) -> None:
+    """One training step of the two-stage pipeline (also ``benchmarks/torch_programs``')."""
+    x, y = _batch(0, step)
+    if rank == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=y)
+    opt.step()
+    opt.zero_grad()
 
 
 def ddp_hooks(pg: Any, rank: int, world: int, tmp: Path) -> Any:
