@@ -193,8 +193,12 @@ def test_gather_single_as_gloo(job: Any) -> None:
 
 
 def test_split_group(job: Any) -> None:
+    """2.15 splits a CPU group. Before it, torch splits only where the default group is
+    bound to a device, and a CPU ``device_id`` is refused: it refuses "rankwise" with
+    gloo's words (seen on 2.11-2.14)."""
     if VERSION < (2, 15):
-        pytest.skip("torch before 2.15 splits only a group bound to a device")
+        assert all(o[0] == "error" for o in _alike(job, "split_group"))
+        return
     per_rank, _ = job
     for out in per_rank:
         assert out["rankwise"]["split_group"] == ("ok", ("rankwise", [1.0]))
