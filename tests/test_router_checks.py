@@ -113,6 +113,7 @@ def test_an_entry_too_far_ahead_takes_the_full_path() -> None:
     far = 2 + EARLY_WINDOW
     rest = r.checks.take(*_batch([far]))
     assert [f.seq for f in rest] == [far] and not r._groups[GROUP].early_checks
+    assert not mismatches
 
 
 def test_a_first_sight_receive_posted_after_its_frame_came_completes() -> None:
