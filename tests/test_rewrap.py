@@ -10,7 +10,7 @@ import pytest
 
 import rankwise
 from rankwise import rewrap
-from rankwise.errors import PeerFailure
+from rankwise.errors import DistTimeout, PeerFailure
 
 
 def _raised(error: BaseException) -> BaseException:
@@ -26,6 +26,17 @@ def test_bare_keeps_class_message_and_attributes_but_no_traceback() -> None:
     assert type(copy) is PeerFailure and str(copy) == str(error)
     assert (copy.rank, copy.last_collective) == (1, "x")  # type: ignore[attr-defined]
     assert copy.__traceback__ is None and error.__traceback__ is not None
+
+
+def test_bare_copies_a_timeout_too() -> None:
+    """``DistTimeout`` is a ``TimeoutError`` (an ``OSError``), whose layout
+    ``BaseException.__new__`` refuses: a timed-out DDP bucket failed its torch future with
+    that ``TypeError`` instead of the timeout."""
+    error = _raised(DistTimeout("all_reduce #4 timed out", "who is where: ..."))
+    copy = rewrap.bare(error)
+    assert type(copy) is DistTimeout and isinstance(copy, TimeoutError)
+    assert str(copy) == str(error) and copy.report == "who is where: ..."  # type: ignore[attr-defined]
+    assert copy.__traceback__ is None
 
 
 def test_unwrap_finds_rankwise_errors_by_chain_and_by_torchs_text() -> None:

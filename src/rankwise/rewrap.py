@@ -37,8 +37,12 @@ _lock = threading.Lock()
 
 def bare(error: BaseException) -> BaseException:
     """``error`` without its traceback (its own object keeps it): the same class, args
-    and attributes, so its message and ``except`` clauses are the same."""
-    copy = BaseException.__new__(type(error), *error.args)
+    and attributes, so its message and ``except`` clauses are the same. Made without its
+    ``__init__``, by the ``__new__`` of its layout: ``OSError``'s for an ``OSError``
+    subclass (``DistTimeout`` is a ``TimeoutError``), which ``BaseException``'s refuses."""
+    new = OSError.__new__ if isinstance(error, OSError) else BaseException.__new__
+    copy = new(type(error), *error.args)
+    copy.args = error.args  # an OSError subclass's ``__new__`` leaves them to ``__init__``
     copy.__dict__.update(getattr(error, "__dict__", {}))
     return copy
 
