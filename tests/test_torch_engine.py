@@ -237,7 +237,7 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     pg = _BlockingGroup()
     fake = SimpleNamespace(
         caps=Caps(), _abort=None, _aborting=None, pg=pg,
-        _check_lock=threading.Lock(), device=None, p2p=None, reverse=None,
+        _check_lock=threading.Lock(), device=None, book=None, p2p=None, reverse=None,
         waiter=SimpleNamespace(stuck=False), name="torch-gloo",
         group=SimpleNamespace(name="the default group (WORLD)",
                               port=SimpleNamespace(on_failure=[])))

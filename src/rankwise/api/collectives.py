@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.group import ProcessGroup
 from ..core.work import Work
-from ..engines.base import Call, Engine
+from ..engines.base import Call, Engine, Tiles
 from ..errors import InvalidArgument
 from ..identity.calls import barrier_name_code
 from ..wire.buffers import Buffer, ReduceOp, as_buffer, premultiply
@@ -109,7 +109,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None,
     buf = as_buffer(tensor, "tensor", writable=True)
     rop = _reduce_op(op, buf, "all_reduce")
     return launch(g, Op.all_reduce, buf.dtype, buf.numel, rop, 0, all_reduce_body(buf, rop),
-                  async_op, shape=buf.shape, outputs=[tensor])
+                  async_op, shape=buf.shape, outputs=[tensor], split=True)
 
 
 def tensor_view(tensor: Any) -> tuple[Buffer, dict[Any, Any] | None]:
@@ -167,7 +167,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     if out.numel != n * mine.numel:
         raise InvalidArgument(f"output_tensor has {out.numel} elements; it needs world size "
                               f"({n}) x input size ({mine.numel}) = {n * mine.numel}")
-    slots = [out.array[i * mine.numel:(i + 1) * mine.numel] for i in range(n)]
+    slots = Tiles([out.array[i * mine.numel:(i + 1) * mine.numel] for i in range(n)],
+                  out.array)
 
     def body(engine: Engine, call: Call) -> None:
         if not same_memory(slots[call.rank], mine.array):
@@ -265,7 +266,7 @@ reduce_scatter_single = reduce_scatter_tensor
 def _reduce_scatter(g: ProcessGroup, op: Op, out: Buffer, work: np.ndarray[Any, Any],
                     rop: ReduceOp, async_op: bool, inputs: Any) -> Work | None:
     n, m = g.size(), out.numel
-    chunks = [work[i * m:(i + 1) * m] for i in range(n)]
+    chunks = Tiles([work[i * m:(i + 1) * m] for i in range(n)], work)
 
     def body(engine: Engine, call: Call) -> None:
         premultiply(work, out.dtype, rop)  # a private copy of the input

@@ -52,7 +52,7 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
            engine: Engine | None = None, shape: tuple[int, ...] | None = None,
            outputs: list[Any] | None = None, flags: int = 0,
            inputs: list[Any] | None = None, plan: Plan | None = None,
-           depth: int = 3) -> Work | None:
+           depth: int = 3, split: bool = False) -> Work | None:
     """Register the call (sequence number, fingerprint, call site), then run ``body`` on
     the group's engine (``engine`` overrides it: per-peer calls use ``group.messages``),
     inline or, with ``async_op``, on the async worker. ``shape``: the user's tensor's,
@@ -63,7 +63,10 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     ``inputs``: the user's input tensors where they are not ``outputs``, for the
     profiler event's shapes (``api.profiling``; none is made without a profiler).
     ``plan``: a kept view's (``api.plans``): its fingerprint is made once, not per call.
-    ``depth``: the frames from the call site to here (the public function and this)."""
+    ``depth``: the frames from the call site to here (the public function and this).
+    ``split``: ``body`` ends with the engine's op (nothing reads its result after it), so
+    an async call may run on the caller's thread where the engine completes its ops on
+    threads of its own (``Caps.run_split``: torch's gloo)."""
     ev = profiling.Event(_OP_NAMES[op], outputs if inputs is None else inputs) \
         if profiling.recording() and profiling.on() else None
     site = capture(depth)
@@ -96,6 +99,8 @@ def launch(group: ProcessGroup, op: Op, dtype: DType | None, count: int,
     if async_op:
         caps = runner.caps
         inline = caps.run_inline
+        if inline is None and split:  # gloo: its threads run the op, no worker of ours
+            inline = caps.run_split
         if inline is not None:  # a device engine: the caller's stream carries the order
             return _run_inline(group, runner, call, body, outputs, inline)
         job: Callable[[], None] = lambda: _run(runner, call, body)

@@ -113,10 +113,12 @@ def all_reduce_tensor(group: ProcessGroup, tensor: Any, op: Any, async_op: bool,
     if memo is None:  # a view not kept (a large tensor): nothing made for later calls
         return launch(group, Op.all_reduce, buf.dtype, buf.numel, rop, 0,
                       all_reduce_body(buf, checked_reduce_op(rop, buf, "all_reduce")),
-                      async_op, shape=buf.shape, outputs=outputs, inputs=inputs, depth=4)
+                      async_op, shape=buf.shape, outputs=outputs, inputs=inputs, depth=4,
+                      split=True)
     # a bare PREMUL_SUM finds no plan (none with a factor is kept): ``memo_plan`` raises
     plan: Plan | None = memo.get(rop.code)
     if plan is None or rop.factor is not None:
         plan = memo_plan(buf, memo, rop)
     return launch(group, Op.all_reduce, plan.dtype, plan.count, rop, 0, plan.body, async_op,
-                  shape=plan.shape, outputs=outputs, inputs=inputs, plan=plan, depth=4)
+                  shape=plan.shape, outputs=outputs, inputs=inputs, plan=plan, depth=4,
+                  split=True)

@@ -31,9 +31,23 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECK_ENV", "CHECK_MODES", "HOST_CAPS", "NO_OBSERVERS", "Array", "Call",
            "CallsDisagree", "Caps", "DeadlinePassed", "Engine", "EngineFact",
-           "EngineUnavailable", "Observer", "Observers", "PeerGone", "check_mode"]
+           "EngineUnavailable", "Observer", "Observers", "PeerGone", "Tiles", "check_mode"]
 
 Array = npt.NDArray[Any]
+
+
+class Tiles(list[Any]):
+    """The per-rank slots of a collective that tile one flat buffer, ``whole``, in rank
+    order (``all_gather_into_tensor``'s output, ``reduce_scatter``'s input): a list as
+    every engine takes it, and the buffer for an engine whose backend moves it in one op
+    (torch's gloo: ``_allgather_base``, ``_reduce_scatter_base``, the same ops and so
+    the same bits as a script on gloo gets)."""
+
+    __slots__ = ("whole",)
+
+    def __init__(self, slots: list[Any], whole: Any) -> None:
+        super().__init__(slots)
+        self.whole = whole
 
 #: how engines whose data rankwise does not own check calls (``core.ring_check``)
 CHECK_ENV = "RANKWISE_CHECK"
@@ -240,9 +254,13 @@ class Caps:
     ``job(*args)`` here, on the caller's thread, its works ordered on the caller's stream
     when the ``Work`` is waited for (a device engine: ``DeviceWaits.run_inline``).
     ``adopt_async(job) -> (job, device side)``: an async call queued on the async worker
-    runs after what the caller's stream holds now (a device engine's side stream)."""
+    runs after what the caller's stream holds now (a device engine's side stream).
+    ``run_split``: as ``run_inline``, for the async calls whose body ends with the
+    engine's op (``api.path.launch``'s ``split``) on an engine that completes its ops on
+    threads of its own (torch's gloo: ``engines.torch.host_async``)."""
 
     run_inline: Callable[..., tuple[Any, BaseException | None]] | None = None
+    run_split: Callable[..., tuple[Any, BaseException | None]] | None = None
     adopt_async: Callable[[Callable[[], None]], tuple[Callable[[], None], Any]] | None = None
     #: the engine moves data rankwise does not own (torch's gloo, NCCL): its calls are
     #: checked on the control plane (``core.ring_check`` in this ``RANKWISE_CHECK`` mode)

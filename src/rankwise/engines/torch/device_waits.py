@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...by_thread import ByThread
 from ..base import DeadlinePassed
@@ -122,6 +122,16 @@ class DeviceWork:
         fn(error)
 
 
+class Orders(Protocol):
+    """What an ``OrderedWork`` asks of whoever made it: the streams, and ``order(call,
+    p)``, which makes what runs next see ``p``'s result (``DeviceWaits``; on gloo,
+    ``host_async.HostAsync``, which waits on the host)."""
+
+    streams: Streams
+
+    def order(self, call: Call, p: Pending) -> None: ...
+
+
 class OrderedWork(DeviceWork):
     """The device side of a ``Work`` whose torch works were enqueued on the caller's
     thread (an NCCL ``isend``): ``wait`` orders the waiter's stream after each of them
@@ -129,7 +139,7 @@ class OrderedWork(DeviceWork):
 
     __slots__ = ("_call", "_waits")
 
-    def __init__(self, waits: DeviceWaits, call: Call, pendings: list[Pending]) -> None:
+    def __init__(self, waits: Orders, call: Call, pendings: list[Pending]) -> None:
         super().__init__(waits.streams)
         self.pendings = pendings
         self._waits = waits
@@ -146,7 +156,7 @@ class InlineWork(OrderedWork):
     inline = True
     __slots__ = ()
 
-    def __init__(self, waits: DeviceWaits, call: Call) -> None:  # once per call: flat
+    def __init__(self, waits: Orders, call: Call) -> None:  # once per call: flat
         self.streams = waits.streams
         self.pendings = []
         self.event = None

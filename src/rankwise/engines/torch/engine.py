@@ -26,9 +26,21 @@ import torch.distributed as tdist
 
 from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
-from ..base import Array, Call, Caps, check_mode
+from ..base import Array, Call, Caps, Tiles, check_mode
 from .device_waits import CommPlane, DeviceWaits
+from .host_async import HostAsync
 from .host_wait import WorkWaiter
+from .ops import (
+    AG_OPTS,
+    ALLREDUCE_OPTS,
+    AS_IS,
+    FLAT_REDUCE,
+    RS_OPTS,
+    as_bytes,
+    broadcast_options,
+    nothing,
+    reduce_in,
+)
 from .splits import check_splits
 from .streams import Streams
 from .tensors import HostArrays, Tensors
@@ -42,70 +54,6 @@ __all__ = ["TORCH_GRACE", "TorchEngine"]
 log = logging.getLogger("rankwise")
 
 check_torch(torch)  # the private torch API below: a torch outside the range is refused
-
-#: PREMUL_SUM is a SUM here: the API multiplied each rank's input by its factor already
-_OPS = {"SUM": tdist.ReduceOp.SUM, "AVG": tdist.ReduceOp.AVG,
-        "PRODUCT": tdist.ReduceOp.PRODUCT, "MIN": tdist.ReduceOp.MIN,
-        "MAX": tdist.ReduceOp.MAX, "BAND": tdist.ReduceOp.BAND,
-        "BOR": tdist.ReduceOp.BOR, "BXOR": tdist.ReduceOp.BXOR,
-        "PREMUL_SUM": tdist.ReduceOp.SUM}
-
-
-def _allreduce_options(op: Any) -> Any:
-    o = tdist.AllreduceOptions()
-    o.reduceOp = op
-    return o
-
-
-#: one options object per reduce op, shared by every call: building one (and setting its
-#: pybind ``reduceOp``) cost more than the rest of the engine's per-call Python, and torch
-#: copies the options into each op it enqueues, so the objects are never changed after
-_ALLREDUCE_OPTS = {name: _allreduce_options(op) for name, op in _OPS.items()}
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bytes: every dtype moves as uint8 (gloo and NCCL lack some types)."""
-    return t.view(torch.uint8)
-
-
-_WIDER = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
-_REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
-_TOP = -(1 << 63)  #: the top bit of an int64
-
-
-#: dtypes that torch's backends reduce as they are: the common case takes no conversion
-#: and no write-back (bfloat16 included: ``values`` gives its torch view)
-_AS_IS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-                    torch.uint8, torch.int32, torch.int64, torch.bool))
-
-
-def _nothing() -> None:
-    return None
-
-
-def _reduce_in(t: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], object]]:
-    """A tensor torch's backends can reduce for ``t`` and what writes the result back.
-
-    gloo (and NCCL) lack int16 and the wide unsigned types: those are reduced widened (the
-    narrowing copy back wraps exactly as the narrow arithmetic would), and uint64 as
-    int64 (same bits for sums, products and bitwise ops; MIN/MAX flip the top bit so
-    signed order equals unsigned order). Complex sums reduce the real view.
-    """
-    wider = _WIDER.get(t.dtype)
-    if wider is not None:
-        w = t.to(wider)
-        return w, lambda: t.copy_(w)
-    if t.dtype is torch.uint64:
-        v = t.view(torch.int64)
-        if op in ("MIN", "MAX"):
-            v.bitwise_xor_(_TOP)
-            return v, lambda: v.bitwise_xor_(_TOP)
-        return v, _nothing
-    real = _REAL.get(t.dtype)
-    if real is not None and op in ("SUM", "AVG"):
-        return t.view(real), _nothing
-    return t, _nothing
-
 
 #: seconds ``close`` waits for a running abort of the torch group
 ABORT_JOIN = 5.0
@@ -150,23 +98,37 @@ class TorchEngine:
         #: not be told of each call (a lock and four dict updates per call)
         self.framed = self.check_mode != "off"
         self.waiter = WorkWaiter(group.port, name)
+        #: gloo on host memory: a ``Tiles`` collective runs as gloo's one-buffer op
+        #: (``_allgather_base``, ``_reduce_scatter_base``), as a script on gloo runs it
+        self.flat = streams is None
         #: the thread aborting ``pg`` after a failure, joined by ``close``
         self._aborting: threading.Thread | None = None
         #: the device engine's waits (NCCL and its stand-in), None on host memory
         self.device: DeviceWaits | None = None
         #: on a device, ``async_op`` calls run on the caller's thread and stream
         #: (``DeviceWaits.run_inline``); calls queued on the async worker run on the side
-        #: stream after it (``DeviceWaits.adopt_async``). On host memory: neither
-        #: what the observers hold back (the ring check's batch), sent by ``_flush``
+        #: stream after it (``DeviceWaits.adopt_async``). On host memory (gloo), the async
+        #: calls that end with the op are enqueued on the caller's thread and completed by
+        #: gloo's (``host_async``, ``Caps.run_split``); the others take the async worker.
+        #: What the observers hold back (the ring check's batch) is sent by ``_flush``
         held: list[Callable[[], None]] = []
-        self.caps = Caps(ring=self.check_mode, held=held)
-        if streams is not None:
+        self.split: HostAsync | None = None
+        if streams is None:
+            plane = CommPlane(self.waiter, self._flush)
+            self.split = HostAsync(
+                WorkBook(plane, lambda: self._abort(None), name=name, pushed=True),
+                self.waiter, plane)
+            self.caps = Caps(ring=self.check_mode, held=held, run_split=self.split.run_inline)
+            book = self.split.book
+        else:
             plane = CommPlane(self.waiter, self._flush)
             book = WorkBook(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(book, streams, plane.op_failed)
             self.caps = Caps(run_inline=self.device.run_inline,
                              adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)
             book.start()
+        #: the book of this engine's works in flight (the device's, or the split calls')
+        self.book: WorkBook | None = book
         #: device p2p (``engines.torch.p2p.NcclP2P``): ``make_p2p``'s, kept by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
@@ -207,8 +169,8 @@ class TorchEngine:
         pg = self.pg
         if pg is not None and self._aborting is None:
             self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
-        if self.device is not None:  # the ledger's pass settles the works in flight now
-            self.device.book.kick(0.0)
+        if self.book is not None:  # the ledger's pass settles the works in flight now
+            self.book.kick(0.0)
 
     def _abort_groups(self, pg: Any) -> None:
         with self._reverse_lock:
@@ -274,6 +236,8 @@ class TorchEngine:
             self.tensors.check(call, arrays)
             if device.book.failed is not None:
                 device.raise_failed()
+        elif self.split is not None and self.split.book.failed is not None:
+            raise self.split.book.failed  # a split call's verdict: the group is aborted
         call.observers.before(call)
 
     def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
@@ -281,46 +245,58 @@ class TorchEngine:
         self._before(call, *arrays)
         body()
 
-    def _wait(self, call: Call, work: Any, then: bool = True) -> None:
+    def _wait(self, call: Call, work: Any, then: bool = True,
+              post: Callable[[], object] | None = None) -> None:
         """``work`` (just enqueued) bounded and waited for; ``then``: the caller's stream
-        reads its result next (an inline async call orders it only then)."""
+        reads its result next (an inline async call orders it only then); ``post``: what
+        runs once the op is done (a split host call's runs when gloo ends it)."""
         call.observers.enqueued(call)  # in flight: a full or old batch goes out now
         device = self.device
         if device is not None:  # the book's pass sends the batch if the op is slow
             self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
             device.wait(call, work, then)
             return
+        if call.inline is not None and not then and self.split is not None:
+            self.split.watch(call, work, post)  # a split async call: gloo completes it
+            return
         # an op that is not done within a grace period may wait for a batched fingerprint
         # (a mismatch that hangs the data plane): send the batch then
         self.waiter.wait(call, work, self.caps.send_held)
+        if post is not None:
+            post()
 
     def _all_reduce(self, call: Call, t: torch.Tensor, then: bool = False) -> None:
         """``t`` becomes the reduction over ranks (complex products via a gather:
         gloo reduces no complex numbers); ``then``: the caller reads ``t`` next."""
         assert call.op is not None
-        if t.dtype in _AS_IS:  # the hot path of a small all_reduce: the op, the wait
-            self._wait(call, self.pg.allreduce([t], _ALLREDUCE_OPTS[call.op.name]), then)
+        if t.dtype in AS_IS:  # the hot path of a small all_reduce: the op, the wait
+            self._wait(call, self.pg.allreduce([t], ALLREDUCE_OPTS[call.op.name]), then)
             return
         op = call.op.name
         if t.is_complex() and op not in ("SUM", "AVG"):
             parts = [torch.empty_like(t) for _ in range(call.size)]
             parts[call.rank].copy_(t)
-            self._wait(call, self.pg.allgather([[_bytes(p) for p in parts]],
-                                               [_bytes(t).clone()]))
+            self._wait(call, self.pg.allgather([[as_bytes(p) for p in parts]],
+                                               [as_bytes(t).clone()]))
             acc = parts[0]
             for p in parts[1:]:
                 acc.mul_(p)
             t.copy_(acc)
             return
-        r, back = _reduce_in(t, op)
-        self._wait(call, self.pg.allreduce([r], _ALLREDUCE_OPTS[op]), then or back is not _nothing)
-        back()
+        r, back = reduce_in(t, op)
+        if self.device is not None:
+            self._wait(call, self.pg.allreduce([r], ALLREDUCE_OPTS[op]),
+                       then or back is not nothing)
+            back()
+            return
+        self._wait(call, self.pg.allreduce([r], ALLREDUCE_OPTS[op]), then,
+                   None if back is nothing else back)
 
     # --- Engine -------------------------------------------------------------------------
 
     def broadcast(self, call: Call, data: Array, root: int) -> None:
         self._run(call, lambda: self._wait(call, self.pg.broadcast([self._raw(data)],
-                                                                   _bopts(root)), False), data)
+                                                                   broadcast_options(root)), False), data)
 
     def all_reduce(self, call: Call, data: Array) -> None:
         self._before(call, data)
@@ -334,6 +310,9 @@ class TorchEngine:
         raw = self._raw
         self._before(call, *slots)
         mine = raw(slots[call.rank]).clone()
+        if self.flat and type(slots) is Tiles:  # one buffer: gloo's own op, one tensor
+            self._wait(call, self.pg._allgather_base(raw(slots.whole), mine, AG_OPTS), False)
+            return
         self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]), False)
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
@@ -351,6 +330,22 @@ class TorchEngine:
                                            False), out, *(slots or ()))
 
     def reduce_scatter(self, call: Call, chunks: list[Array]) -> None:
+        if self.flat and type(chunks) is Tiles and call.op is not None \
+                and call.op.name in FLAT_REDUCE and call.dtype is not None:
+            self._before(call, *chunks)
+            whole = self._values(chunks.whole, call)
+            if whole.dtype in AS_IS:  # gloo's own reduce_scatter: a script's bits
+                mine = self._values(chunks[call.rank], call)
+                self._wait(call, self.pg._reduce_scatter_base(
+                    mine, whole, RS_OPTS[call.op.name]), False)
+                return
+            self._reduce_scatter_whole(call, chunks)
+            return
+        self._run(call, lambda: self._reduce_scatter_whole(call, chunks), *chunks)
+
+    def _reduce_scatter_whole(self, call: Call, chunks: list[Array]) -> None:
+        """A reduce_scatter gloo cannot run as it is (a dtype it lacks, AVG): all_reduce a
+        copy of the input, keep this rank's chunk."""
         def body() -> None:
             # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
             parts = [self._values(c, call) for c in chunks]
@@ -359,7 +354,7 @@ class TorchEngine:
             start = sum(len(p) for p in parts[:call.rank])
             mine = parts[call.rank]
             mine.copy_(flat[start:start + len(mine)])
-        self._run(call, body, *chunks)
+        body()
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         raw = self._raw
@@ -407,8 +402,8 @@ class TorchEngine:
         self.caps.send_held()  # a group destroyed alone: its last calls are checked too
         if self.p2p is not None:
             self.p2p.close()
-        if self.device is not None:  # destroying is a sync point: kernels end first
-            book = self.device.book
+        book = self.book
+        if book is not None:  # destroying is a sync point: works in flight end first
             if not book.drain(self.group.timeout):
                 self.waiter.stuck = True
             book.stop()
@@ -468,10 +463,3 @@ def _keep(pg: Any) -> None:
     until torch's timeout). One extra reference makes the group outlive interpreter
     shutdown; the process's exit closes its sockets and releases the peers."""
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-
-
-def _bopts(root: int) -> Any:
-    o = tdist.BroadcastOptions()
-    o.rootRank = root
-    o.rootTensor = 0
-    return o

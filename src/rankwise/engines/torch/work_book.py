@@ -126,6 +126,10 @@ class Pending:
     error: BaseException | None = None
     is_settled: bool = False
     _callbacks: list[Callable[[Pending], None]] | None = None
+    #: a split host call's (``host_async``): its write-back, run when the op ends, and
+    #: whether gloo's callback or a waiter has begun finishing it
+    post: Callable[[], object] | None = None
+    claimed: bool = False
 
     @property
     def settled(self) -> _Settled:
@@ -136,6 +140,8 @@ class Pending:
         ``is_completed`` never lags the ledger's pass)."""
         if self.is_settled:
             return True
+        if self.post is not None:  # its write-back runs when it settles: not done before
+            return False
         try:
             return bool(self.work.is_completed())
         except TORCH_ERRORS:
@@ -166,7 +172,8 @@ class Pending:
         if fn is not None:
             fn(self)
             return
-        book.kick(POLL)
+        if not book.pushed:
+            book.kick(POLL)
 
     def settle(self, error: BaseException | None) -> None:
         self.book.settle((self,), error)
@@ -192,12 +199,15 @@ class WorkBook:
     thread passes over it); aborts the group past a deadline or on a control-plane
     failure. ``clock``: seconds, monotonic (``call.deadline``'s clock);
     ``abort``: ends the group's kernels (``ProcessGroupNCCL.abort``), called once;
-    ``ledger``: whose thread passes over the book (the process's by default)."""
+    ``ledger``: whose thread passes over the book (the process's by default);
+    ``pushed``: each work settles its own record when it ends (gloo's future,
+    ``host_async``), so a waited-for record needs no pass every ``POLL`` s."""
 
     def __init__(self, plane: Plane, abort: Callable[[], None], *,
                  clock: Callable[[], float] = time.monotonic, name: str = "nccl",
-                 on: Ledger | None = None) -> None:
+                 on: Ledger | None = None, pushed: bool = False) -> None:
         self.plane = plane
+        self.pushed = pushed
         self._abort = abort
         self.clock = clock
         self.name = name
@@ -338,7 +348,7 @@ class WorkBook:
         for _ in range(front):
             self.records.popleft()
         if running:
-            due = min(due, now + (POLL if self.waited else HEARTBEAT))
+            due = min(due, now + (POLL if self.waited and not self.pushed else HEARTBEAT))
         if len(self.records) > len(records) - front:  # appended during the pass
             due = min(due, now + GRACE)
         self.due_at = due
