@@ -250,3 +250,28 @@ def test_closing_a_torch_group_whose_shutdown_blocks_is_bounded(
     assert elapsed < 5, f"close took {elapsed:.1f}s"
     assert kept == [pg] and fake.pg is None
     assert "did not finish within" in caplog.text
+
+
+def test_a_gloo_without_one_buffer_ops_falls_back_to_the_per_slot_way() -> None:
+    """A torch whose gloo lacks ``_allgather_base``/``_reduce_scatter_base`` refuses the op
+    before any I/O: the engine stops asking and takes the per-slot way; any other error of
+    the enqueue is the call's."""
+    from types import SimpleNamespace
+
+    from rankwise.engines.torch.engine import TorchEngine
+
+    def lacking(*args: Any) -> Any:
+        raise RuntimeError("Backend gloo does not support _reduce_scatter_base")
+
+    fake = SimpleNamespace(flat=True)
+    assert TorchEngine._flat_op(fake, lacking, 1, 2) is None  # type: ignore[arg-type]
+    assert fake.flat is False
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("Connection closed by peer")
+
+    fake.flat = True
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        TorchEngine._flat_op(fake, broken)  # type: ignore[arg-type]
+    assert fake.flat is True
+    assert TorchEngine._flat_op(fake, lambda *a: ("work", a), 3) == ("work", (3,))  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from ...store.torch_views import TorchStoreView
 from ...torch_gate import check_torch
 from ..base import Array, Call, Caps, Tiles, check_mode
 from .device_waits import CommPlane, DeviceWaits
+from .failures import TORCH_ERRORS
 from .host_async import HostAsync
 from .host_wait import WorkWaiter
 from .ops import (
@@ -311,9 +312,22 @@ class TorchEngine:
         self._before(call, *slots)
         mine = raw(slots[call.rank]).clone()
         if self.flat and type(slots) is Tiles:  # one buffer: gloo's own op, one tensor
-            self._wait(call, self.pg._allgather_base(raw(slots.whole), mine, AG_OPTS), False)
-            return
+            work = self._flat_op(self.pg._allgather_base, raw(slots.whole), mine, AG_OPTS)
+            if work is not None:
+                self._wait(call, work, False)
+                return
         self._wait(call, self.pg.allgather([[raw(s) for s in slots]], [mine]), False)
+
+    def _flat_op(self, op: Callable[..., Any], *args: Any) -> Any:
+        """gloo's one-buffer ``op`` enqueued; None (and no more tries) where this torch's
+        gloo lacks it: it refuses before any I/O, and the per-slot way serves."""
+        try:
+            return op(*args)
+        except TORCH_ERRORS as err:
+            if "not support" not in str(err) and "not implemented" not in str(err):
+                raise
+            self.flat = False
+            return None
 
     def gather(self, call: Call, mine: Array, slots: list[Array] | None, root: int) -> None:
         o = tdist.GatherOptions()
@@ -335,10 +349,12 @@ class TorchEngine:
             self._before(call, *chunks)
             whole = self._values(chunks.whole, call)
             if whole.dtype in AS_IS:  # gloo's own reduce_scatter: a script's bits
-                mine = self._values(chunks[call.rank], call)
-                self._wait(call, self.pg._reduce_scatter_base(
-                    mine, whole, RS_OPTS[call.op.name]), False)
-                return
+                work = self._flat_op(self.pg._reduce_scatter_base,
+                                     self._values(chunks[call.rank], call), whole,
+                                     RS_OPTS[call.op.name])
+                if work is not None:
+                    self._wait(call, work, False)
+                    return
             self._reduce_scatter_whole(call, chunks)
             return
         self._run(call, lambda: self._reduce_scatter_whole(call, chunks), *chunks)
