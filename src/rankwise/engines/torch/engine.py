@@ -114,22 +114,19 @@ class TorchEngine:
         #: What the observers hold back (the ring check's batch) is sent by ``_flush``
         held: list[Callable[[], None]] = []
         self.split: HostAsync | None = None
+        plane = CommPlane(self.waiter, self._flush)
+        #: the book of this engine's works in flight (the device's, or the split calls':
+        #: those settle themselves, ``pushed``)
+        self.book = book = WorkBook(plane, lambda: self._abort(None), name=name,
+                                    pushed=streams is None)
         if streams is None:
-            plane = CommPlane(self.waiter, self._flush)
-            self.split = HostAsync(
-                WorkBook(plane, lambda: self._abort(None), name=name, pushed=True),
-                self.waiter, plane)
+            self.split = HostAsync(book, self.waiter, plane)
             self.caps = Caps(ring=self.check_mode, held=held, run_split=self.split.run_inline)
-            book = self.split.book
         else:
-            plane = CommPlane(self.waiter, self._flush)
-            book = WorkBook(plane, lambda: self._abort(None), name=name)
             self.device = DeviceWaits(book, streams, plane.op_failed)
             self.caps = Caps(run_inline=self.device.run_inline,
                              adopt_async=self.device.adopt_async, ring=self.check_mode, held=held)
             book.start()
-        #: the book of this engine's works in flight (the device's, or the split calls')
-        self.book: WorkBook | None = book
         #: device p2p (``engines.torch.p2p.NcclP2P``): ``make_p2p``'s, kept by the API
         self.p2p: Any = None
         #: the torch group for p2p from a higher rank to a lower one (see ``p2p``), made
@@ -170,8 +167,7 @@ class TorchEngine:
         pg = self.pg
         if pg is not None and self._aborting is None:
             self._aborting = on_thread(lambda: self._abort_groups(pg), "rankwise-torch-abort")
-        if self.book is not None:  # the ledger's pass settles the works in flight now
-            self.book.kick(0.0)
+        self.book.kick(0.0)  # the ledger's pass settles the works in flight now
 
     def _abort_groups(self, pg: Any) -> None:
         with self._reverse_lock:
@@ -237,8 +233,8 @@ class TorchEngine:
             self.tensors.check(call, arrays)
             if device.book.failed is not None:
                 device.raise_failed()
-        elif self.split is not None and self.split.book.failed is not None:
-            raise self.split.book.failed  # a split call's verdict: the group is aborted
+        elif self.book.failed is not None:
+            raise self.book.failed  # a split call's verdict: the group is aborted
         call.observers.before(call)
 
     def _run(self, call: Call, body: Callable[[], None], *arrays: Any) -> None:
@@ -255,7 +251,9 @@ class TorchEngine:
         device = self.device
         if device is not None:  # the book's pass sends the batch if the op is slow
             self.group.port.busy(self.name, time.time())  # who-is-where: the kernel's now
-            device.wait(call, work, then)
+            device.wait(call, work, then or post is not None)
+            if post is not None:
+                post()
             return
         if call.inline is not None and not then and self.split is not None:
             self.split.watch(call, work, post)  # a split async call: gloo completes it
@@ -285,11 +283,6 @@ class TorchEngine:
             t.copy_(acc)
             return
         r, back = reduce_in(t, op)
-        if self.device is not None:
-            self._wait(call, self.pg.allreduce([r], ALLREDUCE_OPTS[op]),
-                       then or back is not nothing)
-            back()
-            return
         self._wait(call, self.pg.allreduce([r], ALLREDUCE_OPTS[op]), then,
                    None if back is nothing else back)
 
@@ -361,16 +354,13 @@ class TorchEngine:
 
     def _reduce_scatter_whole(self, call: Call, chunks: list[Array]) -> None:
         """A reduce_scatter gloo cannot run as it is (a dtype it lacks, AVG): all_reduce a
-        copy of the input, keep this rank's chunk."""
-        def body() -> None:
-            # gloo has no reduce_scatter: all_reduce a copy, keep this rank's chunk
-            parts = [self._values(c, call) for c in chunks]
-            flat = torch.cat(parts)
-            self._all_reduce(call, flat, then=True)
-            start = sum(len(p) for p in parts[:call.rank])
-            mine = parts[call.rank]
-            mine.copy_(flat[start:start + len(mine)])
-        body()
+        copy of the input, keep this rank's chunk (also where the slots tile nothing)."""
+        parts = [self._values(c, call) for c in chunks]
+        flat = torch.cat(parts)
+        self._all_reduce(call, flat, then=True)
+        start = sum(len(p) for p in parts[:call.rank])
+        mine = parts[call.rank]
+        mine.copy_(flat[start:start + len(mine)])
 
     def all_to_all(self, call: Call, outs: list[Array], ins: list[Array]) -> None:
         raw = self._raw

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +34,12 @@ if TYPE_CHECKING:
     from .device_waits import CommPlane
     from .host_wait import WorkWaiter
 
-__all__ = ["HostAsync"]
+__all__ = ["SETTLE_MIN", "HostAsync"]
 
 Post = Callable[[], object]
+#: the least a waiter gives gloo's callback to finish a record it claimed (its write-back),
+#: in seconds; otherwise it gives it until the call's deadline
+SETTLE_MIN = 1.0
 
 
 class HostAsync:
@@ -120,7 +124,11 @@ class HostAsync:
                 self.book.fail(error)
                 raise error from None
             self._finish(p, p.work.get_future())  # the work is done: so is its future
-            if not p.is_settled:  # gloo's callback claimed it: its write-back is brief
-                p.settled.wait()
+            # gloo's callback claimed it: its write-back is brief, and still bounded
+            if not p.is_settled and \
+                    not p.settled.wait(max(SETTLE_MIN, call.deadline - time.monotonic())):
+                error = self.plane.timed_out(call)
+                self.book.fail(error)
+                raise error
         if p.error is not None:
             raise p.error
