@@ -12,6 +12,8 @@ For each program, in order, every rank writes ``OUT/<program>-rank<R>.json``:
 after ``WARMUP`` untimed steps (first-call caches, sockets, torch's lazy init).
 ``lightning`` and ``accelerate`` make their own process group and must run alone.
 ``TORCH_PROGRAMS_PROFILE=DIR`` profiles each rank's timed steps (cProfile) into DIR.
+``TORCH_PROGRAMS_PIN=1`` pins each rank, with every thread it starts, to CPU
+``LOCAL_RANK % cpus`` before torch is imported (the same under either launcher).
 """
 
 import cProfile
@@ -21,6 +23,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+if os.environ.get("TORCH_PROGRAMS_PIN") == "1":  # before torch starts a thread
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % (os.cpu_count() or 1)})
 
 import torch
 import torch.distributed as dist
