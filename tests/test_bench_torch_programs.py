@@ -96,3 +96,9 @@ def test_the_checks_alone_are_rankwise_against_its_launcher_without_them() -> No
     assert lines[1].split()[:4] == ["fsdp2", "20.00", "16.00", "1.25"], lines
     assert lines[-1].startswith("torch programs step CPU time, rankwise run (checks on) / "
                                 "rankwise run --checks=off: median 1.25x"), lines
+
+
+def test_pin_reaches_the_ranks_of_either_launcher_alike() -> None:
+    assert bench.parse_args(["--pin"]).pin and not bench.parse_args([]).pin
+    assert bench._environ(pin=True)["TORCH_PROGRAMS_PIN"] == "1"
+    assert bench._environ()["TORCH_PROGRAMS_PIN"] == "0"  # an outer setting never leaks in
