@@ -22,7 +22,8 @@ they are not installed.
 ``--pin`` pins each rank to one CPU (``LOCAL_RANK % cpus``) under both launchers alike. On a
 machine with as many cores as ranks, unpinned jobs land in a fast or a slow mode by where
 the scheduler puts the ranks (gloo's 1 KiB all_reduce took 0.95-2.7 ms, job to job, under
-either launcher); pinned, one mode, and repeats agree to a few percent.
+either launcher); pinned, that op's range shrinks to 1.2x. The programs' steps still vary
+(0.5-2.6x over five repeats, docs/perf-log.md): run many repeats either way.
 """
 
 from __future__ import annotations
