@@ -21,15 +21,21 @@ import rankwise
 
 pytestmark = [pytest.mark.procs, pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch.distributed")
+from rankwise.torch._c10d import backend_trampoline
 
 SCRIPT = str(SCRIPTS / "torch_ddp_peer_dies.py")
 #: rankwise's own files: none of them may be named in what the user sees
 PACKAGE = os.path.dirname(rankwise.__file__) + os.sep
-#: what torch's C++ puts before rankwise's message, per mode (None: raised as it is)
-PREFIX = {"backward": "Cannot extract tensors from value: ",
-          "hook": "Got the following error when running the callback: ",
-          "construct": None, "broadcast": None,
-          "mismatch": "Cannot extract tensors from value: "}
+#: what torch's C++ puts before rankwise's message, per mode (None: raised as it is).
+#: Under torch's own ``ProcessGroup`` (2.14+) the bucket's future is failed in C++ by a
+#: ``then`` (``_work.ChainedAsyncWork``), so torch's ``then`` prefix leads, and a comm
+#: hook's own ``then`` adds its prefix to that error's text.
+_THEN = "Got the following error when running the callback: "
+PREFIX = ({"backward": _THEN, "hook": f"{_THEN}RuntimeError: {_THEN}", "mismatch": _THEN}
+          if backend_trampoline() else
+          {"backward": "Cannot extract tensors from value: ", "hook": _THEN,
+           "mismatch": "Cannot extract tensors from value: "})
+PREFIX.update(construct=None, broadcast=None)
 
 
 def _line_of(code: str) -> int:
@@ -80,7 +86,7 @@ def test_a_mismatch_in_torchs_ddp_backward_reads_as_rankwises(tmp_path: Path) ->
         for at in (_line_of("dist.all_reduce(torch.ones(3))"), _line_of("loss.backward()")):
             assert f"torch_ddp_peer_dies.py:{at}" in str(what["message"]), what["message"]
     assert str(seen["seen0"]["message"]).startswith(
-        "Cannot extract tensors from value: CollectiveMismatch: "), seen["seen0"]
+        f"{PREFIX['mismatch']}CollectiveMismatch: "), seen["seen0"]
     summary = stderr[stderr.index("rankwise run: job failed"):]
     assert "traceback  :" in summary and "CollectiveMismatch: " in summary, summary
     assert PACKAGE not in summary and "Cannot extract" not in summary, summary

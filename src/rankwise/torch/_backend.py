@@ -166,6 +166,9 @@ def _one(tensors: Any, what: str) -> Any:
 class TorchProcessGroup(tdist.ProcessGroup):
     """torch's view of one rankwise group (made by the backend's creator function)."""
 
+    #: the ``Work`` of an async call (``_c10d.TorchBackend`` chains its future: C++ re-wraps it)
+    _async_work: type[AsyncWork] = AsyncWork
+
     def __init__(self, group: RankwiseGroup, owns_world: bool) -> None:
         # the (rank, size) constructor: the one a Python subclass gets (no store needed)
         super().__init__(group.group_rank, group.size())  # type: ignore[call-arg]
@@ -245,7 +248,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
             # goes on while the bucket is reduced (torch's callbacks run on that worker)
             work = all_reduce_tensor(g, tensors[0], _reduce_op(opts), True, tensors, tensors)
             assert work is not None
-            return AsyncWork(work, tensors)
+            return self._async_work(work, tensors)
         except DistError as error:  # leaves with no frame of rankwise's (rewrap)
             if dropped(error):
                 raise

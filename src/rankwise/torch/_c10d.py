@@ -35,7 +35,7 @@ from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import DistError, InvalidArgument
 from ..rewrap import dropped, frameless
 from ._backend import BACKEND_NAME, TorchProcessGroup
-from ._work import DoneWork
+from ._work import ChainedAsyncWork, DoneWork
 
 __all__ = ["TorchBackend", "backend_trampoline"]
 
@@ -86,6 +86,7 @@ class TorchBackend(C10DBackend):
     for the cpu (and cuda) devices."""
 
     group: RankwiseGroup
+    _async_work = ChainedAsyncWork  # its future torch's C++ hands out in a wrapper of its own
 
     def __init__(self, group: RankwiseGroup, owns_world: bool, options: Any = None) -> None:
         super().__init__(group.group_rank, group.size())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _thread
 import functools
+import operator
 import threading
 from collections.abc import Generator
 from datetime import timedelta
@@ -26,7 +27,7 @@ from ..core.work import Work as RankwiseWork
 from ..errors import DistError
 from ..rewrap import bare, dropped, frameless, note
 
-__all__ = ["AsyncWork", "DoneWork", "RecvWork"]
+__all__ = ["AsyncWork", "ChainedAsyncWork", "DoneWork", "RecvWork"]
 
 
 def _future_of(result: Any) -> Future[Any]:
@@ -195,6 +196,29 @@ class AsyncWork(_RankwiseBacked):
 
     def get_future(self) -> Future[Any]:
         return self._future
+
+
+#: a ``then`` callback that fails the future chained on a failed one, in C++ (called from
+#: C: no frame of rankwise's in what torch formats); a success passes the value on
+_VALUE = operator.methodcaller("value")
+
+
+class ChainedAsyncWork(AsyncWork):
+    """An :class:`AsyncWork` whose torch future is chained on its own, for the backend
+    under torch's ``ProcessGroup`` (``_c10d``). Why: ``fail_future``'s unwrap function lives
+    on one Python wrapper of the future, and there torch's C++ hands the future out again
+    in a new wrapper (2.15 wraps each ``Work``), whose ``wait()`` returned the ``_Failed``
+    value instead of raising. A raising ``then`` callback fails the chained future in C++,
+    so every wrapper of it raises (``Got the following error when running the callback:
+    PeerFailure: ...``: ``rankwise.unwrap`` gives the exception back), and DDP's reducer
+    raises it in backward."""
+
+    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
+        super().__init__(inner, tensors)
+        self._chained: Future[Any] = self._future.then(_VALUE)
+
+    def get_future(self) -> Future[Any]:
+        return self._chained
 
 
 class RecvWork(_RankwiseBacked):
