@@ -46,6 +46,16 @@ def _sum(group: Any) -> list[float]:
     return t.tolist()
 
 
+def _completed_after_wait(group: Any) -> tuple[bool, list[float]]:
+    """An async all_reduce's ``is_completed()`` once ``wait()`` returned (a loop polling it
+    must end), and its result."""
+    t = torch.ones(1)
+    work = tdist.all_reduce(t, group=group, async_op=True)
+    assert work is not None
+    work.wait()
+    return work.is_completed(), t.tolist()
+
+
 def _fr_count(backend: str) -> int:
     import pickle
 
@@ -99,6 +109,7 @@ def _seam(rank: int, world: int, path: str, dumps: str) -> dict[str, dict[str, O
         o["supports"] = _outcome(lambda pg=pg: (type(pg.supports_abort_hooks).__name__,
                                                 type(pg.supports_reconfigure).__name__), name)
         o["hooks"] = _outcome(lambda pg=pg: pg._has_hooks(), name)
+        o["completed"] = _outcome(lambda pg=pg: _completed_after_wait(pg), name)
         o["monitored_barrier"] = _outcome(
             lambda pg=pg: tdist.monitored_barrier(pg, timeout=timedelta(seconds=30)), name)
 
@@ -165,6 +176,12 @@ def test_backends_registered_for_torchs_devices(job: Any) -> None:
     if VERSION < (2, 14):
         pytest.skip("torch before 2.14 has no Python Backend: the subclass has no devices")
     assert all(o[0] == "ok" and "cpu" in o[1] for o in _alike(job, "device_types"))
+
+
+def test_async_work_is_completed_after_wait(job: Any) -> None:
+    """On 2.15 torch holds a Python backend's ``Work`` in a C++ holder whose own
+    ``is_completed`` stayed False."""
+    assert _alike(job, "completed") == [("ok", (True, [2.0]))] * 2
 
 
 def test_supports_answer(job: Any) -> None:

@@ -29,7 +29,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as tdist
 from torch._C._distributed_c10d import Backend as C10DBackend
+from torch._C._distributed_c10d import OpType as C10DOpType  # type: ignore[attr-defined]
 
 from ..core.group import ProcessGroup as RankwiseGroup
 from ..errors import DistError, InvalidArgument
@@ -37,7 +39,39 @@ from ..rewrap import dropped, frameless
 from ._backend import BACKEND_NAME, TorchProcessGroup
 from ._work import ChainedAsyncWork, DoneWork
 
-__all__ = ["TorchBackend", "backend_trampoline"]
+__all__ = ["TorchBackend", "backend_trampoline", "completion_from_future"]
+
+
+#: the op type of a ``Work`` made by none of torch's backends
+_UNKNOWN_OP = int(C10DOpType.UNKNOWN)
+
+
+@functools.cache
+def completion_from_future() -> None:
+    """``Work.is_completed()`` true once the work's future is done, on the c10d route.
+
+    Why: torch hands a Python backend's ``Work`` to Python in a C++ holder
+    (``PyWorkHolder``, 2.15) that forwards ``wait`` and ``get_future`` only; its
+    ``is_completed`` is c10d's base answer, a flag nothing of Python's can set, so it
+    stayed False after ``wait()`` (gloo's is True), and a loop polling it never ended.
+    Answered here where C++ says False of such a holder (its op type is c10d's
+    ``UNKNOWN``: no backend of torch's made it) by the work's future, which the holder
+    forwards (ours completes when the call has run). Not of torch's own works: NCCL's
+    future is done once the kernel is queued, before the work is. One wrapper, installed
+    once; a holder without a future keeps C++'s answer."""
+    asked = tdist.Work.is_completed
+
+    def is_completed(work: tdist.Work) -> bool:
+        done = asked(work)
+        if done or work._get_op_type() != _UNKNOWN_OP:  # type: ignore[attr-defined]
+            return bool(done)
+        try:
+            return bool(work.get_future().done())
+        except RuntimeError:  # c10d's base getFuture: "not implemented"
+            return False
+
+    is_completed.__doc__ = asked.__doc__
+    tdist.Work.is_completed = is_completed  # type: ignore[method-assign,assignment]
 
 
 @functools.cache
@@ -90,6 +124,7 @@ class TorchBackend(C10DBackend):
 
     def __init__(self, group: RankwiseGroup, owns_world: bool, options: Any = None) -> None:
         super().__init__(group.group_rank, group.size())
+        completion_from_future()
         TorchProcessGroup._attach(self, group, owns_world)  # type: ignore[arg-type]
         self._options = options if isinstance(options, C10DBackend.Options) else C10DBackend.Options(
             BACKEND_NAME, timeout=timedelta(seconds=group.timeout))
