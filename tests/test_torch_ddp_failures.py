@@ -21,7 +21,7 @@ import rankwise
 
 pytestmark = [pytest.mark.procs, pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch.distributed")
-from rankwise.torch._c10d import backend_trampoline
+from rankwise.torch._register import c10d_route
 
 SCRIPT = str(SCRIPTS / "torch_ddp_peer_dies.py")
 #: rankwise's own files: none of them may be named in what the user sees
@@ -32,7 +32,7 @@ PACKAGE = os.path.dirname(rankwise.__file__) + os.sep
 #: hook's own ``then`` adds its prefix to that error's text.
 _THEN = "Got the following error when running the callback: "
 PREFIX = ({"backward": _THEN, "hook": f"{_THEN}RuntimeError: {_THEN}", "mismatch": _THEN}
-          if backend_trampoline() else
+          if c10d_route() else
           {"backward": "Cannot extract tensors from value: ", "hook": _THEN,
            "mismatch": "Cannot extract tensors from value: "})
 PREFIX.update(construct=None, broadcast=None)

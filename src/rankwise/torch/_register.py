@@ -39,7 +39,7 @@ from ._c10d import TorchBackend, backend_trampoline
 from ._cuda_backend import DEVICES, attach_cuda
 from ._follow import follow_world
 
-__all__ = ["install"]
+__all__ = ["c10d_route", "install"]
 
 _views: list[TorchStoreView] = []  #: the store views handed to torch, kept alive
 #: the engine of the next default group when ``takeover`` made it of a plain torch request
@@ -93,11 +93,17 @@ def _attach_cuda(group: Any) -> None:
 ROUTE_ENV = "RANKWISE_TORCH_ROUTE"
 
 
+def c10d_route() -> bool:
+    """Whether backend "rankwise" is a c10d ``Backend`` under torch's own ``ProcessGroup``
+    (this torch has the trampoline, and ``ROUTE_ENV`` does not ask for the subclass)."""
+    return backend_trampoline() and settings.choice(ROUTE_ENV) != "subclass"
+
+
 def _torch_group(group: RankwiseGroup, owns_world: bool,
                  options: Any) -> TorchProcessGroup | TorchBackend:
-    """A c10d ``Backend`` under torch's own ``ProcessGroup`` where this torch has the
-    trampoline, else the ``ProcessGroup`` subclass."""
-    if backend_trampoline() and settings.choice(ROUTE_ENV) != "subclass":
+    """A c10d ``Backend`` under torch's own ``ProcessGroup`` where ``c10d_route``, else the
+    ``ProcessGroup`` subclass."""
+    if c10d_route():
         return TorchBackend(group, owns_world, options)
     return TorchProcessGroup(group, owns_world)
 

@@ -211,14 +211,16 @@ class ChainedAsyncWork(AsyncWork):
     value instead of raising. A raising ``then`` callback fails the chained future in C++,
     so every wrapper of it raises (``Got the following error when running the callback:
     PeerFailure: ...``: ``rankwise.unwrap`` gives the exception back), and DDP's reducer
-    raises it in backward."""
+    raises it in backward. Made when first asked for (DDP's reducer asks, ``wait()``
+    does not), so a call only waited on costs no second future."""
 
-    def __init__(self, inner: RankwiseWork, tensors: list[Any]) -> None:
-        super().__init__(inner, tensors)
-        self._chained: Future[Any] = self._future.then(_VALUE)
+    _chained: Future[Any] | None = None
 
     def get_future(self) -> Future[Any]:
-        return self._chained
+        chained = self._chained
+        if chained is None:
+            chained = self._chained = self._future.then(_VALUE)
+        return chained
 
 
 class RecvWork(_RankwiseBacked):
